@@ -1,0 +1,30 @@
+"""coevolve: train LLM agents by agent-data mutual evolution."""
+
+from .records import (
+    CandidateTask,
+    Observation,
+    Signal,
+    Step,
+    SynthesisContext,
+    Task,
+    ToolCall,
+    Trajectory,
+    Turn,
+    Verdict,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CandidateTask",
+    "Observation",
+    "Signal",
+    "Step",
+    "SynthesisContext",
+    "Task",
+    "ToolCall",
+    "Trajectory",
+    "Turn",
+    "Verdict",
+    "__version__",
+]

@@ -1,0 +1,201 @@
+"""The Environment protocol and the base class both environments share.
+
+An episode, as the rollout engine drives it::
+
+    query = env.reset(task)                  # first user message
+    while query is not None:
+        ...policy proposes calls...
+        obs = env.step(call)                 # errors come back as observations
+        ...when the policy answers without calls...
+        query = env.end_turn(answer)         # next user message, or None at the end
+    score = env.score()                      # the executable verifier, in [0, 1]
+
+Tool schemas are in OpenAI function format and may change between turns
+(BFCL's missing-function turns add tools), so ask ``env.tools()`` every turn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..records import Observation, Step, Task, ToolCall
+from .parsing import ToolCallParseError, check_arguments, parse_tool_calls
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the rest of coevolve needs from an environment."""
+
+    name: str
+
+    def tools(self) -> list[dict[str, Any]]:
+        """Tool schemas available now, in OpenAI function format."""
+        ...
+
+    def reset(self, task: Task) -> str:
+        """Start an episode of ``task`` from its initial state; return the first user message."""
+        ...
+
+    def step(self, action: ToolCall | str | Mapping[str, Any]) -> Observation:
+        """Run one tool call (or model text holding one). Never raises for bad input."""
+        ...
+
+    def end_turn(self, answer: str | None = None) -> str | None:
+        """Close the current user turn; return the next user message or None when done."""
+        ...
+
+    def score(self) -> float:
+        """The executable verifier: how well the episode solved the task, in [0, 1]."""
+        ...
+
+    def action_pattern(self, steps: Sequence[Step]) -> str:
+        """A short key for the rare-pattern signal (tool sequence with error kinds)."""
+        ...
+
+
+class SupportsDescribe(Protocol):
+    def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
+        """Write an instruction that a valid action sequence fulfils."""
+        ...
+
+
+class SupportsSampleAction(Protocol):
+    def sample_action(
+        self, rng: random.Random, focus_tools: Sequence[str] | None = None
+    ) -> ToolCall | None:
+        """A call that is valid in the current state (for offline exploration)."""
+        ...
+
+
+class ToolError(Exception):
+    """Raised by a tool implementation for a domain error (becomes an observation)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def tool_schema(name: str, description: str, properties: dict[str, Any], required: Sequence[str] = ()) -> dict:
+    """An OpenAI function-tool schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(required)},
+        },
+    }
+
+
+def default_action_pattern(steps: Sequence[Step]) -> str:
+    """Tool names in order, each with ``!error_kind`` when it failed; ``?`` for unparsed text."""
+    parts = []
+    for step in steps:
+        name = step.call.name if step.call is not None else "?"
+        parts.append(f"{name}!{step.observation.error}" if step.observation.error else name)
+    return ">".join(parts) if parts else "(no actions)"
+
+
+class ToolEnvironment:
+    """Shared plumbing: parse, check the tool and its arguments, dispatch, catch.
+
+    Subclasses fill ``tools()``, ``_execute``, ``reset``, ``end_turn`` and ``score``.
+    """
+
+    name = "base"
+
+    def tools(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _execute(self, call: ToolCall) -> str:
+        """Run a checked call against the state; raise ToolError for domain errors."""
+        raise NotImplementedError
+
+    def step(self, action: ToolCall | str | Mapping[str, Any]) -> Observation:
+        if not isinstance(action, ToolCall):
+            try:
+                calls = parse_tool_calls(action)
+            except ToolCallParseError as err:
+                return Observation(text=f"error: {err}", error=err.kind)
+            if len(calls) != 1:
+                return Observation(
+                    text=f"error: expected exactly one tool call per step, got {len(calls)}",
+                    error="parse_error",
+                )
+            action = calls[0]
+        schemas = {schema["function"]["name"]: schema["function"] for schema in self.tools()}
+        schema = schemas.get(action.name)
+        if schema is None:
+            return Observation(
+                text=f"error: unknown tool {action.name!r}; available: {', '.join(sorted(schemas))}",
+                error="unknown_tool",
+            )
+        problem = check_arguments(action.arguments, schema.get("parameters", {}))
+        if problem:
+            return Observation(text=f"error: {action.name}: {problem}", error="bad_arguments")
+        try:
+            return Observation(text=self._execute(action))
+        except ToolError as err:
+            return Observation(text=f"error: {err}", error=err.kind)
+        except Exception as err:  # a tool bug must not end the episode
+            return Observation(text=f"error: {action.name} failed: {type(err).__name__}: {err}", error="tool_error")
+
+    def action_pattern(self, steps: Sequence[Step]) -> str:
+        return default_action_pattern(steps)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def replay_reference(env: Environment, task: Task) -> tuple[float, list[Step]]:
+    """Run a task's reference solution through the environment; return (score, steps)."""
+    steps: list[Step] = []
+    env.reset(task)
+    for index, turn in enumerate(task.turns):
+        for call in turn.reference_calls:
+            steps.append(Step(turn=index, call=call, observation=env.step(call)))
+        is_last = index == len(task.turns) - 1
+        env.end_turn(task.reference_answer if is_last else None)
+    return env.score(), steps
+
+
+@dataclass
+class CheckReport:
+    """The result of replaying every reference solution of a task set."""
+
+    env: str
+    scope: dict[str, str]
+    verified: int = 0
+    total: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"env": self.env, **self.scope, "verified": self.verified, "total": self.total}
+
+
+def check_references(
+    make_env: Callable[[], Environment],
+    tasks: Iterable[Task],
+    env_name: str,
+    scope: dict[str, str],
+    progress: Callable[[Iterable[Task]], Iterable[Task]] | None = None,
+) -> CheckReport:
+    """Replay each task's reference in a fresh environment; full score counts as verified."""
+    report = CheckReport(env=env_name, scope=scope)
+    items = progress(tasks) if progress else tasks
+    for task in items:
+        report.total += 1
+        try:
+            score, steps = replay_reference(make_env(), task)
+        except Exception as err:  # report, do not stop the check
+            report.failures.append({"task": task.id, "error": f"{type(err).__name__}: {err}"})
+            continue
+        if score >= 1.0:
+            report.verified += 1
+        else:
+            errors = [s.observation.text for s in steps if s.observation.error]
+            report.failures.append({"task": task.id, "score": score, "errors": errors[:3]})
+    return report

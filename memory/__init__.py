@@ -1,0 +1,1 @@
+"""memory: see docs/architecture.md."""

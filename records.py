@@ -1,0 +1,167 @@
+"""The records that flow between the parts of coevolve.
+
+Every record is a pydantic model, so it validates on the way in and survives a
+JSON round-trip unchanged (``Model.model_validate_json(x.model_dump_json())``).
+Tool-call arguments stay plain dicts here; datasets serialise them as JSON
+strings (Arrow would merge differently-keyed dicts into null-filled structs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SignalKind = Literal["forgetting", "boundary", "rare"]
+SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolCall(Record):
+    """One call of a tool: a name and literal (JSON-representable) arguments."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = Field(default=None, description="Call id as the model or server gave it.")
+
+
+class Observation(Record):
+    """What the environment answered to one tool call.
+
+    ``error`` is a short machine-readable kind ("unknown_tool", "bad_arguments",
+    "not_found", "insufficient_balance", ...) when the call failed; the text then
+    explains it to the agent. Errors are observations, never exceptions.
+    """
+
+    text: str
+    error: str | None = None
+
+
+class Turn(Record):
+    """One user message of a task and the calls that correctly answer it."""
+
+    query: str
+    reference_calls: list[ToolCall] = Field(default_factory=list)
+    # BFCL "miss_func": tools that become available only from this turn on.
+    added_tools: list[str] = Field(default_factory=list)
+
+
+class Task(Record):
+    """A task an agent can be rolled out on, with its reference solution.
+
+    ``setup`` holds the environment-specific initial state (the built-in world
+    stores the whole state; BFCL stores its initial_config and classes), so a
+    task is self-contained and replayable without the generator that made it.
+    """
+
+    id: str
+    env: str
+    family: str = Field(description="Task family (world) or category (BFCL).")
+    split: str = "train"
+    turns: list[Turn] = Field(min_length=1)
+    reference_answer: str | None = Field(
+        default=None, description="Text the final answer must contain, if the task asks a question."
+    )
+    setup: dict[str, Any] = Field(default_factory=dict)
+    # Provenance: filled for synthesized tasks.
+    source: Literal["seed", "synthesized"] = "seed"
+    parent_task_id: str | None = None
+    signal: SignalKind | None = None
+    cycle: int | None = None
+
+    @property
+    def instruction(self) -> str:
+        return self.turns[0].query
+
+    @property
+    def reference_calls(self) -> list[ToolCall]:
+        return [call for turn in self.turns for call in turn.reference_calls]
+
+
+class Step(Record):
+    """One assistant action and what came back."""
+
+    turn: int = 0
+    call: ToolCall | None = Field(default=None, description="None when the model's text did not parse.")
+    raw: str | None = Field(default=None, description="Model text the call was parsed from.")
+    observation: Observation
+
+
+class Trajectory(Record):
+    """One rollout of a policy on a task, scored by the environment's verifier."""
+
+    id: str
+    task_id: str
+    env: str
+    family: str
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    final_answer: str | None = None
+    score: float = Field(ge=0.0, le=1.0)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    policy_version: str = "unknown"
+    rollout_index: int = 0
+    cycle: int = 0
+    finished: bool = Field(default=True, description="False when the step limit cut it off.")
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [step.call for step in self.steps if step.call is not None]
+
+
+class Signal(Record):
+    """Why a trajectory was flagged as failure-prone, with the evidence."""
+
+    kind: SignalKind
+    trajectory_id: str
+    task_id: str
+    family: str
+    cycle: int = 0
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="Scores, window, counts: whatever made it fire."
+    )
+
+
+class SynthesisContext(Record):
+    """The summarizer's signal-conditioned reading of a flagged trajectory."""
+
+    summary: str
+    failure_cause: str = ""
+    instability_pattern: str = ""
+    focus_patterns: list[str] = Field(default_factory=list)
+    exploration_objectives: list[str] = Field(default_factory=list)
+    do_not_repeat: list[str] = Field(default_factory=list)
+
+
+class CandidateTask(Record):
+    """A task proposed by the task-abstractor, not yet validated."""
+
+    description: str
+    query: str
+    minimal_actions: list[ToolCall] = Field(min_length=1)
+    reference_answer: str | None = None
+    parent_task_id: str | None = None
+    signal: SignalKind | None = None
+    setup: dict[str, Any] = Field(default_factory=dict)
+
+
+class Verdict(Record):
+    """The judge's decision on a candidate task."""
+
+    success: bool
+    reason: str
+    api_match: bool | None = None
+    parameter_usage: bool | None = None
+    logical_flow: bool | None = None
+    final_result: bool | None = None
+    failed_or_skipped_steps: list[str] = Field(default_factory=list)
+    execution_reward: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @property
+    def accepted(self) -> bool:
+        """Accepted if judged successful, or if the environment still rewarded it."""
+        return self.success or (self.execution_reward is not None and self.execution_reward > 0)
