@@ -157,9 +157,15 @@ def render_call(call: ToolCall) -> str:
 
 
 def _render_value(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    return json.dumps(value, ensure_ascii=False)
+    """Python literal syntax (so ast.literal_eval reads it), with JSON-style double quotes."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_render_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{json.dumps(str(k), ensure_ascii=False)}: {_render_value(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return repr(value)
 
 
 # --------------------------------------------------------------------------- validation

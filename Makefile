@@ -1,0 +1,52 @@
+# The two commands the README names: `make demo` (the main job) and `make test`.
+# Both set up .venv from nothing; set-up reruns only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.coevolve-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export ANONYMIZED_TELEMETRY := False
+export LANGGRAPH_CLI_NO_ANALYTICS := 1
+export LANGGRAPH_NO_VERSION_CHECK := true
+
+.PHONY: setup demo test lint format clean
+
+setup: $(STAMP)
+
+# torch first: `torch==2.13.0` is a CPU wheel available offline here; any other
+# spec would pull a multi-GB CUDA build. bfcl-eval goes in with --no-deps
+# because its own dependency set is ~6 GB and pins an old numpy.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,studio]"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps bfcl-eval==2026.3.23 mpmath
+	touch $(STAMP)
+
+# The main job. Until `coevolve run` exists this replays every reference
+# solution through both environments and walks through one world episode.
+demo: $(STAMP)
+	@echo "== coevolve demo: the closed training loop is not built yet; showing the environments =="
+	$(VENV)/bin/coevolve env list
+	$(VENV)/bin/coevolve env show world --split heldout --index 3
+	$(VENV)/bin/coevolve env check world
+	$(VENV)/bin/coevolve env check bfcl
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	@# mypy needs the package under its own name; the repo root is the package.
+	mkdir -p $(VENV)/typecheck && ln -sfn "$(CURDIR)" $(VENV)/typecheck/coevolve
+	MYPYPATH=$(VENV)/typecheck $(PY) -m mypy --config-file pyproject.toml -p coevolve
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -1,0 +1,321 @@
+"""The built-in world as an Environment: reset, step, verifier, describer, sampler."""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...records import Task, ToolCall
+from ..base import ToolEnvironment, ToolError
+from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
+from .families import clock, date, phone, pools_for
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:[-:.][a-z0-9]+)*")
+
+
+def normalize_text(text: str) -> str:
+    """Case, spacing, quotes and trailing punctuation do not change a message's meaning."""
+    return " ".join(_TOKEN.findall(text.lower()))
+
+
+def answer_matches(answer: str | None, expected: str) -> bool:
+    """The expected value appears in the answer as whole tokens (numbers compared as numbers)."""
+    if answer is None:
+        return False
+    tokens = _TOKEN.findall(answer.lower())
+    wanted = _TOKEN.findall(expected.lower())
+    if not wanted:
+        return True
+    if len(wanted) == 1 and _is_number(wanted[0]):
+        return any(_is_number(tok) and float(tok) == float(wanted[0]) for tok in tokens)
+    return any(tokens[i : i + len(wanted)] == wanted for i in range(len(tokens) - len(wanted) + 1))
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def replay(state: State, calls: Sequence[ToolCall]) -> State:
+    """Apply calls to a copy of ``state``; failing calls change nothing, as in an episode."""
+    world = World(copy.deepcopy(state))
+    for tool_call in calls:
+        try:
+            world.run(tool_call.name, dict(tool_call.arguments))
+        except (ToolError, TypeError, KeyError, ValueError):
+            pass
+    return world.state
+
+
+def _comparable(state: State, initial: State, check: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a state the verifier compares, with free text normalised."""
+    ignore = set(check.get("ignore", ()))
+    must_contain = [normalize_text(text) for text in check.get("message_must_contain", ())]
+    view: dict[str, Any] = {}
+    for key, value in state.items():
+        if key in ignore or key == "next_id":
+            continue
+        value = copy.deepcopy(value)
+        if key == "messages":
+            for message_id, message in value.items():
+                text = normalize_text(message["text"])
+                is_new = message_id not in initial["messages"]
+                if is_new and must_contain and all(part in text for part in must_contain):
+                    text = "<contains required values>"
+                message["text"] = text
+        elif key in ("notes", "events", "reminders", "contacts"):
+            for item in value.values():
+                for field in ("title", "body", "text", "name"):
+                    if field in item:
+                        item[field] = normalize_text(item[field])
+        view[key] = value
+    return view
+
+
+def verify(task: Task, final_state: State, answer: str | None) -> float:
+    """Executable checker: the final state matches the reference's, and the answer is right.
+
+    The expected state comes from replaying the reference solution on the task's
+    initial state, so any task with a valid reference (seed or synthesized) can
+    be checked; ``setup["check"]`` relaxes what the task leaves to the agent.
+    """
+    initial = task.setup["state"]
+    check = task.setup.get("check", {})
+    expected = replay(initial, task.reference_calls)
+    if _comparable(final_state, initial, check) != _comparable(expected, initial, check):
+        return 0.0
+    if task.reference_answer is not None and not answer_matches(answer, task.reference_answer):
+        return 0.0
+    return 1.0
+
+
+class WorldEnvironment(ToolEnvironment):
+    """A seeded simulation of a person's apps: contacts, messages, calendar, notes, shop, wallet, reminders."""
+
+    name = "world"
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.world: World | None = None
+        self.answer: str | None = None
+        self.turn = 0
+
+    def tools(self) -> list[dict[str, Any]]:
+        return TOOL_SCHEMAS
+
+    def reset(self, task: Task) -> str:
+        if "state" not in task.setup:
+            raise ValueError(f"world task {task.id} has no setup['state']; it was not made for the world")
+        self.task = task
+        self.world = World(copy.deepcopy(task.setup["state"]))
+        self.answer = None
+        self.turn = 0
+        return task.turns[0].query
+
+    def _execute(self, call: ToolCall) -> str:
+        if self.world is None:
+            raise ToolError("not_started", "the episode has not started: call reset(task) first")
+        return self.world.run(call.name, dict(call.arguments))
+
+    def end_turn(self, answer: str | None = None) -> str | None:
+        if self.task is None:
+            raise RuntimeError("end_turn() before reset()")
+        if answer is not None:
+            self.answer = answer
+        self.turn += 1
+        return self.task.turns[self.turn].query if self.turn < len(self.task.turns) else None
+
+    def score(self) -> float:
+        if self.task is None or self.world is None:
+            raise RuntimeError("score() before reset()")
+        return verify(self.task, self.world.state, self.answer)
+
+    # ------------------------------------------------------------ offline synthesis helpers
+
+    def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
+        """Write an instruction that the given valid action sequence fulfils."""
+        world = World(copy.deepcopy(setup["state"]))
+        clauses: list[str] = []
+        for tool_call in calls:
+            before = copy.deepcopy(world.state)
+            try:
+                world.run(tool_call.name, dict(tool_call.arguments))
+            except (ToolError, TypeError):
+                continue
+            if tool_call.name in MUTATING_TOOLS:
+                clauses.append(_clause(tool_call, before, world.state))
+        if not clauses and calls:
+            clauses.append(_lookup_clause(calls[-1], world.state))
+        clauses = [c for c in clauses if c]
+        if not clauses:
+            return "Do nothing."
+        text = clauses[0] if len(clauses) == 1 else ", then ".join(clauses[:-1]) + ", and then " + clauses[-1]
+        return text[0].upper() + text[1:] + "."
+
+    def sample_action(self, rng: random.Random, focus_tools: Sequence[str] | None = None) -> ToolCall | None:
+        """A call with arguments that make sense in the current state (it may still fail)."""
+        if self.world is None:
+            raise RuntimeError("sample_action() before reset()")
+        names = [n for n in (focus_tools or TOOL_NAMES) if n in TOOL_NAMES] or list(TOOL_NAMES)
+        for _ in range(20):
+            name = rng.choice(names)
+            arguments = _sample_arguments(name, self.world.state, rng)
+            if arguments is not None:
+                return ToolCall(name=name, arguments=arguments)
+        return None
+
+
+def _clause(call: ToolCall, before: State, after: State) -> str:
+    args = call.arguments
+
+    def contact(cid: str) -> str:
+        return after["contacts"].get(cid, before["contacts"].get(cid, {})).get("name", cid)
+
+    def product(pid: str) -> str:
+        return before["products"].get(pid, {}).get("name", pid)
+
+    match call.name:
+        case "add_contact":
+            return f"save {args['name']}'s number {args['phone']}"
+        case "update_phone":
+            return f"change {contact(args['contact_id'])}'s phone to {args['phone']}"
+        case "delete_contact":
+            return f"delete the contact {contact(args['contact_id'])}"
+        case "send_message":
+            return f"text {contact(args['contact_id'])}: '{args['text']}'"
+        case "delete_message":
+            return f"delete the message '{before['messages'][args['message_id']]['text']}'"
+        case "create_event":
+            return f"put {args['title']} on the calendar on {args['date']} at {args['time']}"
+        case "move_event":
+            return f"move {before['events'][args['event_id']]['title']} to {args['date']} at {args['time']}"
+        case "cancel_event":
+            return f"cancel {before['events'][args['event_id']]['title']}"
+        case "create_note":
+            return f"create a note titled {args['title']} saying '{args['body']}'"
+        case "append_note":
+            return f"add '{args['text']}' to the note {before['notes'][args['note_id']]['title']}"
+        case "delete_note":
+            return f"delete the note {before['notes'][args['note_id']]['title']}"
+        case "add_to_cart":
+            quantity = int(args["quantity"])
+            name = product(args["product_id"])
+            return f"put {quantity} {name}{'s' if quantity > 1 else ''} in the cart"
+        case "remove_from_cart":
+            return f"take the {product(args['product_id'])} out of the cart"
+        case "checkout":
+            return "check out"
+        case "cancel_order":
+            items = before["orders"][args["order_id"]]["items"]
+            return f"cancel the order of the {' and '.join(product(p) for p in items)}"
+        case "top_up":
+            return f"top up the wallet by {args['amount']}"
+        case "set_reminder":
+            return f"set a reminder '{args['text']}' on {args['date']} at {args['time']}"
+        case "delete_reminder":
+            return f"delete the reminder '{before['reminders'][args['reminder_id']]['text']}'"
+    return ""
+
+
+def _lookup_clause(call: ToolCall, state: State) -> str:
+    args = call.arguments
+    match call.name:
+        case "find_contact":
+            return f"find {args.get('name')}'s phone number"
+        case "find_event":
+            return f"find when {args.get('title')} is"
+        case "search_products":
+            return f"find the price of the {args.get('query')}"
+        case "get_balance":
+            return "check the wallet balance"
+    return f"use {call.name} to look something up"
+
+
+def _sample_arguments(name: str, state: State, rng: random.Random) -> dict[str, Any] | None:
+    pools = pools_for("train")
+
+    def pick(collection: str) -> str | None:
+        ids = sorted(state[collection])
+        return rng.choice(ids) if ids else None
+
+    contact_id, event_id, note_id = pick("contacts"), pick("events"), pick("notes")
+    product_id, order_id = pick("products"), pick("orders")
+    message_id, reminder_id = pick("messages"), pick("reminders")
+    text = rng.choice(pools.messages)
+    needs: dict[str, tuple[Any, ...]] = {
+        "find_contact": (contact_id,),
+        "update_phone": (contact_id,),
+        "delete_contact": (contact_id,),
+        "send_message": (contact_id,),
+        "read_messages": (contact_id,),
+        "find_event": (event_id,),
+        "move_event": (event_id,),
+        "cancel_event": (event_id,),
+        "find_note": (note_id,),
+        "read_note": (note_id,),
+        "append_note": (note_id,),
+        "delete_note": (note_id,),
+        "search_products": (product_id,),
+        "add_to_cart": (product_id,),
+        "remove_from_cart": (next(iter(state["cart"]), None),),
+        "cancel_order": (order_id,),
+        "delete_message": (message_id,),
+        "delete_reminder": (reminder_id,),
+    }
+    if any(value is None for value in needs.get(name, ())):
+        return None
+    match name:
+        case "find_contact":
+            return {"name": state["contacts"][contact_id]["name"]}
+        case "add_contact":
+            return {"name": rng.choice(pools.names), "phone": phone(rng)}
+        case "update_phone":
+            return {"contact_id": contact_id, "phone": phone(rng)}
+        case "delete_contact" | "read_messages":
+            return {"contact_id": contact_id}
+        case "send_message":
+            return {"contact_id": contact_id, "text": text}
+        case "search_messages":
+            return {"query": text.split()[0]}
+        case "delete_message":
+            return {"message_id": message_id}
+        case "find_event":
+            return {"title": state["events"][event_id]["title"]}
+        case "list_events":
+            days = sorted({e["date"] for e in state["events"].values()})
+            return {"date": rng.choice(days) if days else date(rng)}
+        case "create_event":
+            return {"title": rng.choice(pools.titles), "date": date(rng), "time": clock(rng)}
+        case "move_event":
+            return {"event_id": event_id, "date": date(rng), "time": clock(rng)}
+        case "cancel_event":
+            return {"event_id": event_id}
+        case "create_note":
+            return {"title": rng.choice(pools.titles), "body": text}
+        case "find_note":
+            return {"title": state["notes"][note_id]["title"]}
+        case "read_note" | "delete_note":
+            return {"note_id": note_id}
+        case "append_note":
+            return {"note_id": note_id, "text": text}
+        case "search_products":
+            return {"query": state["products"][product_id]["name"]}
+        case "add_to_cart":
+            return {"product_id": product_id, "quantity": rng.choice([1, 1, 2])}
+        case "remove_from_cart":
+            return {"product_id": next(iter(state["cart"]))}
+        case "cancel_order":
+            return {"order_id": order_id}
+        case "top_up":
+            return {"amount": rng.choice([10, 20, 25, 50])}
+        case "set_reminder":
+            return {"text": text, "date": date(rng), "time": clock(rng)}
+        case "delete_reminder":
+            return {"reminder_id": reminder_id}
+    return {}

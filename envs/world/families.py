@@ -1,0 +1,540 @@
+"""Task families of the built-in world and the seeded state generator.
+
+Families differ in structure, because that is what targeted data can fix:
+how many calls (1-6), which values flow from an observation into a later call
+(ids, prices, times, message text), and whether an error has to be recovered
+from (a missing contact, a payment short of funds). Entity values are drawn
+from pools that are partitioned between splits, so the held-out split has
+names, products, titles and phrases never seen in training.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...records import ToolCall
+from .apps import State, World, empty_state
+
+# --------------------------------------------------------------------------- value pools
+
+NAMES = """Ana Bo Cy Dee Eli Fay Gus Hal Ida Jo Kai Liv Max Nia Oz Pam Quin Rex Sal Tom Uma Val Wes
+Xia Yul Zed Abe Bea Cal Dot Ed Flo Gil Hana Ike Jan Kit Lou Mo Ned Ola Pia Ray Sue Ty Una Vic Wyn
+Alf Bex Cas Dax Eve Fin Gia Hux Ivo Jax Kim Lea Mia Noa Ora Pip Rio Sky Tess Ugo Vera Wim Yara Zoe
+Ari Ben Cleo Dan Ema Fox Gwen Hugo Isa Joy Kay Leo Mae Nat Otto Pax Rue Sam Tia Uli Vin Will Yves
+Zia Amy Bram Cora Dov Esme Finn Gabe Hope Iris Jude Kurt Lars Mina Nico Opal Remy Sid Tam Vito""".split()
+
+PRODUCTS = """lamp mug desk chair kettle towel pillow candle rug mirror clock vase fan heater
+blender toaster kettlebell yoga-mat backpack wallet umbrella scarf gloves hat jacket boots socks
+notebook pencil stapler marker eraser ruler tape glue scissors printer mouse keyboard monitor
+cable charger speaker headset webcam tripod battery bulb drill hammer wrench saw ladder bucket
+broom sponge soap shampoo razor brush comb lotion""".split()
+
+EVENT_TITLES = """dentist standup gym lunch yoga review demo haircut doctor piano tennis dinner
+interview retro sync vet swim class party meeting workshop brunch recital checkup game
+massage training seminar hike concert movie picnic rehearsal exam tutoring errands call
+planning offsite webinar fitting garage bakery museum library""".split()
+
+MESSAGES = """running late|call me back|see you soon|on my way|happy birthday|thanks a lot|
+lunch at noon|bring the keys|meeting moved|good luck today|miss you|dinner is ready|
+pick up milk|running early|check your mail|call when free|almost there|all done|
+send the file|got your note|back at six|need a ride|park is closed|rain later|
+bus is late|keys are home|door is open|feed the cat|water the plants|game tonight|
+see you at five|no rush|well done|take care|coffee later|movie at eight|
+train delayed|store is open|book is back|shoes are ready|call the bank|trip is on""".replace(
+    "\n", ""
+).split("|")
+
+SPLITS = ("train", "validation", "heldout")
+
+
+def _partition(values: list[str]) -> dict[str, list[str]]:
+    """Deterministic disjoint pools: 3/5 train, 1/5 validation, 1/5 held-out."""
+    pools: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for index, value in enumerate(values):
+        bucket = index % 5
+        pools["train" if bucket < 3 else "validation" if bucket == 3 else "heldout"].append(value)
+    return pools
+
+
+@dataclass(frozen=True)
+class Pools:
+    names: list[str]
+    products: list[str]
+    titles: list[str]
+    messages: list[str]
+
+
+_NAME_POOLS = _partition(NAMES)
+_PRODUCT_POOLS = _partition(PRODUCTS)
+_TITLE_POOLS = _partition(EVENT_TITLES)
+_MESSAGE_POOLS = _partition(MESSAGES)
+
+
+def pools_for(split: str) -> Pools:
+    if split not in SPLITS:
+        raise ValueError(f"unknown world split {split!r}; allowed: {', '.join(SPLITS)}")
+    return Pools(_NAME_POOLS[split], _PRODUCT_POOLS[split], _TITLE_POOLS[split], _MESSAGE_POOLS[split])
+
+
+# --------------------------------------------------------------------------- state generation
+
+
+def phone(rng: random.Random) -> str:
+    return f"555-{rng.randrange(10000):04d}"
+
+
+def date(rng: random.Random) -> str:
+    return f"{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+
+
+def clock(rng: random.Random) -> str:
+    return f"{rng.randint(7, 20):02d}:{rng.choice(['00', '30'])}"
+
+
+def make_state(rng: random.Random, pools: Pools) -> State:
+    """A small, plausible world: a handful of contacts, messages, events, products, orders."""
+    world = World(empty_state(balance=rng.randint(40, 120)))
+    for name in rng.sample(pools.names, rng.randint(4, 6)):
+        world.add_contact(name, phone(rng))
+    contact_ids = list(world.state["contacts"])
+    for contact_id in rng.sample(contact_ids, 2):
+        _receive(world, contact_id, rng.choice(pools.messages))
+    for title in rng.sample(pools.titles, rng.randint(2, 4)):
+        world.create_event(title, date(rng), clock(rng))
+    for title in rng.sample(pools.titles, rng.randint(0, 2)):
+        world.create_note(title, rng.choice(pools.messages))
+    for name in rng.sample(pools.products, rng.randint(4, 6)):
+        _add_product(world, name, rng.randint(3, 40))
+    if rng.random() < 0.5:
+        world.add_to_cart(rng.choice(list(world.state["products"])), 1)
+        if world._cart_total() <= world.state["wallet"]["balance"]:
+            world.checkout()
+        world.state["cart"] = {}
+    return world.state
+
+
+def _receive(world: World, contact_id: str, text: str) -> str:
+    message_id = world._new_id("messages")
+    world.state["messages"][message_id] = {"contact_id": contact_id, "direction": "in", "text": text}
+    return message_id
+
+
+def _add_product(world: World, name: str, price: int) -> str:
+    product_id = f"p{len(world.state['products']) + 1}"
+    world.state["products"][product_id] = {"name": name, "price": price}
+    return product_id
+
+
+def _new_name(rng: random.Random, pools: Pools, state: State) -> str:
+    taken = {c["name"] for c in state["contacts"].values()}
+    return rng.choice([n for n in pools.names if n not in taken])
+
+
+def _new_product(rng: random.Random, pools: Pools, state: State) -> str:
+    taken = {p["name"] for p in state["products"].values()}
+    return rng.choice([p for p in pools.products if p not in taken])
+
+
+def _new_title(rng: random.Random, pools: Pools, state: State) -> str:
+    taken = {e["title"] for e in state["events"].values()}
+    return rng.choice([t for t in pools.titles if t not in taken])
+
+
+def _pick_contact(rng: random.Random, state: State) -> tuple[str, dict[str, Any]]:
+    contact_id = rng.choice(sorted(state["contacts"]))
+    return contact_id, state["contacts"][contact_id]
+
+
+def _pick_event(rng: random.Random, state: State) -> tuple[str, dict[str, Any]]:
+    event_id = rng.choice(sorted(state["events"]))
+    return event_id, state["events"][event_id]
+
+
+def _pick_product(rng: random.Random, state: State, exclude: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    product_id = rng.choice(sorted(p for p in state["products"] if p not in exclude))
+    return product_id, state["products"][product_id]
+
+
+def _next(state: State, prefix: str) -> str:
+    return f"{prefix}{state['next_id'][prefix]}"
+
+
+def call(tool: str, /, **arguments: Any) -> ToolCall:
+    return ToolCall(name=tool, arguments=arguments)
+
+
+# --------------------------------------------------------------------------- families
+
+
+@dataclass
+class Draft:
+    """What a family generator produces; the split builder turns it into a Task."""
+
+    instruction: str
+    calls: list[ToolCall]
+    answer: str | None = None
+    # Checker relaxations: fields the verifier ignores, texts it only requires to contain.
+    check: dict[str, Any] = field(default_factory=dict)
+
+
+Generator = Callable[[random.Random, Pools, State], Draft]
+
+
+def phone_lookup(rng: random.Random, pools: Pools, state: State) -> Draft:
+    _, contact = _pick_contact(rng, state)
+    name = contact["name"]
+    phrasing = rng.choice(
+        [
+            f"What is {name}'s phone number?",
+            f"Look up the number for {name}.",
+            f"I need {name}'s number.",
+            f"Find {name}'s phone number for me.",
+        ]
+    )
+    return Draft(phrasing, [call("find_contact", name=name)], answer=contact["phone"])
+
+
+def add_contact(rng: random.Random, pools: Pools, state: State) -> Draft:
+    name, number = _new_name(rng, pools, state), phone(rng)
+    phrasing = rng.choice(
+        [
+            f"Save {name}'s number {number}.",
+            f"Add {name} to my contacts, phone {number}.",
+            f"New contact: {name}, {number}.",
+            f"Please store {number} as {name}.",
+        ]
+    )
+    return Draft(phrasing, [call("add_contact", name=name, phone=number)])
+
+
+def create_event(rng: random.Random, pools: Pools, state: State) -> Draft:
+    title, day, time = _new_title(rng, pools, state), date(rng), clock(rng)
+    phrasing = rng.choice(
+        [
+            f"Put {title} on my calendar on {day} at {time}.",
+            f"Schedule {title} for {day} {time}.",
+            f"Add an event {title}, {day} at {time}.",
+            f"Book {title} on {day} at {time} in my calendar.",
+        ]
+    )
+    return Draft(phrasing, [call("create_event", title=title, date=day, time=time)])
+
+
+def price_check(rng: random.Random, pools: Pools, state: State) -> Draft:
+    _, product = _pick_product(rng, state)
+    name = product["name"]
+    phrasing = rng.choice(
+        [
+            f"How much does the {name} cost?",
+            f"What is the price of a {name}?",
+            f"Check the shop price of the {name}.",
+        ]
+    )
+    return Draft(phrasing, [call("search_products", query=name)], answer=str(product["price"]))
+
+
+def set_reminder(rng: random.Random, pools: Pools, state: State) -> Draft:
+    text, day, time = rng.choice(pools.messages), date(rng), clock(rng)
+    phrasing = rng.choice(
+        [
+            f"Remind me to {text} on {day} at {time}.",
+            f"Set a reminder '{text}' for {day} {time}.",
+            f"On {day} at {time} remind me: {text}.",
+        ]
+    )
+    return Draft(phrasing, [call("set_reminder", text=text, date=day, time=time)])
+
+
+def send_message(rng: random.Random, pools: Pools, state: State) -> Draft:
+    contact_id, contact = _pick_contact(rng, state)
+    name, text = contact["name"], rng.choice(pools.messages)
+    phrasing = rng.choice(
+        [
+            f"Text {name}: {text}.",
+            f"Send {name} a message saying '{text}'.",
+            f"Message {name} '{text}'.",
+            f"Tell {name} '{text}' by text.",
+        ]
+    )
+    return Draft(
+        phrasing, [call("find_contact", name=name), call("send_message", contact_id=contact_id, text=text)]
+    )
+
+
+def update_phone(rng: random.Random, pools: Pools, state: State) -> Draft:
+    contact_id, contact = _pick_contact(rng, state)
+    name, number = contact["name"], phone(rng)
+    phrasing = rng.choice(
+        [
+            f"{name} has a new number: {number}. Update it.",
+            f"Change {name}'s phone to {number}.",
+            f"Update {name}'s number to {number}.",
+        ]
+    )
+    return Draft(
+        phrasing, [call("find_contact", name=name), call("update_phone", contact_id=contact_id, phone=number)]
+    )
+
+
+def cancel_event(rng: random.Random, pools: Pools, state: State) -> Draft:
+    event_id, event = _pick_event(rng, state)
+    title = event["title"]
+    phrasing = rng.choice(
+        [f"Cancel my {title}.", f"Remove {title} from my calendar.", f"Delete the {title} event."]
+    )
+    return Draft(phrasing, [call("find_event", title=title), call("cancel_event", event_id=event_id)])
+
+
+def cancel_order(rng: random.Random, pools: Pools, state: State) -> Draft:
+    world = World(state)
+    ordered = {pid for order in state["orders"].values() for pid in order["items"]}
+    # Distinct products per order, so "the order of the <item>" names one order.
+    placed = []
+    for _ in range(rng.randint(1, 2)):
+        product_id, product = _pick_product(rng, state, exclude=tuple(ordered))
+        ordered.add(product_id)
+        world.state["wallet"]["balance"] += product["price"]
+        world.add_to_cart(product_id, 1)
+        placed.append(_next(state, "o"))
+        world.checkout()
+    order_id = rng.choice(placed)
+    item = state["products"][next(iter(state["orders"][order_id]["items"]))]["name"]
+    phrasing = rng.choice(
+        [
+            f"Cancel my order of the {item}.",
+            f"I don't want the {item} any more, cancel that order.",
+            f"Please cancel the order with the {item} and get my money back.",
+        ]
+    )
+    return Draft(phrasing, [call("list_orders"), call("cancel_order", order_id=order_id)])
+
+
+def buy_item(rng: random.Random, pools: Pools, state: State) -> Draft:
+    product_id, product = _pick_product(rng, state)
+    quantity = rng.choice([1, 1, 2, 3])
+    state["wallet"]["balance"] = max(state["wallet"]["balance"], product["price"] * quantity + rng.randint(0, 30))
+    name = product["name"]
+    count = f"{quantity} {name}s" if quantity > 1 else f"a {name}"
+    phrasing = rng.choice([f"Buy {count}.", f"Order {count} from the shop.", f"Get me {count}, and pay for it."])
+    return Draft(
+        phrasing,
+        [
+            call("search_products", query=name),
+            call("add_to_cart", product_id=product_id, quantity=quantity),
+            call("checkout"),
+        ],
+    )
+
+
+def message_new_contact(rng: random.Random, pools: Pools, state: State) -> Draft:
+    name, number, text = _new_name(rng, pools, state), phone(rng), rng.choice(pools.messages)
+    new_id = _next(state, "c")
+    phrasing = rng.choice(
+        [
+            f"Text {name}: {text}. If {name} is not in my contacts, the number is {number}.",
+            f"Send {name} '{text}'. Save {name} as {number} first if needed.",
+            f"Message {name} ({number}) '{text}'.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("find_contact", name=name),
+            call("add_contact", name=name, phone=number),
+            call("send_message", contact_id=new_id, text=text),
+        ],
+    )
+
+
+def save_message_note(rng: random.Random, pools: Pools, state: State) -> Draft:
+    contact_id, contact = _pick_contact(rng, state)
+    text = rng.choice(pools.messages)
+    _receive(World(state), contact_id, text)
+    name = contact["name"]
+    phrasing = rng.choice(
+        [
+            f"Save the last message from {name} as a note titled {name}.",
+            f"Copy {name}'s latest text into a new note called {name}.",
+            f"Make a note named {name} with what {name} last wrote to me.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("find_contact", name=name),
+            call("read_messages", contact_id=contact_id),
+            call("create_note", title=name, body=text),
+        ],
+    )
+
+
+def share_event_time(rng: random.Random, pools: Pools, state: State) -> Draft:
+    event_id, event = _pick_event(rng, state)
+    contact_id, contact = _pick_contact(rng, state)
+    title, name = event["title"], contact["name"]
+    phrasing = rng.choice(
+        [
+            f"Tell {name} when my {title} is.",
+            f"Text {name} the date and time of the {title}.",
+            f"Let {name} know the time of my {title}.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("find_event", title=title),
+            call("find_contact", name=name),
+            call("send_message", contact_id=contact_id, text=f"{title} is on {event['date']} at {event['time']}"),
+        ],
+        check={"message_must_contain": [event["date"], event["time"]]},
+    )
+
+
+def remind_event(rng: random.Random, pools: Pools, state: State) -> Draft:
+    event_id, event = _pick_event(rng, state)
+    title = event["title"]
+    phrasing = rng.choice(
+        [
+            f"Set a reminder for my {title} at the time it starts.",
+            f"Remind me of the {title} when it begins.",
+            f"Add a reminder called {title} at the {title}'s date and time.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [call("find_event", title=title), call("set_reminder", text=title, date=event["date"], time=event["time"])],
+    )
+
+
+def reschedule_and_notify(rng: random.Random, pools: Pools, state: State) -> Draft:
+    event_id, event = _pick_event(rng, state)
+    contact_id, contact = _pick_contact(rng, state)
+    title, name, day, time = event["title"], contact["name"], date(rng), clock(rng)
+    phrasing = rng.choice(
+        [
+            f"Move my {title} to {day} at {time} and tell {name} the new time.",
+            f"Reschedule {title} to {day} {time}, then text {name} about it.",
+            f"Push the {title} to {day} at {time} and let {name} know.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("find_event", title=title),
+            call("move_event", event_id=event_id, date=day, time=time),
+            call("find_contact", name=name),
+            call("send_message", contact_id=contact_id, text=f"{title} moved to {day} at {time}"),
+        ],
+        check={"message_must_contain": [day, time]},
+    )
+
+
+def buy_with_topup(rng: random.Random, pools: Pools, state: State) -> Draft:
+    product_id, product = _pick_product(rng, state)
+    quantity = rng.choice([1, 2])
+    total = product["price"] * quantity
+    state["wallet"]["balance"] = rng.randint(0, total - 1)
+    short = total - state["wallet"]["balance"]
+    name = product["name"]
+    count = f"{quantity} {name}s" if quantity > 1 else f"a {name}"
+    phrasing = rng.choice(
+        [
+            f"Buy {count}. Top up the wallet if it is short.",
+            f"Order {count}; add money to my wallet if the payment fails.",
+            f"Get me {count}, topping up the wallet by what is missing if needed.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("search_products", query=name),
+            call("add_to_cart", product_id=product_id, quantity=quantity),
+            call("checkout"),
+            call("top_up", amount=short),
+            call("checkout"),
+        ],
+        # How much to top up is the agent's choice; the order is what counts.
+        check={"ignore": ["wallet"]},
+    )
+
+
+def buy_two(rng: random.Random, pools: Pools, state: State) -> Draft:
+    first_id, first = _pick_product(rng, state)
+    second_id, second = _pick_product(rng, state, exclude=(first_id,))
+    state["wallet"]["balance"] = max(state["wallet"]["balance"], first["price"] + second["price"] + 5)
+    a, b = first["name"], second["name"]
+    phrasing = rng.choice(
+        [
+            f"Buy a {a} and a {b} in one order.",
+            f"Order one {a} and one {b} together.",
+            f"Put a {a} and a {b} in the cart and check out.",
+        ]
+    )
+    return Draft(
+        phrasing,
+        [
+            call("search_products", query=a),
+            call("add_to_cart", product_id=first_id, quantity=1),
+            call("search_products", query=b),
+            call("add_to_cart", product_id=second_id, quantity=1),
+            call("checkout"),
+        ],
+    )
+
+
+def move_and_tell_two(rng: random.Random, pools: Pools, state: State) -> Draft:
+    event_id, event = _pick_event(rng, state)
+    (first_id, first), (second_id, second) = (
+        (cid, state["contacts"][cid]) for cid in rng.sample(sorted(state["contacts"]), 2)
+    )
+    title, day, time = event["title"], date(rng), clock(rng)
+    a, b = first["name"], second["name"]
+    phrasing = rng.choice(
+        [
+            f"Move {title} to {day} at {time} and text both {a} and {b} the new time.",
+            f"Reschedule my {title} to {day} {time}; tell {a} and {b}.",
+            f"Shift the {title} to {day} at {time}, then message {a} and then {b} about it.",
+        ]
+    )
+    text = f"{title} moved to {day} at {time}"
+    return Draft(
+        phrasing,
+        [
+            call("find_event", title=title),
+            call("move_event", event_id=event_id, date=day, time=time),
+            call("find_contact", name=a),
+            call("send_message", contact_id=first_id, text=text),
+            call("find_contact", name=b),
+            call("send_message", contact_id=second_id, text=text),
+        ],
+        check={"message_must_contain": [day, time]},
+    )
+
+
+# Family name -> (generator, weight in the seed training split, in percent).
+# The uneven weights are deliberate: rare families (<= 3%) are what the rare and
+# forgetting signals should find and targeted synthesis should lift.
+FAMILIES: dict[str, tuple[Generator, int]] = {
+    "phone_lookup": (phone_lookup, 11),
+    "add_contact": (add_contact, 10),
+    "create_event": (create_event, 10),
+    "price_check": (price_check, 9),
+    "set_reminder": (set_reminder, 6),
+    "send_message": (send_message, 11),
+    "update_phone": (update_phone, 6),
+    "cancel_event": (cancel_event, 6),
+    "cancel_order": (cancel_order, 4),
+    "remind_event": (remind_event, 2),
+    "buy_item": (buy_item, 8),
+    "message_new_contact": (message_new_contact, 2),
+    "save_message_note": (save_message_note, 3),
+    "share_event_time": (share_event_time, 3),
+    "reschedule_and_notify": (reschedule_and_notify, 3),
+    "buy_with_topup": (buy_with_topup, 2),
+    "buy_two": (buy_two, 2),
+    "move_and_tell_two": (move_and_tell_two, 2),
+}
+assert sum(weight for _, weight in FAMILIES.values()) == 100

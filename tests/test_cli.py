@@ -1,0 +1,73 @@
+"""The coevolve command, run as a user runs it (a subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def coevolve(*args, check=True):
+    result = subprocess.run(
+        [sys.executable, "-m", "coevolve", *args], capture_output=True, text=True, timeout=300
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_help_does_not_import_heavy_libraries():
+    assert "env" in coevolve("--help").stdout
+    code = "import sys, coevolve.cli; print(sorted(m for m in ('torch', 'transformers', 'trl', 'chromadb') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_env_check_world_json():
+    result = coevolve("env", "check", "world", "--split", "validation", "--json")
+    report = json.loads(result.stdout)
+    assert report == {"env": "world", "split": "validation", "verified": report["total"], "total": report["total"]}
+    assert report["total"] > 0
+
+
+def test_env_check_world_all_splits_text():
+    out = coevolve("env", "check", "world").stdout
+    for split in ("train", "validation", "heldout"):
+        assert f"split={split}: verified" in out
+
+
+def test_env_check_bad_scope():
+    result = coevolve("env", "check", "world", "--split", "test", check=False)
+    assert result.returncode == 2 and "allowed: train, validation, heldout" in result.stderr
+    result = coevolve("env", "check", "world", "--category", "multi_turn_base", check=False)
+    assert result.returncode == 2 and "--category is for bfcl" in result.stderr
+    result = coevolve("env", "check", "moon", check=False)
+    assert result.returncode == 2 and "unknown environment" in result.stderr
+
+
+def test_env_list_and_show():
+    rows = json.loads(coevolve("env", "list", "--json").stdout)
+    assert [row["env"] for row in rows] == ["world", "bfcl"]
+    assert rows[0]["tools"] >= 25 and rows[0]["families"] >= 12
+    out = coevolve("env", "show", "world", "--split", "heldout", "--index", "3").stdout
+    assert "verifier score: 1.00" in out and "call:" in out
+
+
+def test_config_show(tmp_path):
+    assert "env:" in coevolve("config", "show").stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env:\n  nmae: world\n")
+    result = coevolve("config", "show", str(bad), check=False)
+    assert result.returncode == 2 and "did you mean 'name'" in result.stderr
+
+
+@pytest.mark.bfcl
+def test_env_check_bfcl_json():
+    pytest.importorskip("bfcl_eval")
+    result = coevolve("env", "check", "bfcl", "--category", "multi_turn_miss_param", "--json")
+    assert json.loads(result.stdout) == {
+        "env": "bfcl",
+        "category": "multi_turn_miss_param",
+        "verified": 200,
+        "total": 200,
+    }
