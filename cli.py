@@ -163,7 +163,9 @@ def env_check(
             print(json.dumps(report.as_json()), flush=True)
             continue
         colour = "green" if report.verified == report.total else "red"
-        console.print(f"{env} {key}={scope}: [{colour}]verified {report.verified}/{report.total}[/{colour}]")
+        console.print(
+            f"{env} {key}={scope}: [{colour}]verified {report.verified}/{report.total}[/{colour}]"
+        )
         for failure in report.failures[:show_failures]:
             console.print(f"  [red]failed[/red] {failure}")
     if not all_verified:
@@ -180,7 +182,11 @@ def env_show(
     """Show one task and replay its reference solution step by step."""
     from .envs.parsing import render_call
 
-    scope = (_world_scopes(split or "train") if env == "world" else _bfcl_scopes(category or "multi_turn_base"))[0]
+    scope = (
+        _world_scopes(split or "train")
+        if env == "world"
+        else _bfcl_scopes(category or "multi_turn_base")
+    )[0]
     if env not in ENV_DESCRIPTIONS:
         raise _fail(f"unknown environment {env!r}; allowed: world, bfcl")
     try:
@@ -209,7 +215,9 @@ def env_show(
 
 @config_app.command("show")
 def config_show(
-    path: Annotated[str | None, typer.Argument(help="YAML config (default: built-in defaults).")] = None,
+    path: Annotated[
+        str | None, typer.Argument(help="YAML config (default: built-in defaults).")
+    ] = None,
 ) -> None:
     """Validate a config and print it with every default filled in."""
     import yaml

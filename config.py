@@ -15,9 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
 from .envs.world.families import SPLITS as WORLD_SPLITS
-
-BFCL_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 
 
 class ConfigError(ValueError):
@@ -32,14 +31,21 @@ class EndpointConfig(Section):
     """An OpenAI-compatible chat-completions endpoint (vLLM, a hosted API, a test server)."""
 
     base_url: str = Field(description="Server URL including /v1, e.g. http://127.0.0.1:8000/v1.")
-    model: str = Field(description="Model name the server knows; with vLLM a LoRA adapter name works too.")
+    model: str = Field(
+        description="Model name the server knows; with vLLM a LoRA adapter name works too."
+    )
     api_key_env: str | None = Field(
-        default=None, description="Name of the environment variable holding the API key (None: no key)."
+        default=None,
+        description="Name of the environment variable holding the API key (None: no key).",
     )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
     max_tokens: int = Field(default=512, gt=0, description="Most tokens per reply.")
-    timeout_s: float = Field(default=60.0, gt=0, description="Seconds before one request is abandoned.")
-    max_retries: int = Field(default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection.")
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="Seconds before one request is abandoned."
+    )
+    max_retries: int = Field(
+        default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
+    )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
 
     def api_key(self) -> str:
@@ -47,27 +53,33 @@ class EndpointConfig(Section):
             return "EMPTY"
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise ConfigError(f"endpoint {self.base_url}: environment variable {self.api_key_env} is not set")
+            raise ConfigError(
+                f"endpoint {self.base_url}: environment variable {self.api_key_env} is not set"
+            )
         return key
 
 
 class EnvConfig(Section):
     """Which environment to run, and which of its task sets."""
 
-    name: Literal["world", "bfcl"] = Field(default="world", description="Environment: the built-in world or BFCL.")
-    split: str = Field(
-        default="train", description=f"World task split: {', '.join(WORLD_SPLITS)}."
+    name: Literal["world", "bfcl"] = Field(
+        default="world", description="Environment: the built-in world or BFCL."
     )
+    split: str = Field(default="train", description=f"World task split: {', '.join(WORLD_SPLITS)}.")
     category: str = Field(
         default="multi_turn_base", description=f"BFCL category: {', '.join(BFCL_CATEGORIES)}."
     )
     seed: int = Field(default=0, description="Seed of the world's task generator.")
-    max_steps: int = Field(default=12, gt=0, description="Most tool calls per episode before it is cut off.")
+    max_steps: int = Field(
+        default=12, gt=0, description="Most tool calls per episode before it is cut off."
+    )
 
     @model_validator(mode="after")
     def _known_task_set(self) -> EnvConfig:
         if self.name == "world" and self.split not in WORLD_SPLITS:
-            raise ValueError(f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}")
+            raise ValueError(
+                f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}"
+            )
         if self.name == "bfcl" and self.category not in BFCL_CATEGORIES:
             raise ValueError(
                 f"category {self.category!r} is not a BFCL category; allowed values: {', '.join(BFCL_CATEGORIES)}"
@@ -78,7 +90,9 @@ class EnvConfig(Section):
 class CoevolveConfig(Section):
     """Everything a run needs. Later sections (policy, synthesis, training) join here."""
 
-    run_dir: str = Field(default="runs/default", description="Where the run writes checkpoints, adapters, reports.")
+    run_dir: str = Field(
+        default="runs/default", description="Where the run writes checkpoints, adapters, reports."
+    )
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment and task set.")
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,
@@ -102,7 +116,9 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> CoevolveCo
             raise ConfigError(f"{path} is not valid YAML: {err}") from None
         origin = str(path)
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(
+            f"{origin}: the top level must be a mapping of keys, got {type(data).__name__}"
+        )
     try:
         return CoevolveConfig.model_validate(data)
     except ValidationError as err:

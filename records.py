@@ -85,7 +85,9 @@ class Step(Record):
     """One assistant action and what came back."""
 
     turn: int = 0
-    call: ToolCall | None = Field(default=None, description="None when the model's text did not parse.")
+    call: ToolCall | None = Field(
+        default=None, description="None when the model's text did not parse."
+    )
     raw: str | None = Field(default=None, description="Model text the call was parsed from.")
     observation: Observation
 

@@ -16,6 +16,7 @@ Tool schemas are in OpenAI function format and may change between turns
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,9 @@ class ToolError(Exception):
         self.kind = kind
 
 
-def tool_schema(name: str, description: str, properties: dict[str, Any], required: Sequence[str] = ()) -> dict:
+def tool_schema(
+    name: str, description: str, properties: dict[str, Any], required: Sequence[str] = ()
+) -> dict:
     """An OpenAI function-tool schema."""
     return {
         "type": "function",
@@ -129,9 +132,14 @@ class ToolEnvironment:
         schemas = {schema["function"]["name"]: schema["function"] for schema in self.tools()}
         schema = schemas.get(action.name)
         if schema is None:
+            close = difflib.get_close_matches(action.name, list(schemas), n=3, cutoff=0.5)
+            hint = (
+                f"did you mean {', '.join(close)}?"
+                if close
+                else f"{len(schemas)} tools are available"
+            )
             return Observation(
-                text=f"error: unknown tool {action.name!r}; available: {', '.join(sorted(schemas))}",
-                error="unknown_tool",
+                text=f"error: unknown tool {action.name!r}; {hint}", error="unknown_tool"
             )
         problem = check_arguments(action.arguments, schema.get("parameters", {}))
         if problem:
@@ -141,7 +149,9 @@ class ToolEnvironment:
         except ToolError as err:
             return Observation(text=f"error: {err}", error=err.kind)
         except Exception as err:  # a tool bug must not end the episode
-            return Observation(text=f"error: {action.name} failed: {type(err).__name__}: {err}", error="tool_error")
+            return Observation(
+                text=f"error: {action.name} failed: {type(err).__name__}: {err}", error="tool_error"
+            )
 
     def action_pattern(self, steps: Sequence[Step]) -> str:
         return default_action_pattern(steps)

@@ -43,7 +43,9 @@ def parse_tool_calls(output: str | Mapping[str, Any] | Sequence[Any]) -> list[To
     if not isinstance(output, str):
         if isinstance(output, Sequence):
             return [call for item in output for call in parse_tool_calls(item)]
-        raise ToolCallParseError("parse_error", f"cannot read a tool call from {type(output).__name__}")
+        raise ToolCallParseError(
+            "parse_error", f"cannot read a tool call from {type(output).__name__}"
+        )
 
     text = output.strip()
     if not text:
@@ -62,7 +64,9 @@ def _parse_text(text: str) -> list[ToolCall]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ToolCallParseError("bad_json", f"tool call is not valid JSON: {err.msg} at char {err.pos}") from None
+            raise ToolCallParseError(
+                "bad_json", f"tool call is not valid JSON: {err.msg} at char {err.pos}"
+            ) from None
         if isinstance(data, list):
             return [_call_from_mapping(item) for item in data]
         return [_call_from_mapping(data)]
@@ -71,10 +75,14 @@ def _parse_text(text: str) -> list[ToolCall]:
 
 def _call_from_mapping(data: Any) -> ToolCall:
     if not isinstance(data, Mapping):
-        raise ToolCallParseError("parse_error", f"expected a tool call object, got {type(data).__name__}")
+        raise ToolCallParseError(
+            "parse_error", f"expected a tool call object, got {type(data).__name__}"
+        )
     function = data.get("function", data)
     if not isinstance(function, Mapping):
-        raise ToolCallParseError("parse_error", "'function' must be an object with 'name' and 'arguments'")
+        raise ToolCallParseError(
+            "parse_error", "'function' must be an object with 'name' and 'arguments'"
+        )
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise ToolCallParseError("parse_error", "tool call has no 'name'")
@@ -91,7 +99,9 @@ def _call_from_mapping(data: Any) -> ToolCall:
     if not isinstance(arguments, dict):
         raise ToolCallParseError("bad_arguments", f"arguments of '{name}' must be an object")
     call_id = data.get("id")
-    return ToolCall(name=name, arguments=arguments, id=call_id if isinstance(call_id, str) else None)
+    return ToolCall(
+        name=name, arguments=arguments, id=call_id if isinstance(call_id, str) else None
+    )
 
 
 def _parse_python_calls(text: str) -> list[ToolCall]:
@@ -115,7 +125,9 @@ def _call_from_ast(node: ast.expr) -> ToolCall:
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
         if keyword.arg is None:
-            raise ToolCallParseError("bad_arguments", f"'{name}' got **kwargs; pass arguments by name")
+            raise ToolCallParseError(
+                "bad_arguments", f"'{name}' got **kwargs; pass arguments by name"
+            )
         try:
             value = ast.literal_eval(keyword.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -143,7 +155,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, bytes | complex):
-        raise ToolCallParseError("bad_arguments", f"unsupported literal type {type(value).__name__}")
+        raise ToolCallParseError(
+            "bad_arguments", f"unsupported literal type {type(value).__name__}"
+        )
     return value
 
 
@@ -163,7 +177,10 @@ def _render_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_render_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = (f"{json.dumps(str(k), ensure_ascii=False)}: {_render_value(v)}" for k, v in value.items())
+        items = (
+            f"{json.dumps(str(k), ensure_ascii=False)}: {_render_value(v)}"
+            for k, v in value.items()
+        )
         return "{" + ", ".join(items) + "}"
     return repr(value)
 
@@ -228,6 +245,8 @@ def _is_type(value: Any, kind: str) -> bool:
 
 def _json_type_name(value: Any) -> str:
     for name, python_types in _JSON_TYPES.items():
-        if isinstance(value, python_types) and not (name in ("integer", "number") and isinstance(value, bool)):
+        if isinstance(value, python_types) and not (
+            name in ("integer", "number") and isinstance(value, bool)
+        ):
             return name
     return type(value).__name__

@@ -19,14 +19,21 @@ def coevolve(*args, check=True):
 def test_help_does_not_import_heavy_libraries():
     assert "env" in coevolve("--help").stdout
     code = "import sys, coevolve.cli; print(sorted(m for m in ('torch', 'transformers', 'trl', 'chromadb') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
 def test_env_check_world_json():
     result = coevolve("env", "check", "world", "--split", "validation", "--json")
     report = json.loads(result.stdout)
-    assert report == {"env": "world", "split": "validation", "verified": report["total"], "total": report["total"]}
+    assert report == {
+        "env": "world",
+        "split": "validation",
+        "verified": report["total"],
+        "total": report["total"],
+    }
     assert report["total"] > 0
 
 

@@ -1,7 +1,6 @@
 """Config loads from YAML; mistakes name the key and what is allowed."""
 
 import pytest
-
 from coevolve.config import CoevolveConfig, ConfigError, load_config
 
 
@@ -34,11 +33,20 @@ def test_every_field_has_help_text():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("env:\n  nmae: world\n", ["unknown key 'env.nmae'", "did you mean 'name'", "allowed keys: name, split"]),
+        (
+            "env:\n  nmae: world\n",
+            ["unknown key 'env.nmae'", "did you mean 'name'", "allowed keys: name, split"],
+        ),
         ("envv: {}\n", ["unknown key 'envv'", "did you mean 'env'"]),
         ("env:\n  name: wrld\n", ["env.name", "'wrld' is not allowed", "'world' or 'bfcl'"]),
-        ("env:\n  split: test\n", ["env", "'test' is not a world split", "train, validation, heldout"]),
-        ("env:\n  name: bfcl\n  category: simple\n", ["'simple' is not a BFCL category", "multi_turn_base"]),
+        (
+            "env:\n  split: test\n",
+            ["env", "'test' is not a world split", "train, validation, heldout"],
+        ),
+        (
+            "env:\n  name: bfcl\n  category: simple\n",
+            ["'simple' is not a BFCL category", "multi_turn_base"],
+        ),
         ("env:\n  max_steps: 0\n", ["env.max_steps", "greater than 0"]),
         (
             "endpoints:\n  judge:\n    base_url: http://x/v1\n    model: m\n    temprature: 0\n",
@@ -61,7 +69,9 @@ def test_missing_file(tmp_path):
 
 
 def test_api_key_from_environment(monkeypatch):
-    config = load_config({"endpoints": {"p": {"base_url": "http://x/v1", "model": "m", "api_key_env": "MY_KEY"}}})
+    config = load_config(
+        {"endpoints": {"p": {"base_url": "http://x/v1", "model": "m", "api_key_env": "MY_KEY"}}}
+    )
     monkeypatch.delenv("MY_KEY", raising=False)
     with pytest.raises(ConfigError, match="MY_KEY"):
         config.endpoints["p"].api_key()

@@ -3,28 +3,39 @@
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from coevolve.envs.parsing import ToolCallParseError, check_arguments, parse_tool_calls, render_call
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ToolCall
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_python_call_syntax():
-    assert parse_tool_calls('find_contact(name="Ana")') == [ToolCall(name="find_contact", arguments={"name": "Ana"})]
+    assert parse_tool_calls('find_contact(name="Ana")') == [
+        ToolCall(name="find_contact", arguments={"name": "Ana"})
+    ]
     calls = parse_tool_calls("[cd(folder='doc'), mv(source='a', destination=('b', 1))]")
     assert [c.name for c in calls] == ["cd", "mv"]
     assert calls[1].arguments == {"source": "a", "destination": ["b", 1]}
 
 
 def test_openai_shapes_and_tags():
-    openai = {"id": "call_1", "type": "function", "function": {"name": "top_up", "arguments": '{"amount": 5}'}}
-    assert parse_tool_calls(openai) == [ToolCall(name="top_up", arguments={"amount": 5}, id="call_1")]
+    openai = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "top_up", "arguments": '{"amount": 5}'},
+    }
+    assert parse_tool_calls(openai) == [
+        ToolCall(name="top_up", arguments={"amount": 5}, id="call_1")
+    ]
     tagged = '<tool_call>\n{"name": "checkout", "arguments": {}}\n</tool_call>'
     assert parse_tool_calls(tagged) == [ToolCall(name="checkout")]
-    assert [c.name for c in parse_tool_calls('[{"name": "a"}, {"name": "b", "arguments": "{}"}]')] == ["a", "b"]
-    assert parse_tool_calls('```json\n{"name": "view_cart", "arguments": {}}\n```') == [ToolCall(name="view_cart")]
+    assert [
+        c.name for c in parse_tool_calls('[{"name": "a"}, {"name": "b", "arguments": "{}"}]')
+    ] == ["a", "b"]
+    assert parse_tool_calls('```json\n{"name": "view_cart", "arguments": {}}\n```') == [
+        ToolCall(name="view_cart")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -59,7 +70,11 @@ def test_nothing_is_executed(tmp_path):
 def test_check_arguments_against_schema():
     schema = {
         "type": "object",
-        "properties": {"n": {"type": "integer"}, "s": {"type": "string", "enum": ["a", "b"]}, "l": {"type": "array", "items": {"type": "number"}}},
+        "properties": {
+            "n": {"type": "integer"},
+            "s": {"type": "string", "enum": ["a", "b"]},
+            "l": {"type": "array", "items": {"type": "number"}},
+        },
         "required": ["n"],
     }
     assert check_arguments({"n": 3, "s": "a", "l": [1, 2.5]}, schema) is None
@@ -72,12 +87,57 @@ def test_check_arguments_against_schema():
 
 
 literals = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.floats(allow_nan=False, allow_infinity=False),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 identifiers = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
-    lambda s: s not in {"if", "in", "is", "or", "and", "not", "for", "def", "del", "try", "as", "with", "from", "else", "elif", "pass", "None", "True", "False", "class", "while", "break", "yield", "raise", "async", "await", "global", "lambda", "return", "assert", "import", "except", "finally", "continue", "nonlocal"}
+    lambda s: (
+        s
+        not in {
+            "if",
+            "in",
+            "is",
+            "or",
+            "and",
+            "not",
+            "for",
+            "def",
+            "del",
+            "try",
+            "as",
+            "with",
+            "from",
+            "else",
+            "elif",
+            "pass",
+            "None",
+            "True",
+            "False",
+            "class",
+            "while",
+            "break",
+            "yield",
+            "raise",
+            "async",
+            "await",
+            "global",
+            "lambda",
+            "return",
+            "assert",
+            "import",
+            "except",
+            "finally",
+            "continue",
+            "nonlocal",
+        }
+    )
 )
 
 
@@ -99,7 +159,10 @@ def test_arbitrary_text_never_raises_anything_else(text):
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(max_size=80) | st.from_regex(r"[a-z_]{1,12}\((\w+=[^,)]{0,10},? ?){0,3}\)", fullmatch=True))
+@given(
+    text=st.text(max_size=80)
+    | st.from_regex(r"[a-z_]{1,12}\((\w+=[^,)]{0,10},? ?){0,3}\)", fullmatch=True)
+)
 def test_env_step_turns_any_text_into_an_observation(text):
     env = WorldEnvironment()
     env.reset(load_split("validation", size=18)[0])

@@ -1,8 +1,6 @@
 """Records survive a JSON round-trip and reject bad input."""
 
 import pytest
-from pydantic import ValidationError
-
 from coevolve.records import (
     CandidateTask,
     Observation,
@@ -15,8 +13,11 @@ from coevolve.records import (
     Turn,
     Verdict,
 )
+from pydantic import ValidationError
 
-CALL = ToolCall(name="find_contact", arguments={"name": "Ana", "nested": {"a": [1, 2.5, None]}}, id="call_0")
+CALL = ToolCall(
+    name="find_contact", arguments={"name": "Ana", "nested": {"a": [1, 2.5, None]}}, id="call_0"
+)
 TASK = Task(
     id="t1",
     env="world",
@@ -40,14 +41,24 @@ RECORDS = [
         env="world",
         family="send_message",
         messages=[{"role": "user", "content": "hi"}],
-        steps=[Step(call=None, raw="garbage", observation=Observation(text="error", error="parse_error"))],
+        steps=[
+            Step(
+                call=None, raw="garbage", observation=Observation(text="error", error="parse_error")
+            )
+        ],
         final_answer="done",
         score=0.5,
         prompt_tokens=10,
         completion_tokens=5,
         policy_version="cycle-1",
     ),
-    Signal(kind="boundary", trajectory_id="tr1", task_id="t1", family="send_message", evidence={"scores": [1, 0]}),
+    Signal(
+        kind="boundary",
+        trajectory_id="tr1",
+        task_id="t1",
+        family="send_message",
+        evidence={"scores": [1, 0]},
+    ),
     SynthesisContext(summary="s", failure_cause="c", focus_patterns=["find_contact>send_message"]),
     CandidateTask(description="d", query="q", minimal_actions=[CALL], signal="forgetting"),
     Verdict(success=False, reason="wrong id", execution_reward=1.0),
@@ -66,7 +77,9 @@ def test_task_helpers():
 
 def test_verdict_acceptance_rule():
     assert Verdict(success=True, reason="ok").accepted
-    assert Verdict(success=False, reason="judge said no, env rewarded", execution_reward=1.0).accepted
+    assert Verdict(
+        success=False, reason="judge said no, env rewarded", execution_reward=1.0
+    ).accepted
     assert not Verdict(success=False, reason="no", execution_reward=0.0).accepted
 
 

@@ -5,14 +5,12 @@ import random
 from collections import Counter
 
 import pytest
-
 from coevolve.envs.base import Environment, check_references, replay_reference
 from coevolve.envs.world import (
     APPS,
     FAMILIES,
     SPLITS,
     TOOL_NAMES,
-    TOOL_SCHEMAS,
     WorldEnvironment,
     family_counts,
     load_split,
@@ -103,7 +101,9 @@ def _entity_values(tasks):
         values |= {e["title"] for e in state["events"].values()}
         values |= {m["text"] for m in state["messages"].values()}
         for call in task.reference_calls:
-            values |= {v for k, v in call.arguments.items() if k in ("name", "query", "title", "text")}
+            values |= {
+                v for k, v in call.arguments.items() if k in ("name", "query", "title", "text")
+            }
     return values
 
 
@@ -145,12 +145,23 @@ def test_wrong_action_sequences_fail(task):
 def test_free_text_is_judged_by_content():
     task = next(t for t in one_task_per_family() if t.family == "share_event_time")
     send = task.reference_calls[-1]
-    event = task.setup["state"]["events"][task.reference_calls[0].arguments["title"] and next(
-        eid for eid, e in task.setup["state"]["events"].items() if e["title"] == task.reference_calls[0].arguments["title"]
-    )]
-    reworded = send.model_copy(update={"arguments": {**send.arguments, "text": f"Hi! It's {event['date']}, {event['time']}."}})
+    event = task.setup["state"]["events"][
+        task.reference_calls[0].arguments["title"]
+        and next(
+            eid
+            for eid, e in task.setup["state"]["events"].items()
+            if e["title"] == task.reference_calls[0].arguments["title"]
+        )
+    ]
+    reworded = send.model_copy(
+        update={
+            "arguments": {**send.arguments, "text": f"Hi! It's {event['date']}, {event['time']}."}
+        }
+    )
     assert run(task, [*task.reference_calls[:-1], reworded]) == 1.0
-    missing_time = send.model_copy(update={"arguments": {**send.arguments, "text": f"It's on {event['date']}"}})
+    missing_time = send.model_copy(
+        update={"arguments": {**send.arguments, "text": f"It's on {event['date']}"}}
+    )
     assert run(task, [*task.reference_calls[:-1], missing_time]) == 0.0
 
 

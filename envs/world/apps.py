@@ -18,7 +18,14 @@ from ..base import ToolError, tool_schema
 State = dict[str, Any]
 
 COLLECTIONS = ("contacts", "messages", "events", "notes", "products", "cart", "orders", "reminders")
-ID_PREFIX = {"contacts": "c", "messages": "m", "events": "e", "notes": "n", "orders": "o", "reminders": "r"}
+ID_PREFIX = {
+    "contacts": "c",
+    "messages": "m",
+    "events": "e",
+    "notes": "n",
+    "orders": "o",
+    "reminders": "r",
+}
 
 PHONE = re.compile(r"^555-\d{4}$")
 DATE = re.compile(r"^(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")
@@ -34,7 +41,9 @@ def _str(description: str) -> dict[str, str]:
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
     # contacts
-    tool_schema("find_contact", "Find a contact by name.", {"name": _str("Contact name")}, ["name"]),
+    tool_schema(
+        "find_contact", "Find a contact by name.", {"name": _str("Contact name")}, ["name"]
+    ),
     tool_schema("list_contacts", "List all contacts.", {}),
     tool_schema(
         "add_contact",
@@ -48,7 +57,9 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         {"contact_id": _str("Contact id like c3"), "phone": _str("New phone number like 555-0123")},
         ["contact_id", "phone"],
     ),
-    tool_schema("delete_contact", "Delete a contact.", {"contact_id": _str("Contact id")}, ["contact_id"]),
+    tool_schema(
+        "delete_contact", "Delete a contact.", {"contact_id": _str("Contact id")}, ["contact_id"]
+    ),
     # messages
     tool_schema(
         "send_message",
@@ -62,11 +73,19 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         {"contact_id": _str("Contact id")},
         ["contact_id"],
     ),
-    tool_schema("search_messages", "Find messages containing a word.", {"query": _str("Word")}, ["query"]),
-    tool_schema("delete_message", "Delete a message.", {"message_id": _str("Message id")}, ["message_id"]),
+    tool_schema(
+        "search_messages", "Find messages containing a word.", {"query": _str("Word")}, ["query"]
+    ),
+    tool_schema(
+        "delete_message", "Delete a message.", {"message_id": _str("Message id")}, ["message_id"]
+    ),
     # calendar
-    tool_schema("find_event", "Find calendar events by title.", {"title": _str("Event title")}, ["title"]),
-    tool_schema("list_events", "List the events on a date.", {"date": _str("Date MM-DD")}, ["date"]),
+    tool_schema(
+        "find_event", "Find calendar events by title.", {"title": _str("Event title")}, ["title"]
+    ),
+    tool_schema(
+        "list_events", "List the events on a date.", {"date": _str("Date MM-DD")}, ["date"]
+    ),
     tool_schema(
         "create_event",
         "Create a calendar event.",
@@ -76,13 +95,22 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     tool_schema(
         "move_event",
         "Move an event to a new date and time.",
-        {"event_id": _str("Event id like e2"), "date": _str("Date MM-DD"), "time": _str("Time HH:MM")},
+        {
+            "event_id": _str("Event id like e2"),
+            "date": _str("Date MM-DD"),
+            "time": _str("Time HH:MM"),
+        },
         ["event_id", "date", "time"],
     ),
-    tool_schema("cancel_event", "Cancel (delete) an event.", {"event_id": _str("Event id")}, ["event_id"]),
+    tool_schema(
+        "cancel_event", "Cancel (delete) an event.", {"event_id": _str("Event id")}, ["event_id"]
+    ),
     # notes
     tool_schema(
-        "create_note", "Create a note.", {"title": _str("Title"), "body": _str("Text")}, ["title", "body"]
+        "create_note",
+        "Create a note.",
+        {"title": _str("Title"), "body": _str("Text")},
+        ["title", "body"],
     ),
     tool_schema("find_note", "Find notes by title.", {"title": _str("Title")}, ["title"]),
     tool_schema("read_note", "Read a note's text.", {"note_id": _str("Note id")}, ["note_id"]),
@@ -100,22 +128,34 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     tool_schema(
         "add_to_cart",
         "Put a product in the cart.",
-        {"product_id": _str("Product id like p4"), "quantity": {**_I, "description": "How many, 1-9"}},
+        {
+            "product_id": _str("Product id like p4"),
+            "quantity": {**_I, "description": "How many, 1-9"},
+        },
         ["product_id", "quantity"],
     ),
     tool_schema("view_cart", "Show the cart and its total.", {}),
     tool_schema(
-        "remove_from_cart", "Take a product out of the cart.", {"product_id": _str("Product id")}, ["product_id"]
+        "remove_from_cart",
+        "Take a product out of the cart.",
+        {"product_id": _str("Product id")},
+        ["product_id"],
     ),
     tool_schema("checkout", "Pay for the cart from the wallet and place an order.", {}),
     tool_schema("list_orders", "List placed orders.", {}),
     tool_schema(
-        "cancel_order", "Cancel an order and refund it to the wallet.", {"order_id": _str("Order id")}, ["order_id"]
+        "cancel_order",
+        "Cancel an order and refund it to the wallet.",
+        {"order_id": _str("Order id")},
+        ["order_id"],
     ),
     # wallet
     tool_schema("get_balance", "Show the wallet balance.", {}),
     tool_schema(
-        "top_up", "Add money to the wallet.", {"amount": {**_I, "description": "Whole amount, 1-500"}}, ["amount"]
+        "top_up",
+        "Add money to the wallet.",
+        {"amount": {**_I, "description": "Whole amount, 1-500"}},
+        ["amount"],
     ),
     # reminders
     tool_schema(
@@ -126,7 +166,10 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     ),
     tool_schema("list_reminders", "List reminders.", {}),
     tool_schema(
-        "delete_reminder", "Delete a reminder.", {"reminder_id": _str("Reminder id")}, ["reminder_id"]
+        "delete_reminder",
+        "Delete a reminder.",
+        {"reminder_id": _str("Reminder id")},
+        ["reminder_id"],
     ),
 ]
 
@@ -220,7 +263,9 @@ class World:
     @staticmethod
     def _check(pattern: re.Pattern[str], value: str, what: str, example: str) -> None:
         if not pattern.match(value):
-            raise ToolError("invalid_value", f"{what} {value!r} is not valid; use the form {example}")
+            raise ToolError(
+                "invalid_value", f"{what} {value!r} is not valid; use the form {example}"
+            )
 
     def _contact_name(self, contact_id: str) -> str:
         contact = self.state["contacts"].get(contact_id)
@@ -228,13 +273,20 @@ class World:
 
     # ------------------------------------------------------------ contacts
     def find_contact(self, name: str) -> str:
-        found = [render(cid, name=c["name"], phone=c["phone"]) for cid, c in self.state["contacts"].items() if _same(c["name"], name)]
+        found = [
+            render(cid, name=c["name"], phone=c["phone"])
+            for cid, c in self.state["contacts"].items()
+            if _same(c["name"], name)
+        ]
         if not found:
             raise ToolError("not_found", f"no contact named {name}")
         return "\n".join(found)
 
     def list_contacts(self) -> str:
-        rows = [render(cid, name=c["name"], phone=c["phone"]) for cid, c in self.state["contacts"].items()]
+        rows = [
+            render(cid, name=c["name"], phone=c["phone"])
+            for cid, c in self.state["contacts"].items()
+        ]
         return "\n".join(rows) or "no contacts"
 
     def add_contact(self, name: str, phone: str) -> str:
@@ -264,13 +316,21 @@ class World:
         if not text.strip():
             raise ToolError("invalid_value", "message text must not be empty")
         message_id = self._new_id("messages")
-        self.state["messages"][message_id] = {"contact_id": contact_id, "direction": "out", "text": text}
+        self.state["messages"][message_id] = {
+            "contact_id": contact_id,
+            "direction": "out",
+            "text": text,
+        }
         return "sent " + render(message_id, to=self._contact_name(contact_id))
 
     def read_messages(self, contact_id: str) -> str:
         self._get("contacts", contact_id, "contact")
         rows = [
-            render(mid, **{"from" if m["direction"] == "in" else "to": self._contact_name(contact_id)}, text=m["text"])
+            render(
+                mid,
+                **{"from" if m["direction"] == "in" else "to": self._contact_name(contact_id)},
+                text=m["text"],
+            )
             for mid, m in self.state["messages"].items()
             if m["contact_id"] == contact_id
         ]
@@ -339,7 +399,11 @@ class World:
         return "created " + render(note_id, title=title.strip())
 
     def find_note(self, title: str) -> str:
-        rows = [render(nid, title=n["title"]) for nid, n in self.state["notes"].items() if _same(n["title"], title)]
+        rows = [
+            render(nid, title=n["title"])
+            for nid, n in self.state["notes"].items()
+            if _same(n["title"], title)
+        ]
         if not rows:
             raise ToolError("not_found", f"no note titled {title}")
         return "\n".join(rows)
@@ -406,7 +470,11 @@ class World:
                 f"insufficient balance: total={total} balance={balance} short={total - balance}",
             )
         order_id = self._new_id("orders")
-        self.state["orders"][order_id] = {"items": dict(self.state["cart"]), "total": total, "status": "placed"}
+        self.state["orders"][order_id] = {
+            "items": dict(self.state["cart"]),
+            "total": total,
+            "status": "placed",
+        }
         self.state["cart"] = {}
         self.state["wallet"]["balance"] = balance - total
         return f"ordered {render(order_id, total=total)} balance={balance - total}"
@@ -415,7 +483,9 @@ class World:
         products = self.state["products"]
         rows = []
         for oid, order in self.state["orders"].items():
-            items = ",".join(f"{products[pid]['name']}x{qty}" for pid, qty in order["items"].items())
+            items = ",".join(
+                f"{products[pid]['name']}x{qty}" for pid, qty in order["items"].items()
+            )
             rows.append(render(oid, items=items, total=order["total"], status=order["status"]))
         return "\n".join(rows) or "no orders"
 
@@ -449,7 +519,10 @@ class World:
         return "set " + render(reminder_id, text=text, date=date, time=time)
 
     def list_reminders(self) -> str:
-        rows = [render(rid, text=r["text"], date=r["date"], time=r["time"]) for rid, r in self.state["reminders"].items()]
+        rows = [
+            render(rid, text=r["text"], date=r["date"], time=r["time"])
+            for rid, r in self.state["reminders"].items()
+        ]
         return "\n".join(rows) or "no reminders"
 
     def delete_reminder(self, reminder_id: str) -> str:

@@ -111,7 +111,9 @@ class WorldEnvironment(ToolEnvironment):
 
     def reset(self, task: Task) -> str:
         if "state" not in task.setup:
-            raise ValueError(f"world task {task.id} has no setup['state']; it was not made for the world")
+            raise ValueError(
+                f"world task {task.id} has no setup['state']; it was not made for the world"
+            )
         self.task = task
         self.world = World(copy.deepcopy(task.setup["state"]))
         self.answer = None
@@ -155,10 +157,16 @@ class WorldEnvironment(ToolEnvironment):
         clauses = [c for c in clauses if c]
         if not clauses:
             return "Do nothing."
-        text = clauses[0] if len(clauses) == 1 else ", then ".join(clauses[:-1]) + ", and then " + clauses[-1]
+        text = (
+            clauses[0]
+            if len(clauses) == 1
+            else ", then ".join(clauses[:-1]) + ", and then " + clauses[-1]
+        )
         return text[0].upper() + text[1:] + "."
 
-    def sample_action(self, rng: random.Random, focus_tools: Sequence[str] | None = None) -> ToolCall | None:
+    def sample_action(
+        self, rng: random.Random, focus_tools: Sequence[str] | None = None
+    ) -> ToolCall | None:
         """A call with arguments that make sense in the current state (it may still fail)."""
         if self.world is None:
             raise RuntimeError("sample_action() before reset()")

@@ -76,7 +76,9 @@ _MESSAGE_POOLS = _partition(MESSAGES)
 def pools_for(split: str) -> Pools:
     if split not in SPLITS:
         raise ValueError(f"unknown world split {split!r}; allowed: {', '.join(SPLITS)}")
-    return Pools(_NAME_POOLS[split], _PRODUCT_POOLS[split], _TITLE_POOLS[split], _MESSAGE_POOLS[split])
+    return Pools(
+        _NAME_POOLS[split], _PRODUCT_POOLS[split], _TITLE_POOLS[split], _MESSAGE_POOLS[split]
+    )
 
 
 # --------------------------------------------------------------------------- state generation
@@ -118,7 +120,11 @@ def make_state(rng: random.Random, pools: Pools) -> State:
 
 def _receive(world: World, contact_id: str, text: str) -> str:
     message_id = world._new_id("messages")
-    world.state["messages"][message_id] = {"contact_id": contact_id, "direction": "in", "text": text}
+    world.state["messages"][message_id] = {
+        "contact_id": contact_id,
+        "direction": "in",
+        "text": text,
+    }
     return message_id
 
 
@@ -153,7 +159,9 @@ def _pick_event(rng: random.Random, state: State) -> tuple[str, dict[str, Any]]:
     return event_id, state["events"][event_id]
 
 
-def _pick_product(rng: random.Random, state: State, exclude: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+def _pick_product(
+    rng: random.Random, state: State, exclude: tuple[str, ...] = ()
+) -> tuple[str, dict[str, Any]]:
     product_id = rng.choice(sorted(p for p in state["products"] if p not in exclude))
     return product_id, state["products"][product_id]
 
@@ -260,7 +268,8 @@ def send_message(rng: random.Random, pools: Pools, state: State) -> Draft:
         ]
     )
     return Draft(
-        phrasing, [call("find_contact", name=name), call("send_message", contact_id=contact_id, text=text)]
+        phrasing,
+        [call("find_contact", name=name), call("send_message", contact_id=contact_id, text=text)],
     )
 
 
@@ -275,7 +284,11 @@ def update_phone(rng: random.Random, pools: Pools, state: State) -> Draft:
         ]
     )
     return Draft(
-        phrasing, [call("find_contact", name=name), call("update_phone", contact_id=contact_id, phone=number)]
+        phrasing,
+        [
+            call("find_contact", name=name),
+            call("update_phone", contact_id=contact_id, phone=number),
+        ],
     )
 
 
@@ -285,7 +298,9 @@ def cancel_event(rng: random.Random, pools: Pools, state: State) -> Draft:
     phrasing = rng.choice(
         [f"Cancel my {title}.", f"Remove {title} from my calendar.", f"Delete the {title} event."]
     )
-    return Draft(phrasing, [call("find_event", title=title), call("cancel_event", event_id=event_id)])
+    return Draft(
+        phrasing, [call("find_event", title=title), call("cancel_event", event_id=event_id)]
+    )
 
 
 def cancel_order(rng: random.Random, pools: Pools, state: State) -> Draft:
@@ -315,10 +330,14 @@ def cancel_order(rng: random.Random, pools: Pools, state: State) -> Draft:
 def buy_item(rng: random.Random, pools: Pools, state: State) -> Draft:
     product_id, product = _pick_product(rng, state)
     quantity = rng.choice([1, 1, 2, 3])
-    state["wallet"]["balance"] = max(state["wallet"]["balance"], product["price"] * quantity + rng.randint(0, 30))
+    state["wallet"]["balance"] = max(
+        state["wallet"]["balance"], product["price"] * quantity + rng.randint(0, 30)
+    )
     name = product["name"]
     count = f"{quantity} {name}s" if quantity > 1 else f"a {name}"
-    phrasing = rng.choice([f"Buy {count}.", f"Order {count} from the shop.", f"Get me {count}, and pay for it."])
+    phrasing = rng.choice(
+        [f"Buy {count}.", f"Order {count} from the shop.", f"Get me {count}, and pay for it."]
+    )
     return Draft(
         phrasing,
         [
@@ -372,7 +391,7 @@ def save_message_note(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def share_event_time(rng: random.Random, pools: Pools, state: State) -> Draft:
-    event_id, event = _pick_event(rng, state)
+    _event_id, event = _pick_event(rng, state)
     contact_id, contact = _pick_contact(rng, state)
     title, name = event["title"], contact["name"]
     phrasing = rng.choice(
@@ -387,14 +406,18 @@ def share_event_time(rng: random.Random, pools: Pools, state: State) -> Draft:
         [
             call("find_event", title=title),
             call("find_contact", name=name),
-            call("send_message", contact_id=contact_id, text=f"{title} is on {event['date']} at {event['time']}"),
+            call(
+                "send_message",
+                contact_id=contact_id,
+                text=f"{title} is on {event['date']} at {event['time']}",
+            ),
         ],
         check={"message_must_contain": [event["date"], event["time"]]},
     )
 
 
 def remind_event(rng: random.Random, pools: Pools, state: State) -> Draft:
-    event_id, event = _pick_event(rng, state)
+    _event_id, event = _pick_event(rng, state)
     title = event["title"]
     phrasing = rng.choice(
         [
@@ -405,7 +428,10 @@ def remind_event(rng: random.Random, pools: Pools, state: State) -> Draft:
     )
     return Draft(
         phrasing,
-        [call("find_event", title=title), call("set_reminder", text=title, date=event["date"], time=event["time"])],
+        [
+            call("find_event", title=title),
+            call("set_reminder", text=title, date=event["date"], time=event["time"]),
+        ],
     )
 
 
@@ -464,7 +490,9 @@ def buy_with_topup(rng: random.Random, pools: Pools, state: State) -> Draft:
 def buy_two(rng: random.Random, pools: Pools, state: State) -> Draft:
     first_id, first = _pick_product(rng, state)
     second_id, second = _pick_product(rng, state, exclude=(first_id,))
-    state["wallet"]["balance"] = max(state["wallet"]["balance"], first["price"] + second["price"] + 5)
+    state["wallet"]["balance"] = max(
+        state["wallet"]["balance"], first["price"] + second["price"] + 5
+    )
     a, b = first["name"], second["name"]
     phrasing = rng.choice(
         [

@@ -1,0 +1,512 @@
+"""BFCL multi-turn as a coevolve environment.
+
+The ``bfcl-eval`` package ships the data, the stateful tool classes (a file
+system, a trading bot, a travel agency, ...) and the official checker. We use
+all three, with one difference in how calls run: BFCL's own helper builds
+``instance.method(...)`` strings and ``eval``s them, with instances cached in
+module globals keyed by model name. Here model output goes through our parser
+(literal arguments only), only known tool names are dispatched, and calls run on
+instances this environment owns. Each executed call is also recorded as a
+``name(key=literal, ...)`` string built from the validated name and the literal
+values, which is what the official ``multi_turn_checker`` re-executes at score
+time; it runs under a fresh model name per episode whose cache entries are
+deleted afterwards, so memory does not grow over a training run.
+
+``bfcl_eval`` is imported inside functions only: ``import coevolve.envs.bfcl``
+works without it, and using it without it raises BfclNotInstalledError.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import inspect
+import json
+import keyword
+import math
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..records import Observation, Task, ToolCall, Turn
+from .base import ToolEnvironment, ToolError
+from .parsing import parse_tool_calls
+
+CATEGORIES = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
+
+BFCL_VERSION = "2026.3.23"
+INSTALL_COMMAND = f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath"
+
+# BFCL func-doc types that are not JSON-schema types. "any" maps to no type at
+# all, so the argument check accepts every value, as BFCL itself does.
+_TYPE_MAP: dict[str, str | None] = {
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "list": "array",
+    "bool": "boolean",
+    "any": None,
+}
+
+# Where BFCL's func docs disagree with BFCL's own data, by (class, parameter):
+# some initial configs hold tickets with string ids ("ticket_001") that the
+# ground truth closes by that id, while the doc says integer.
+_SCHEMA_ERRATA: dict[tuple[str, str], dict[str, Any]] = {
+    ("TicketAPI", "ticket_id"): {"type": ["integer", "string"]},
+}
+
+# The checker evaluates this module's globals; instances live there under
+# these names (see multi_turn_utils.execute_multi_turn_func_call).
+_CACHE_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"
+
+
+class BfclNotInstalledError(RuntimeError):
+    """bfcl-eval (or mpmath, which its math tools need) is not installed."""
+
+
+def require_bfcl() -> ModuleType:
+    """Import bfcl_eval, or explain how to install it.
+
+    It is installed without its dependencies because the full set is several GB
+    and pins an old numpy; mpmath is the one dependency the multi-turn tools need.
+    """
+    try:
+        import bfcl_eval
+        import mpmath  # noqa: F401  (MathAPI imports it when first used)
+    except ImportError as err:
+        raise BfclNotInstalledError(
+            f"the BFCL environment needs the bfcl-eval package ({err}). Install it with:\n"
+            f"    {INSTALL_COMMAND}\n"
+            "(`make test` and `make demo` install it for you)."
+        ) from err
+    return bfcl_eval
+
+
+# --------------------------------------------------------------------------- package data
+
+
+def _data_dir() -> Path:
+    return Path(require_bfcl().__path__[0]) / "data"
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+@cache
+def _tool_class(class_name: str) -> type:
+    """The BFCL class, imported from the module BFCL's own executor uses."""
+    require_bfcl()
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    if class_name not in CLASS_FILE_PATH_MAPPING:
+        raise ValueError(f"unknown BFCL class {class_name!r}")
+    module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
+    return getattr(module, class_name)
+
+
+@cache
+def _class_methods(class_name: str) -> tuple[str, ...]:
+    """Public method names, the set BFCL's executor lets calls reach."""
+    cls = _tool_class(class_name)
+    return tuple(
+        name for name, _ in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_")
+    )
+
+
+@cache
+def _class_schemas(class_name: str) -> tuple[dict[str, Any], ...]:
+    """The class's tools in OpenAI format, converted once from BFCL's func doc."""
+    require_bfcl()
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    path = _data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
+    schemas = tuple(_openai_schema(doc) for doc in _read_jsonl(path))
+    for schema in schemas:
+        properties = schema["function"]["parameters"]["properties"]
+        for name, prop in properties.items():
+            prop.update(copy.deepcopy(_SCHEMA_ERRATA.get((class_name, name), {})))
+    return schemas
+
+
+def _openai_schema(doc: Mapping[str, Any]) -> dict[str, Any]:
+    parameters = _convert_types(doc.get("parameters", {}))
+    parameters["type"] = "object"
+    parameters.setdefault("properties", {})
+    parameters.setdefault("required", [])
+    return {
+        "type": "function",
+        "function": {
+            "name": doc["name"],
+            "description": doc.get("description", ""),
+            "parameters": parameters,
+        },
+    }
+
+
+def _convert_types(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """BFCL's schema dialect to JSON schema, keeping descriptions, enums, defaults."""
+    converted: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str):
+            mapped = _TYPE_MAP.get(value, value)
+            if mapped is not None:
+                converted["type"] = mapped
+        elif key == "properties" and isinstance(value, Mapping):
+            converted[key] = {name: _convert_types(sub) for name, sub in value.items()}
+        elif key == "items" and isinstance(value, Mapping):
+            converted[key] = _convert_types(value)
+        else:
+            converted[key] = copy.deepcopy(value)
+    return converted
+
+
+def _additional_function_prompt() -> str:
+    require_bfcl()
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+
+    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def load_tasks(category: str, limit: int | None = None) -> list[Task]:
+    """The category's BFCL entries as Tasks, reference calls parsed by our parser.
+
+    ``setup`` keeps everything reset and the checker need, including BFCL's
+    ground-truth strings verbatim, so a task is replayable on its own.
+    """
+    if category not in CATEGORIES:
+        raise ValueError(
+            f"unknown BFCL category {category!r}; choose one of {', '.join(CATEGORIES)}"
+        )
+    data_dir = _data_dir()
+    entries = _read_jsonl(data_dir / f"BFCL_v4_{category}.json")
+    answers = {
+        item["id"]: item["ground_truth"]
+        for item in _read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_{category}.json")
+    }
+    if limit is not None:
+        entries = entries[:limit]
+    return [_task_from_entry(entry, answers[entry["id"]], category) for entry in entries]
+
+
+def _task_from_entry(entry: dict[str, Any], ground_truth: list[list[str]], category: str) -> Task:
+    classes: list[str] = entry["involved_classes"]
+    # Later classes win a name clash, as in BFCL's dispatch.
+    signatures = {
+        name: inspect.signature(getattr(_tool_class(class_name), name))
+        for class_name in classes
+        for name in _class_methods(class_name)
+    }
+    missed: dict[str, list[str]] = entry.get("missed_function", {})
+    if len(entry["question"]) != len(ground_truth):
+        raise ValueError(
+            f"{entry['id']}: {len(entry['question'])} turns but {len(ground_truth)} answers"
+        )
+    reference = [
+        [_parse_reference(source, signatures) for source in calls] for calls in ground_truth
+    ]
+    added = _added_tools(missed, reference)
+    turns = []
+    for index, messages in enumerate(entry["question"]):
+        query = "\n".join(m["content"] for m in messages if m.get("role") == "user")
+        if str(index) in missed and not query:
+            # BFCL's own message for the turn that only brings the held-out tools.
+            query = _additional_function_prompt()
+        turns.append(Turn(query=query, reference_calls=reference[index], added_tools=added[index]))
+    setup = {
+        "entry_id": entry["id"],
+        "category": category,
+        "initial_config": entry.get("initial_config", {}),
+        "involved_classes": classes,
+        # The same rule BFCL's executor and checker apply to the entry id.
+        "long_context": _is_long_context(entry["id"]),
+        "path": entry.get("path", []),
+        "excluded_function": entry.get("excluded_function", []),
+        "ground_truth": ground_truth,
+    }
+    return Task(
+        id=entry["id"], env="bfcl", family=category, split=category, turns=turns, setup=setup
+    )
+
+
+def _added_tools(
+    missed: Mapping[str, Sequence[str]], reference: Sequence[Sequence[ToolCall]]
+) -> list[list[str]]:
+    """Per turn, the held-out tools that become available then.
+
+    A tool arrives at its ``missed_function`` turn, or earlier if the ground
+    truth already calls it: multi_turn_miss_func_49 holds out ``tail`` until
+    turn 3 but calls it in turn 1. BFCL's executor runs any method whether or
+    not its doc was shown, so that entry passes there; here only advertised
+    tools run, so the tool is advertised from its first use.
+    """
+    arrival = {name: int(turn) for turn, names in missed.items() for name in names}
+    for index, calls in enumerate(reference):
+        for call in calls:
+            if arrival.get(call.name, -1) > index:
+                arrival[call.name] = index
+    added: list[list[str]] = [[] for _ in reference]
+    for name, turn in arrival.items():
+        added[turn].append(name)
+    return added
+
+
+def _is_long_context(entry_id: str) -> bool:
+    category = entry_id.rsplit("_", 1)[0]
+    return "long_context" in category or "composite" in category
+
+
+def _parse_reference(source: str, signatures: Mapping[str, inspect.Signature]) -> ToolCall:
+    """Parse a ground-truth call; positional arguments get their parameter names.
+
+    About 40 ground-truth calls per category are positional (``cd('archives')``),
+    which our parser rejects on purpose, so they are named from the method's
+    signature first, exactly as Python would bind them.
+    """
+    node = ast.parse(source, mode="eval").body
+    if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name):
+        params = list(signatures[node.func.id].parameters)[1:]  # drop self
+        if len(node.args) > len(params):
+            raise ValueError(f"too many positional arguments in ground truth {source!r}")
+        named = [
+            ast.keyword(arg=name, value=arg) for name, arg in zip(params, node.args, strict=False)
+        ]
+        node.keywords = named + node.keywords
+        node.args = []
+        source = ast.unparse(node)
+    calls = parse_tool_calls(source)
+    if len(calls) != 1:
+        raise ValueError(f"ground truth {source!r} is not exactly one call")
+    return calls[0]
+
+
+# --------------------------------------------------------------------------- call strings
+
+
+def bfcl_call_string(call: ToolCall) -> str:
+    """The call in BFCL's decoded format, ``name(key='v',n=3)``, for the checker to eval.
+
+    Built only from an identifier name, identifier keys and literal values
+    rendered here, so the string can hold nothing but a call with literals.
+    """
+    if not _is_identifier(call.name):
+        raise ToolError("bad_arguments", f"tool name {call.name!r} is not an identifier")
+    parts = []
+    for key, value in call.arguments.items():
+        if not _is_identifier(key):
+            raise ToolError("bad_arguments", f"argument name {key!r} is not an identifier")
+        parts.append(f"{key}={_literal_source(value)}")
+    return f"{call.name}({','.join(parts)})"
+
+
+def _is_identifier(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def _literal_source(value: Any) -> str:
+    # Exact type checks: a subclass could override __repr__.
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return repr(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise ToolError("bad_arguments", f"argument value {value!r} is not a finite number")
+        return repr(value)
+    if kind in (list, tuple):
+        return "[" + ", ".join(_literal_source(item) for item in value) + "]"
+    if kind is dict:
+        items = (f"{_literal_source(k)}: {_literal_source(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    raise ToolError("bad_arguments", f"argument value of type {kind.__name__} is not a literal")
+
+
+def _render_result(result: Any) -> str:
+    """A method's return value as BFCL shows it to the model."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+class BfclEnvironment(ToolEnvironment):
+    """One BFCL multi-turn entry at a time, on fresh instances of its tool classes."""
+
+    name = "bfcl"
+
+    def __init__(self) -> None:
+        self._task: Task | None = None
+        self._turn = 0
+        self._done = True
+        self._owners: dict[str, Any] = {}  # tool name -> the instance whose method it is
+        self._available: list[str] = []
+        self._schemas: dict[str, dict[str, Any]] = {}
+        self._current_calls: list[str] = []
+        self._closed_turns: list[list[str]] = []
+
+    # -- protocol
+
+    def tools(self) -> list[dict[str, Any]]:
+        # Copies: callers may edit what they get without touching the catalogue.
+        return [copy.deepcopy(self._schemas[name]) for name in self._available]
+
+    def reset(self, task: Task) -> str:
+        require_bfcl()
+        setup = task.setup
+        classes: list[str] = list(setup["involved_classes"])
+        instances = _fresh_instances(
+            classes, setup.get("initial_config", {}), bool(setup.get("long_context", False))
+        )
+        self._owners = {}
+        self._schemas = {}
+        for class_name in classes:
+            for method in _class_methods(class_name):
+                self._owners[method] = instances[class_name]
+            for schema in _class_schemas(class_name):
+                self._schemas[schema["function"]["name"]] = schema
+        # Only tools that are also methods can be dispatched.
+        documented = [name for name in self._schemas if name in self._owners]
+        held_out = {name for turn in task.turns for name in turn.added_tools}
+        self._available = [name for name in documented if name not in held_out]
+        self._task = task
+        self._turn = 0
+        self._done = False
+        self._current_calls = []
+        self._closed_turns = []
+        self._add_tools(task.turns[0].added_tools)
+        return task.turns[0].query
+
+    def step(self, action: ToolCall | str | Mapping[str, Any]) -> Observation:
+        if self._task is None or self._done:
+            return Observation(
+                text="error: no open turn; the episode has not started or has ended",
+                error="episode_over",
+            )
+        return super().step(action)
+
+    def end_turn(self, answer: str | None = None) -> str | None:
+        if self._task is None or self._done:
+            return None
+        self._closed_turns.append(self._current_calls)
+        self._current_calls = []
+        self._turn += 1
+        if self._turn >= len(self._task.turns):
+            self._done = True
+            return None
+        turn = self._task.turns[self._turn]
+        self._add_tools(turn.added_tools)
+        return turn.query
+
+    def score(self) -> float:
+        """1.0 when BFCL's official multi_turn_checker accepts the episode, else 0.0.
+
+        An episode cut off before its last turn scores 0, as BFCL scores a
+        force-terminated entry.
+        """
+        task = self._task
+        if task is None or len(self._closed_turns) < len(task.turns):
+            return 0.0
+        require_bfcl()
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+        setup = task.setup
+        # One step per turn holding all its calls: the checker concatenates a
+        # turn's step results, so the grouping does not change the verdict.
+        decoded = [[calls] if calls else [] for calls in self._closed_turns]
+        entry = {
+            "id": setup.get("entry_id", task.id),
+            "initial_config": setup.get("initial_config", {}),
+            "involved_classes": list(setup["involved_classes"]),
+        }
+        model_name = f"coevolve_{uuid.uuid4().hex}"
+        try:
+            result = multi_turn_checker(
+                decoded,
+                _ground_truth(task),
+                entry,
+                setup.get("category", task.family),
+                model_name,
+            )
+        finally:
+            _forget_instances(model_name)
+        return 1.0 if result.get("valid") else 0.0
+
+    # -- internals
+
+    def _execute(self, call: ToolCall) -> str:
+        owner = self._owners.get(call.name)
+        if owner is None:
+            raise ToolError("unknown_tool", f"unknown tool {call.name!r}")
+        # Recorded before running: a call that raises ran in BFCL too, and the
+        # checker must replay it to reach the same state.
+        self._current_calls.append(bfcl_call_string(call))
+        # A copy, so the instance never shares lists with the recorded ToolCall.
+        result = getattr(owner, call.name)(**copy.deepcopy(call.arguments))
+        text = _render_result(result)
+        if isinstance(result, dict) and "error" in result:
+            raise ToolError("api_error", text)
+        return text
+
+    def _add_tools(self, names: Sequence[str]) -> None:
+        for name in names:
+            if name in self._schemas and name in self._owners and name not in self._available:
+                self._available.append(name)
+
+
+def _fresh_instances(
+    classes: Sequence[str], initial_config: Mapping[str, Any], long_context: bool
+) -> dict[str, Any]:
+    """New instances loaded the way BFCL's execute_multi_turn_func_call loads them."""
+    from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
+
+    instances = {}
+    for class_name in classes:
+        instance = _tool_class(class_name)()
+        if class_name not in STATELESS_CLASSES:
+            config = copy.deepcopy(initial_config.get(class_name, {}))
+            instance._load_scenario(config, long_context=long_context)
+        instances[class_name] = instance
+    return instances
+
+
+def _ground_truth(task: Task) -> list[list[str]]:
+    """BFCL's own strings for a seed task; the reference calls, rendered, otherwise.
+
+    A synthesized task may inherit its parent's setup, ground truth included,
+    while its turns are new, so only seed tasks use the stored strings.
+    """
+    stored = task.setup.get("ground_truth")
+    if task.source == "seed" and isinstance(stored, list) and len(stored) == len(task.turns):
+        return stored
+    return [[bfcl_call_string(call) for call in turn.reference_calls] for turn in task.turns]
+
+
+def _forget_instances(model_name: str) -> None:
+    """Drop the checker's cached instances for one episode's model name."""
+    module = importlib.import_module(_CACHE_MODULE)
+    # Same normalisation BFCL applies to the cache key.
+    prefix = re.sub(r"[-./:]", "_", f"{model_name}_")
+    namespace = vars(module)
+    # list() first: another episode's checker may add entries from another thread.
+    for key in [key for key in list(namespace) if key.startswith(prefix)]:
+        del namespace[key]
