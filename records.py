@@ -108,7 +108,13 @@ class Trajectory(Record):
     policy_version: str = "unknown"
     rollout_index: int = 0
     cycle: int = 0
-    finished: bool = Field(default=True, description="False when the step limit cut it off.")
+    finished: bool = Field(
+        default=True, description="False when the step limit or an error cut it off."
+    )
+    error: str | None = Field(
+        default=None,
+        description="Why the episode stopped early (e.g. the endpoint failed after retries).",
+    )
 
     @property
     def calls(self) -> list[ToolCall]:

@@ -1,0 +1,181 @@
+"""The policy interface: conversations in, next assistant messages out.
+
+Conversations are OpenAI chat messages (plain dicts), the one format every
+backend speaks::
+
+    {"role": "system" | "user", "content": "..."}
+    {"role": "assistant", "content": "...", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "...", "arguments": "<JSON string>"}}]}
+    {"role": "tool", "tool_call_id": "call_0", "content": "..."}
+
+Tool-call arguments are JSON *strings* here, as the OpenAI API has them; an
+in-process chat template that wants dicts converts on its own side.
+
+``generate`` takes a batch so that an in-process model can answer every live
+episode in one padded ``generate`` call and an endpoint can have many requests
+in flight; a failure for one conversation comes back on that message
+(``error``), not as an exception that would end the whole batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..envs.parsing import ToolCallParseError, parse_tool_calls
+from ..records import ToolCall
+
+Message = dict[str, Any]
+
+
+class PolicyError(RuntimeError):
+    """The policy cannot produce messages at all (model missing, endpoint refused every try)."""
+
+
+class InvalidToolCall(BaseModel):
+    """A tool call the model tried to make but that could not be read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str | None = Field(
+        default=None, description="Tool name, when the server could read that much."
+    )
+    raw: str = Field(
+        description="The text of the attempted call (or of its arguments, with a name)."
+    )
+    error: str = Field(description="Error kind: parse_error, bad_json, bad_arguments.")
+    message: str
+
+
+class AssistantMessage(BaseModel):
+    """One assistant turn: tool calls, or a final answer in ``content``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = Field(default_factory=list)
+    raw: str | None = Field(
+        default=None, description="Generated text before parsing, when there is any."
+    )
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = Field(
+        default=None, description="Set when the policy failed for this conversation."
+    )
+
+    @property
+    def is_final(self) -> bool:
+        """No calls, valid or not: the model answered."""
+        return not self.tool_calls and not self.invalid_tool_calls
+
+    def to_openai(self) -> Message:
+        """The message as it goes back into the conversation.
+
+        Generated text that held an unreadable call goes back verbatim, so the
+        model sees exactly what it wrote next to the error it caused.
+        """
+        if self.raw is not None and any(bad.name is None for bad in self.invalid_tool_calls):
+            return {"role": "assistant", "content": self.raw}
+        message: Message = {"role": "assistant", "content": self.content}
+        calls = [
+            tool_call_message(call, call.id or f"call_{i}")
+            for i, call in enumerate(self.tool_calls)
+        ]
+        calls += [
+            {"id": bad.id, "type": "function", "function": {"name": bad.name, "arguments": bad.raw}}
+            for bad in self.invalid_tool_calls
+        ]
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that continues conversations with tool calls or answers."""
+
+    version: str
+
+    async def generate(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        tools: Sequence[Sequence[dict[str, Any]]],
+        temperature: float | None = None,
+    ) -> list[AssistantMessage]:
+        """The next assistant message of each conversation (``tools[i]`` for ``conversations[i]``)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections or memory."""
+        ...
+
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def parse_assistant_text(
+    text: str, call_id_prefix: str = "call"
+) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
+    """Split generated text into content, parsed tool calls and unreadable ones.
+
+    Calls are ``<tool_call>{json}</tool_call>`` blocks (the Qwen2.5 format TRL's
+    templates use); each block is parsed on its own, so one bad call does not
+    hide the good ones.
+    """
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for index, block in enumerate(_TOOL_CALL_BLOCK.findall(text)):
+        call_id = f"{call_id_prefix}_{index}"
+        try:
+            parsed = parse_tool_calls(block.strip())
+        except ToolCallParseError as err:
+            invalid.append(
+                InvalidToolCall(id=call_id, raw=block.strip(), error=err.kind, message=str(err))
+            )
+            continue
+        for offset, call in enumerate(parsed):
+            calls.append(
+                call.model_copy(update={"id": call_id if offset == 0 else f"{call_id}_{offset}"})
+            )
+    content = _TOOL_CALL_BLOCK.sub("", text).strip()
+    return content, calls, invalid
+
+
+def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:
+    """A ToolCall as an OpenAI ``tool_calls`` entry."""
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+        },
+    }
+
+
+def arguments_as_dicts(messages: Sequence[Message]) -> list[Message]:
+    """Copies of the messages with tool-call arguments decoded to dicts (what chat templates expect)."""
+    out = []
+    for message in messages:
+        if message.get("tool_calls"):
+            message = {**message, "tool_calls": [_decoded(call) for call in message["tool_calls"]]}
+        out.append(message)
+    return out
+
+
+def _decoded(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function", call)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = {"_unparsed": arguments}
+    return {**call, "function": {**function, "arguments": arguments}}
