@@ -30,7 +30,8 @@ config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
 
-console = Console()
+# Piped output (CI logs, `| tee`) would otherwise wrap tables at 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=120)
 err_console = Console(stderr=True)
 
 ENV_DESCRIPTIONS = {
@@ -211,6 +212,147 @@ def env_show(
     if task.reference_answer is not None:
         console.print(f"[cyan]answer:[/cyan] {task.reference_answer}")
     console.print(f"verifier score: [bold]{environment.score():.2f}[/bold]")
+
+
+def _load_policy(spec: str, config_path: str | None = None) -> Any:
+    """A policy from --policy: 'oracle', 'bootstrap', a model directory, or a YAML config."""
+    from pathlib import Path
+
+    from .config import CoevolveConfig, load_config
+
+    if spec == "oracle":
+        from .agents.oracle import OraclePolicy
+
+        return OraclePolicy()
+    config = CoevolveConfig()
+    if spec.endswith((".yaml", ".yml")):
+        config = load_config(spec)
+    elif spec != "bootstrap":
+        if not Path(spec).is_dir():
+            raise _fail(
+                f"--policy {spec!r} is not 'oracle', 'bootstrap', a model directory or a YAML config"
+            )
+        config = config.model_copy(
+            update={"policy": config.policy.model_copy(update={"model": spec})}
+        )
+    policy = config.policy
+    if policy.kind == "endpoint":
+        from .agents.endpoint_policy import EndpointPolicy
+
+        assert policy.endpoint is not None  # the config validator guarantees it
+        return EndpointPolicy(config.endpoint(policy.endpoint))
+    from .agents.local_policy import LocalPolicy
+
+    model_path = policy.model
+    if model_path == "bootstrap":
+        from .training.bootstrap import BootstrapConfig, bootstrap
+
+        model_path = str(bootstrap(BootstrapConfig()))
+    return LocalPolicy(
+        model_path,
+        adapter_path=policy.adapter,
+        device=policy.device,
+        max_new_tokens=policy.max_new_tokens,
+        batch_size=policy.batch_size,
+    )
+
+
+@app.command("eval")
+def eval_command(
+    env: Annotated[str, typer.Option("--env", help="Environment: world or bfcl.")] = "world",
+    split: Annotated[str | None, typer.Option(help="World split (default: heldout).")] = None,
+    category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="oracle, bootstrap, a model directory, or a YAML config with a policy section."
+        ),
+    ] = "bootstrap",
+    k: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Tool calls per user turn (world 12, bfcl 20).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks of each set.")] = None,
+    save: Annotated[
+        str | None, typer.Option(help="Write the trajectories to this JSONL file.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Roll out a policy on a task set and report success overall and per family/category."""
+    from .agents.evaluation import evaluate
+    from .agents.policy import PolicyError
+    from .agents.rollout import run_rollouts
+    from .config import ConfigError
+
+    if env == "world":
+        if category is not None:
+            raise _fail("--category is for bfcl; the world has --split")
+        scopes, key = _world_scopes(split or "heldout"), "split"
+    elif env == "bfcl":
+        if split is not None:
+            raise _fail("--split is for the world; bfcl has --category")
+        scopes, key = _bfcl_scopes(category), "category"
+    else:
+        raise _fail(f"unknown environment {env!r}; allowed: world, bfcl")
+    tasks = []
+    env_class: Any = None
+    for scope in scopes:
+        try:
+            env_class, scope_tasks = load_env_tasks(env, scope)
+        except RuntimeError as err:
+            raise _fail(str(err)) from None
+        tasks += scope_tasks[:limit] if limit is not None else scope_tasks
+    try:
+        agent = _load_policy(policy)
+    except (ConfigError, PolicyError, FileNotFoundError, OSError) as err:
+        raise _fail(str(err)) from None
+    try:
+        trajectories = run_rollouts(
+            agent,
+            env_class,
+            tasks,
+            k=k,
+            temperature=temperature,
+            max_steps=max_steps or (20 if env == "bfcl" else 12),
+            progress=not as_json,
+            description=f"eval {env} {','.join(scopes)}",
+        )
+    except PolicyError as err:
+        raise _fail(str(err)) from None
+    if save:
+        from pathlib import Path
+
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        with open(save, "w", encoding="utf-8") as handle:
+            for trajectory in trajectories:
+                handle.write(trajectory.model_dump_json() + "\n")
+    report = evaluate(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
+    table = Table()
+    name_column = "family" if env == "world" else "category"
+    table.add_column(name_column, no_wrap=True)
+    for column in ("episodes", "success", "tool seq", "calls", "errors", "cut off"):
+        table.add_column(column, justify="right", no_wrap=True)
+    rows = [*report.by_family.items(), ("overall", report.overall)]
+    for name, stats in rows:
+        table.add_row(
+            f"[bold]{name}[/bold]" if name == "overall" else name,
+            str(stats.episodes),
+            f"{stats.success_rate:.1%} ({stats.successes})",
+            f"{stats.tool_sequence_accuracy:.1%}",
+            f"{stats.call_accuracy:.1%}",
+            str(stats.errors),
+            str(stats.cut_off),
+        )
+    console.print(table)
+    if report.overall.errors:
+        err_console.print(
+            f"[yellow]{report.overall.errors} episodes ended on a policy error; see --save[/yellow]"
+        )
 
 
 @config_app.command("show")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .agents.prompts import POLICY_SYSTEM_PROMPT
 from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
 from .envs.world.families import SPLITS as WORLD_SPLITS
 
@@ -87,17 +88,90 @@ class EnvConfig(Section):
         return self
 
 
+class PolicyConfig(Section):
+    """The agent being trained: an in-process model or an OpenAI-compatible endpoint."""
+
+    kind: Literal["local", "endpoint"] = Field(
+        default="local",
+        description="local: a transformers model in this process; endpoint: a server.",
+    )
+    model: str = Field(
+        default="bootstrap",
+        description="local: 'bootstrap' (the cached bootstrap model, built if missing) or a model directory.",
+    )
+    adapter: str | None = Field(
+        default=None, description="local: a peft LoRA adapter directory to apply."
+    )
+    device: str = Field(default="cpu", description="local: torch device, e.g. cpu or cuda.")
+    max_new_tokens: int = Field(
+        default=96, gt=0, description="local: most tokens generated per message."
+    )
+    batch_size: int = Field(
+        default=64, gt=0, description="local: most conversations in one generate call."
+    )
+    endpoint: str | EndpointConfig | None = Field(
+        default=None,
+        description="endpoint: the name of an entry in `endpoints`, or an inline endpoint.",
+    )
+    system_prompt: str = Field(
+        default=POLICY_SYSTEM_PROMPT, description="System message of every episode."
+    )
+
+    @model_validator(mode="after")
+    def _endpoint_matches_kind(self) -> PolicyConfig:
+        if self.kind == "endpoint" and self.endpoint is None:
+            raise ValueError(
+                "kind 'endpoint' needs `endpoint:` (a name from `endpoints` or base_url + model)"
+            )
+        if self.kind == "local" and self.endpoint is not None:
+            raise ValueError(
+                "`endpoint` is only used with kind: endpoint; remove it or set kind: endpoint"
+            )
+        return self
+
+
+class RolloutConfig(Section):
+    """How episodes are sampled."""
+
+    k: int = Field(default=8, gt=0, description="Rollouts per task per cycle (K).")
+    temperature: float = Field(
+        default=0.9, ge=0.0, le=2.0, description="Sampling temperature of rollouts."
+    )
+    eval_temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
+    )
+    max_steps: int = Field(
+        default=12, gt=0, description="Most tool calls per user turn before it is cut off."
+    )
+
+
 class CoevolveConfig(Section):
-    """Everything a run needs. Later sections (policy, synthesis, training) join here."""
+    """Everything a run needs. Later sections (synthesis, training) join here."""
 
     run_dir: str = Field(
         default="runs/default", description="Where the run writes checkpoints, adapters, reports."
     )
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment and task set.")
+    policy: PolicyConfig = Field(
+        default_factory=PolicyConfig, description="The agent being trained."
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Episode sampling.")
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,
         description="Named OpenAI-compatible endpoints; roles refer to them by name.",
     )
+
+    @model_validator(mode="after")
+    def _endpoint_names_exist(self) -> CoevolveConfig:
+        name = self.policy.endpoint
+        if isinstance(name, str) and name not in self.endpoints:
+            known = ", ".join(self.endpoints) or "none defined"
+            raise ValueError(f"policy.endpoint {name!r} is not in `endpoints` (defined: {known})")
+        return self
+
+    def endpoint(self, ref: str | EndpointConfig) -> EndpointConfig:
+        """Resolve an endpoint reference (a name or an inline endpoint)."""
+        return self.endpoints[ref] if isinstance(ref, str) else ref
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None) -> CoevolveConfig:
@@ -152,6 +226,6 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
-        elif part == "endpoints":
+        elif part in ("endpoints", "endpoint"):
             model = EndpointConfig
     return model

@@ -78,3 +78,49 @@ def test_env_check_bfcl_json():
         "verified": 200,
         "total": 200,
     }
+
+
+def test_eval_oracle_world_json():
+    report = json.loads(
+        coevolve(
+            "eval", "--env", "world", "--split", "validation", "--policy", "oracle", "--json"
+        ).stdout
+    )
+    assert report["policy"] == "oracle" and report["split"] == "validation"
+    assert report["overall"]["success_rate"] == 1.0 and len(report["by_family"]) == 18
+
+
+def test_eval_oracle_table_and_save(tmp_path):
+    out = coevolve(
+        "eval",
+        "--env",
+        "world",
+        "--policy",
+        "oracle",
+        "--limit",
+        "20",
+        "--save",
+        str(tmp_path / "t.jsonl"),
+    ).stdout
+    assert "overall" in out and "100.0%" in out
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 20
+
+
+@pytest.mark.bfcl
+def test_eval_oracle_bfcl_json():
+    pytest.importorskip("bfcl_eval")
+    report = json.loads(
+        coevolve("eval", "--env", "bfcl", "--policy", "oracle", "--limit", "10", "--json").stdout
+    )
+    assert set(report["by_family"]) == {
+        "multi_turn_base",
+        "multi_turn_miss_func",
+        "multi_turn_miss_param",
+        "multi_turn_long_context",
+    }
+    assert report["overall"]["success_rate"] == 1.0
+
+
+def test_eval_bad_policy():
+    result = coevolve("eval", "--policy", "/nonexistent", check=False)
+    assert result.returncode == 2 and "not 'oracle', 'bootstrap'" in result.stderr

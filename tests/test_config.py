@@ -23,9 +23,9 @@ def test_defaults_and_yaml(tmp_path):
 
 
 def test_every_field_has_help_text():
-    from coevolve.config import EndpointConfig, EnvConfig
+    from coevolve.config import EndpointConfig, EnvConfig, PolicyConfig, RolloutConfig
 
-    for model in (CoevolveConfig, EnvConfig, EndpointConfig):
+    for model in (CoevolveConfig, EnvConfig, EndpointConfig, PolicyConfig, RolloutConfig):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no help text"
 
@@ -47,7 +47,13 @@ def test_every_field_has_help_text():
             "env:\n  name: bfcl\n  category: simple\n",
             ["'simple' is not a BFCL category", "multi_turn_base"],
         ),
-        ("env:\n  max_steps: 0\n", ["env.max_steps", "greater than 0"]),
+        ("rollout:\n  max_steps: 0\n", ["rollout.max_steps", "greater than 0"]),
+        ("policy:\n  kind: endpoint\n", ["needs `endpoint:`"]),
+        (
+            "policy:\n  kind: endpoint\n  endpoint: vllm\n",
+            ["'vllm' is not in `endpoints`", "none defined"],
+        ),
+        ("policy:\n  kind: local\n  endpoint: vllm\n", ["only used with kind: endpoint"]),
         (
             "endpoints:\n  judge:\n    base_url: http://x/v1\n    model: m\n    temprature: 0\n",
             ["unknown key 'endpoints.judge.temprature'", "did you mean 'temperature'"],

@@ -1,0 +1,97 @@
+"""Evaluation: success overall and per family, with the diagnostics beside it.
+
+Whole-episode success on a few hundred tasks is noisy and dominated by small
+copy errors, so the report also gives tool-sequence accuracy (the right tools
+in the right order) and per-call accuracy (reference calls matched exactly,
+position by position).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from ..records import Task, Trajectory
+
+SUCCESS_SCORE = 1.0 - 1e-9
+
+
+class GroupStats(BaseModel):
+    episodes: int = 0
+    successes: int = 0
+    mean_score: float = 0.0
+    tool_sequence_accuracy: float = 0.0
+    call_accuracy: float = 0.0
+    errors: int = Field(
+        default=0, description="Episodes the policy failed on (endpoint down, ...)."
+    )
+    cut_off: int = Field(default=0, description="Episodes stopped by the step limit.")
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+
+class EvalReport(BaseModel):
+    env: str
+    scope: dict[str, str]
+    policy: str
+    overall: GroupStats
+    by_family: dict[str, GroupStats]
+
+    def as_json(self) -> dict:
+        def flat(stats: GroupStats) -> dict:
+            return {**stats.model_dump(), "success_rate": round(stats.success_rate, 4)}
+
+        return {
+            "env": self.env,
+            **self.scope,
+            "policy": self.policy,
+            "overall": flat(self.overall),
+            "by_family": {family: flat(stats) for family, stats in self.by_family.items()},
+        }
+
+
+def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupStats:
+    stats = GroupStats(episodes=len(trajectories))
+    if not trajectories:
+        return stats
+    sequence_hits = call_hits = call_total = 0
+    stats.mean_score = sum(t.score for t in trajectories) / len(trajectories)
+    for trajectory in trajectories:
+        stats.successes += trajectory.score >= SUCCESS_SCORE
+        stats.errors += trajectory.error is not None
+        stats.cut_off += not trajectory.finished and trajectory.error is None
+        reference = tasks[trajectory.task_id].reference_calls if trajectory.task_id in tasks else []
+        made = trajectory.calls
+        sequence_hits += [c.name for c in made] == [c.name for c in reference]
+        call_total += len(reference)
+        call_hits += sum(
+            m.name == r.name and m.arguments == r.arguments
+            for m, r in zip(made, reference, strict=False)
+        )
+    stats.tool_sequence_accuracy = sequence_hits / len(trajectories)
+    stats.call_accuracy = call_hits / call_total if call_total else 0.0
+    return stats
+
+
+def evaluate(
+    trajectories: Sequence[Trajectory],
+    tasks: Sequence[Task],
+    env: str,
+    scope: dict[str, str],
+    policy: str,
+) -> EvalReport:
+    by_id = {task.id: task for task in tasks}
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.family].append(trajectory)
+    return EvalReport(
+        env=env,
+        scope=scope,
+        policy=policy,
+        overall=_group(trajectories, by_id),
+        by_family={family: _group(group, by_id) for family, group in sorted(groups.items())},
+    )

@@ -1,0 +1,195 @@
+"""The rollout engine: K episodes per task, batched across episodes, scored by the verifier.
+
+All live episodes advance in lockstep: at each step the policy gets every live
+conversation in one ``generate`` call (one padded forward pass in-process, or
+many requests in flight to an endpoint). Each episode has its own fresh
+environment. A failure of the policy for one conversation ends that episode
+with ``error`` set and keeps everything it did so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..envs.base import Environment
+from ..records import Observation, Step, Task, Trajectory
+from .conversation import opening_messages
+from .policy import AssistantMessage, Message, Policy
+from .prompts import POLICY_SYSTEM_PROMPT
+
+
+@dataclass
+class _Episode:
+    task: Task
+    env: Environment
+    rollout_index: int
+    messages: list[Message] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    turn: int = 0
+    calls: int = 0  # in the current user turn
+    done: bool = False
+    finished: bool = True
+    error: str | None = None
+    final_answer: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
+    """Advance one episode by one assistant message."""
+    episode.prompt_tokens += reply.prompt_tokens
+    episode.completion_tokens += reply.completion_tokens
+    if reply.error is not None:
+        episode.error, episode.finished, episode.done = reply.error, False, True
+        return
+    episode.messages.append(reply.to_openai())
+    if reply.is_final:
+        episode.final_answer = reply.content
+        query = episode.env.end_turn(reply.content)
+        if query is None:
+            episode.done = True
+        else:
+            episode.turn += 1
+            episode.calls = 0
+            episode.messages.append({"role": "user", "content": query})
+        return
+    for call in reply.tool_calls:
+        observation = episode.env.step(call)
+        episode.steps.append(Step(turn=episode.turn, call=call, observation=observation))
+        episode.messages.append(
+            {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
+        )
+        episode.calls += 1
+    for bad in reply.invalid_tool_calls:
+        observation = Observation(text=f"error: {bad.message}", error=bad.error)
+        episode.steps.append(Step(turn=episode.turn, raw=bad.raw, observation=observation))
+        episode.messages.append(
+            {"role": "tool", "tool_call_id": bad.id, "content": observation.text}
+        )
+        episode.calls += 1
+    if episode.calls >= max_steps:
+        episode.finished, episode.done = False, True
+
+
+def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajectory:
+    try:
+        score = episode.env.score()
+    except Exception as err:  # a verifier bug must not lose the episode
+        score = 0.0
+        episode.error = episode.error or f"verifier failed: {type(err).__name__}: {err}"
+    return Trajectory(
+        id=f"{episode.task.id}/c{cycle}/r{episode.rollout_index}",
+        task_id=episode.task.id,
+        env=episode.task.env,
+        family=episode.task.family,
+        messages=episode.messages,
+        steps=episode.steps,
+        final_answer=episode.final_answer,
+        score=min(max(score, 0.0), 1.0),
+        prompt_tokens=episode.prompt_tokens,
+        completion_tokens=episode.completion_tokens,
+        policy_version=policy_version,
+        rollout_index=episode.rollout_index,
+        cycle=cycle,
+        finished=episode.finished,
+        error=episode.error,
+    )
+
+
+async def rollout(
+    policy: Policy,
+    make_env: Callable[[], Environment],
+    tasks: Sequence[Task],
+    k: int = 1,
+    temperature: float | None = None,
+    max_steps: int = 12,
+    system_prompt: str | None = POLICY_SYSTEM_PROMPT,
+    progress: bool = True,
+    cycle: int = 0,
+    description: str = "rollouts",
+) -> list[Trajectory]:
+    """Run ``k`` episodes of every task; return their trajectories in task order.
+
+    ``max_steps`` bounds the tool calls in one user turn (BFCL allows 20).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    episodes = [
+        _Episode(task=task, env=make_env(), rollout_index=i) for task in tasks for i in range(k)
+    ]
+    for episode in episodes:
+        episode.messages = opening_messages(episode.env.reset(episode.task), system_prompt)
+    needs_tasks = bool(getattr(policy, "needs_tasks", False))
+
+    bar = _ProgressBar(len(episodes), description, enabled=progress)
+    with bar:
+        live = list(episodes)
+        while live:
+            extra: dict[str, Any] = {"tasks": [e.task for e in live]} if needs_tasks else {}
+            replies = await policy.generate(
+                [e.messages for e in live], [e.env.tools() for e in live], temperature, **extra
+            )
+            if len(replies) != len(live):
+                raise RuntimeError(
+                    f"policy returned {len(replies)} messages for {len(live)} conversations"
+                )
+            for episode, reply in zip(live, replies, strict=True):
+                _apply(episode, reply, max_steps)
+            still_live = [e for e in live if not e.done]
+            bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
+            live = still_live
+    return [_trajectory(e, policy.version, cycle) for e in episodes]
+
+
+def run_rollouts(*args: Any, **kwargs: Any) -> list[Trajectory]:
+    """Synchronous ``rollout`` for scripts and the CLI (inside an event loop, await ``rollout``)."""
+    return asyncio.run(rollout(*args, **kwargs))
+
+
+class _ProgressBar:
+    """Episodes done, with generated tokens/s: the two numbers a person watches."""
+
+    def __init__(self, total: int, description: str, enabled: bool):
+        self.enabled = enabled and total > 0
+        self.tokens = 0
+        self.started = time.perf_counter()
+        if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[rate]}"),
+                transient=True,
+            )
+            self.task_id = self.progress.add_task(description, total=total, rate="")
+
+    def __enter__(self) -> _ProgressBar:
+        if self.enabled:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.progress.stop()
+
+    def advance(self, episodes: int, tokens: int) -> None:
+        if not self.enabled:
+            return
+        self.tokens += tokens
+        rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+        self.progress.update(self.task_id, advance=episodes, rate=f"{rate:,.0f} tok/s")
