@@ -1,6 +1,29 @@
 import os
 
+import pytest
+
 # Tests never reach the network: make every Hugging Face / Chroma client say so early.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+
+@pytest.fixture
+def scripted_server():
+    """Start scripted OpenAI-compatible servers; each one is stopped after the test.
+
+    ``scripted_server(script, delay_s=0.0, **options)`` takes the arguments of
+    ``coevolve.testing.openai_server.ScriptedOpenAIServer`` and returns it running.
+    """
+    from coevolve.testing.openai_server import ScriptedOpenAIServer
+
+    servers = []
+
+    def start(script=None, delay_s=0.0, **options):
+        server = ScriptedOpenAIServer(script, delay_s, **options).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

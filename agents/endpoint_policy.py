@@ -1,0 +1,361 @@
+"""A policy behind an OpenAI-compatible chat-completions endpoint (vLLM, a hosted API).
+
+Each conversation of a batch is one request; all of them are in flight at once,
+bounded by ``endpoint.concurrency``. Transient failures (5xx, 429, timeouts,
+dropped connections, bodies that are not a chat completion) are retried with
+exponential backoff and jitter; a conversation that still fails comes back as
+an ``AssistantMessage`` with ``error`` set, so one bad request never ends a
+batch of rollouts. Only a configuration mistake that dooms every request (a
+wrong key, an unknown model or URL) raises ``PolicyError``.
+
+The openai client's own retries are off (``max_retries=0``): it does not retry
+malformed bodies, and one loop that counts every attempt gives honest error
+messages ("failed after 4 attempts").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import EndpointConfig
+from ..envs.parsing import ToolCallParseError, parse_tool_calls
+from ..records import ToolCall
+from .policy import AssistantMessage, InvalidToolCall, Message, PolicyError, parse_assistant_text
+
+
+class _Transient(Exception):
+    """A failed attempt worth retrying; the message says what went wrong."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class _Rejected(Exception):
+    """The server refused this one request (a 4xx that retrying cannot fix)."""
+
+
+@dataclass
+class _LoopState:
+    client: Any  # openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+
+
+class EndpointPolicy:
+    """The Policy protocol over an OpenAI-compatible endpoint.
+
+    ``tools_in_request=False`` leaves ``tools`` out of the request, for servers
+    started without a tool-call parser (vLLM refuses tools then); such a model
+    writes ``<tool_call>`` blocks in its text, which are parsed from the content.
+    ``retry_base_s`` and ``retry_max_s`` shape the backoff between attempts.
+    """
+
+    def __init__(
+        self,
+        endpoint: EndpointConfig,
+        *,
+        tools_in_request: bool = True,
+        version: str | None = None,
+        retry_base_s: float = 0.2,
+        retry_max_s: float = 5.0,
+    ):
+        self.endpoint = endpoint
+        self.tools_in_request = tools_in_request
+        self.version = version or endpoint.model
+        self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
+        # Read the key now: a missing variable is a configuration error to report
+        # before any rollout starts.
+        self._api_key = endpoint.api_key()
+        # The HTTP client's connections and the semaphore belong to the event loop
+        # that made them; callers that run asyncio.run() per batch get fresh ones.
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        tools: Sequence[Sequence[dict[str, Any]]],
+        temperature: float | None = None,
+    ) -> list[AssistantMessage]:
+        """The next assistant message of each conversation (``tools[i]`` for ``conversations[i]``)."""
+        if len(tools) != len(conversations):
+            raise ValueError(
+                f"got {len(conversations)} conversations but {len(tools)} tool lists; "
+                "pass one tool list per conversation"
+            )
+        state = self._state()
+        if temperature is None:
+            temperature = self.endpoint.temperature
+        results = await asyncio.gather(
+            *(
+                self._complete(state, list(messages), list(tool_list), temperature)
+                for messages, tool_list in zip(conversations, tools, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        # Wait for every request before raising, so none is left running unobserved.
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [r for r in results if isinstance(r, AssistantMessage)]
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop; clients made in other loops are dropped."""
+        loop = asyncio.get_running_loop()
+        states, self._states = self._states, {}
+        state = states.pop(loop, None)
+        if state is not None:
+            await state.client.close()
+
+    # ------------------------------------------------------------------ one request
+
+    async def _complete(
+        self,
+        state: _LoopState,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        temperature: float,
+    ) -> AssistantMessage:
+        request: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": self.endpoint.max_tokens,
+        }
+        if tools and self.tools_in_request:
+            request["tools"] = tools
+        attempts = self.endpoint.max_retries + 1
+        last_error = ""
+        retry_after_s: float | None = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, retry_after_s))
+            # The backoff sleeps outside the semaphore, so waiting never holds a slot.
+            async with state.semaphore:
+                try:
+                    body = await self._post(state.client, request)
+                    return _message_from_completion(body)
+                except _Transient as err:
+                    last_error, retry_after_s = str(err), err.retry_after_s
+                except _Rejected as err:
+                    return AssistantMessage(error=f"{self._where()} rejected the request: {err}")
+        return AssistantMessage(
+            error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
+            f"{last_error}"
+        )
+
+    async def _post(self, client: Any, request: dict[str, Any]) -> dict[str, Any]:
+        """One attempt: the completion as a dict, or _Transient / _Rejected / PolicyError."""
+        import openai
+
+        try:
+            # The raw response lets us read the body ourselves: a 200 whose body is
+            # not a chat completion is a transient server fault, not a crash.
+            response = await client.chat.completions.with_raw_response.create(**request)
+            text = response.text
+        except openai.APITimeoutError:
+            raise _Transient(f"timed out after {self.endpoint.timeout_s:g} s") from None
+        except openai.APIConnectionError as err:
+            cause = err.__cause__ or err
+            raise _Transient(f"connection error: {type(cause).__name__}: {cause}") from None
+        except openai.APIStatusError as err:
+            status = err.status_code
+            detail = _error_detail(err)
+            if status in (408, 429) or status >= 500:
+                retry_after = _retry_after_s(err.response.headers.get("Retry-After"))
+                raise _Transient(f"HTTP {status}: {detail}", retry_after) from None
+            if status in (401, 403):
+                raise PolicyError(self._auth_help(status, detail)) from None
+            if status == 404:
+                raise PolicyError(await self._not_found_help(client, detail)) from None
+            raise _Rejected(f"HTTP {status}: {detail}") from None
+        except openai.APIResponseValidationError as err:
+            raise _Transient(f"malformed response: {err}") from None
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError:
+            raise _Transient(f"malformed response (not JSON): {text[:200]!r}") from None
+        problem = _completion_problem(body)
+        if problem:
+            raise _Transient(f"malformed response ({problem}): {text[:200]!r}")
+        return body
+
+    def _backoff(self, attempt: int, retry_after_s: float | None = None) -> float:
+        """Exponential backoff with jitter, so retries of a batch do not arrive in lockstep.
+
+        A server's Retry-After (429, 503) is honoured up to ``retry_max_s``.
+        """
+        delay = min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
+        delay *= random.uniform(0.5, 1.5)
+        if retry_after_s is not None:
+            delay = max(delay, min(retry_after_s, self.retry_max_s))
+        return delay
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            import openai
+
+            # Clients of closed loops cannot be closed any more; just let them go.
+            self._states = {k: v for k, v in self._states.items() if not k.is_closed()}
+            client = openai.AsyncOpenAI(
+                base_url=self.endpoint.base_url,
+                api_key=self._api_key,
+                timeout=self.endpoint.timeout_s,
+                max_retries=0,
+            )
+            state = _LoopState(client, asyncio.Semaphore(self.endpoint.concurrency))
+            self._states[loop] = state
+        return state
+
+    def _where(self) -> str:
+        return f"endpoint {self.endpoint.base_url} (model {self.endpoint.model!r})"
+
+    def _auth_help(self, status: int, detail: str) -> str:
+        if self.endpoint.api_key_env:
+            fix = (
+                f"check the key in the environment variable {self.endpoint.api_key_env} "
+                "(named by the endpoint's api_key_env)"
+            )
+        else:
+            fix = (
+                "the endpoint needs an API key: set api_key_env to the name of the "
+                "environment variable that holds it"
+            )
+        return f"{self._where()} refused the API key (HTTP {status}: {detail}); {fix}"
+
+    async def _not_found_help(self, client: Any, detail: str) -> str:
+        """Name the models the server does serve, when it will say."""
+        served = ""
+        try:
+            page = await client.models.list()
+            names = [model.id for model in page.data]
+            if names:
+                served = f"; the server serves: {', '.join(names)}"
+        except Exception:
+            pass  # the hint is optional; the 404 itself is the error
+        return (
+            f"{self._where()} answered 404 ({detail}){served}. Check the endpoint's 'model' "
+            "(a LoRA adapter must be loaded first) and that 'base_url' ends in /v1."
+        )
+
+
+# ---------------------------------------------------------------------- reading replies
+
+
+def _error_detail(err: Any) -> str:
+    """The server's own words: the openai client keeps the body's ``error`` object."""
+    body = getattr(err, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    if isinstance(body, dict) and isinstance(body.get("message"), str) and body["message"]:
+        return body["message"]
+    return str(err.message)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare enough to ignore)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _completion_problem(body: Any) -> str | None:
+    """Why ``body`` is not a usable chat completion, or None when it is."""
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    choice = choices[0]
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        return "choice without a message"
+    message = choice["message"]
+    if not isinstance(message.get("content"), str | None):
+        return "content is not text"
+    calls = message.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+    ):
+        return "tool_calls is not a list of objects"
+    return None
+
+
+def _message_from_completion(body: dict[str, Any]) -> AssistantMessage:
+    choice = body["choices"][0]
+    message = choice["message"]
+    text: str = message.get("content") or ""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    common: dict[str, Any] = {
+        "prompt_tokens": _count(usage.get("prompt_tokens")),
+        "completion_tokens": _count(usage.get("completion_tokens")),
+        "finish_reason": choice.get("finish_reason"),
+    }
+    structured = message.get("tool_calls") or []
+    if not structured and "<tool_call>" in text:
+        # A server without a tool-call parser hands back the model's raw text.
+        content, calls, invalid = parse_assistant_text(text)
+        return AssistantMessage(
+            content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text, **common
+        )
+
+    calls = []
+    invalid = []
+    unnamed_raw: list[str] = []
+    for index, item in enumerate(structured):
+        call_id = item.get("id") if isinstance(item.get("id"), str) else f"call_{index}"
+        function = item.get("function")
+        function = function if isinstance(function, dict) else {}
+        name = function.get("name") if isinstance(function.get("name"), str) else None
+        arguments = function.get("arguments", "")
+        raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        try:
+            parsed = parse_tool_calls({"function": function})
+        except ToolCallParseError as err:
+            if not name:
+                raw = json.dumps({**function, "arguments": _decoded(arguments)}, ensure_ascii=False)
+                unnamed_raw.append(f"<tool_call>{raw}</tool_call>")
+            invalid.append(
+                InvalidToolCall(
+                    id=call_id, name=name or None, raw=raw, error=err.kind, message=str(err)
+                )
+            )
+            continue
+        calls += [_with_id(call, call_id) for call in parsed]
+    # A call without a name cannot be sent back as a tool call; AssistantMessage
+    # then replays ``raw`` as text, so keep the attempted call in it.
+    raw_text = "\n".join([text, *unnamed_raw]).strip() if unnamed_raw else (text or None)
+    return AssistantMessage(
+        content=text, tool_calls=calls, invalid_tool_calls=invalid, raw=raw_text, **common
+    )
+
+
+def _decoded(arguments: Any) -> Any:
+    """Arguments as the model meant them, for showing an attempted call as text."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _with_id(call: ToolCall, call_id: str) -> ToolCall:
+    return call.model_copy(update={"id": call_id})

@@ -1,0 +1,686 @@
+"""A small OpenAI-compatible HTTP server with scripted replies, for tests and benchmarks.
+
+Everything that talks to an LLM endpoint (the endpoint policy, the synthesis
+roles, embeddings-based dedup, LoRA hot-loading) is tested against real HTTP
+rather than a patched client, so that timeouts, dropped connections and broken
+bodies go through the same code paths as in production. Standard library only,
+so it runs wherever the package does::
+
+    from coevolve.testing.openai_server import Reply, ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer([Reply.tool_calls([("find_contact", {"name": "Ana"})]),
+                               Reply.text("Ana's number is 555-0192")]) as server:
+        ...  # point an EndpointConfig at server.base_url, model server.model
+        assert len(server.chat_bodies()) == 2
+
+Routes (all under ``/v1``): ``POST /chat/completions`` (answers from the
+script), ``GET /models``, ``POST /embeddings`` (deterministic hash-based
+bag-of-words vectors), and vLLM's runtime LoRA API ``POST /load_lora_adapter``
+and ``POST /unload_lora_adapter``. Every request is recorded.
+
+Run ``python -m coevolve.testing.openai_server --port 8765 --delay 0.05`` for a
+manual echo server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import itertools
+import json
+import math
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DEFAULT_MODEL = "scripted-model"
+CHAT_PATH = "/v1/chat/completions"
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server answers to one chat completion. Build one with the class helpers.
+
+    A reply is either a completion (``content`` and/or ``calls``), an HTTP error
+    (``status_code`` other than 200), a 200 with a broken body (``raw_body``) or
+    a dropped connection; ``delay_s`` waits before any of them.
+    """
+
+    content: str | None = None
+    # (name, arguments): arguments as a dict, or as a raw string to simulate bad JSON.
+    calls: tuple[tuple[str, dict[str, Any] | str], ...] = ()
+    finish_reason: str | None = None
+    status_code: int = 200
+    error_message: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    raw_body: str | None = None
+    drop_connection: bool = False
+    delay_s: float = 0.0
+
+    @classmethod
+    def text(cls, content: str, finish_reason: str = "stop") -> Reply:
+        return cls(content=content, finish_reason=finish_reason)
+
+    @classmethod
+    def tool_calls(
+        cls,
+        calls: Iterable[tuple[str, Mapping[str, Any] | str]],
+        content: str | None = None,
+    ) -> Reply:
+        """Structured tool calls; an arguments string is sent verbatim (e.g. broken JSON)."""
+        normalised = tuple(
+            (name, args if isinstance(args, str) else dict(args)) for name, args in calls
+        )
+        return cls(content=content, calls=normalised)
+
+    @classmethod
+    def json_content(cls, obj: Any) -> Reply:
+        """Content that is JSON text, as a structured-output (``response_format``) role expects."""
+        return cls(content=json.dumps(obj, ensure_ascii=False), finish_reason="stop")
+
+    @classmethod
+    def status(
+        cls, code: int, message: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        """An HTTP error with an OpenAI-style error body (e.g. 500, 503, 429 with Retry-After)."""
+        return cls(status_code=code, error_message=message, headers=tuple((headers or {}).items()))
+
+    @classmethod
+    def malformed(cls, body: str = "not json") -> Reply:
+        """A 200 whose body is not a chat completion."""
+        return cls(raw_body=body)
+
+    @classmethod
+    def drop(cls) -> Reply:
+        """Close the connection without answering."""
+        return cls(drop_connection=True)
+
+    @classmethod
+    def delay(cls, seconds: float, then: Reply | None = None) -> Reply:
+        """Wait ``seconds`` before answering ``then`` (default: a short text), to cause timeouts."""
+        return replace(then if then is not None else cls.text("(delayed)"), delay_s=seconds)
+
+    def delayed(self, seconds: float) -> Reply:
+        """This reply, sent after ``seconds``."""
+        return replace(self, delay_s=seconds)
+
+
+Script = Sequence[Reply | str] | Callable[[dict[str, Any]], Reply | str]
+
+
+@dataclass
+class RecordedRequest:
+    """One request as the server saw it. ``time`` is ``time.monotonic()`` at arrival."""
+
+    path: str
+    method: str
+    body: Any
+    time: float
+    headers: dict[str, str] = field(default_factory=dict)
+    status: int | None = None  # None until answered, and for a dropped connection
+    note: str | None = None  # what the server did out of the ordinary (script exhausted, ...)
+
+
+# --------------------------------------------------------------------------- embeddings
+
+_WORD = re.compile(r"\w+")
+
+
+def hash_embedding(text: str, dim: int = 256) -> list[float]:
+    """A deterministic unit vector: hashed bag of lowercased words.
+
+    Equal texts give equal vectors, texts sharing most words give close ones,
+    which is all dedup tests need, without any model weights.
+    """
+    vector = [0.0] * dim
+    words = _WORD.findall(text.lower()) or ["<empty>"]  # an all-zero vector has no cosine
+    for word in words:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dim
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector))
+    if norm == 0.0:  # words whose signs cancelled out in the same bucket
+        vector[0], norm = 1.0, 1.0
+    return [v / norm for v in vector]
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def _message_text(message: Any) -> str:
+    """All the text of one chat message, for rough token counts."""
+    if not isinstance(message, Mapping):
+        return ""
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts += [p.get("text", "") for p in content if isinstance(p, Mapping)]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments", "")
+        parts += [str(function.get("name", "")), arguments if isinstance(arguments, str) else ""]
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class ScriptedOpenAIServer:
+    """An OpenAI-compatible server on 127.0.0.1, answering chat completions from a script.
+
+    ``script`` is a list of replies consumed in order (a str means
+    ``Reply.text``), or a callable from the request body to a reply; None
+    echoes the last user message. When a list runs out the server answers 500
+    and notes it on the request, unless ``repeat_last`` is set.
+
+    ``delay_s`` is added to every chat completion (a benchmark's model latency).
+    ``models`` are the model names served; a request for any other model (or a
+    LoRA adapter not loaded) gets vLLM's 404, unless ``accept_any_model``. With ``api_key`` set, requests
+    without ``Authorization: Bearer <api_key>`` get 401.
+    """
+
+    def __init__(
+        self,
+        script: Script | None = None,
+        delay_s: float = 0.0,
+        *,
+        models: Sequence[str] = (DEFAULT_MODEL,),
+        repeat_last: bool = False,
+        accept_any_model: bool = False,
+        embedding_dim: int = 256,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        if not models:
+            raise ValueError("the server needs at least one model name")
+        self.script = script
+        self.delay_s = delay_s
+        self.models = list(models)
+        self.repeat_last = repeat_last
+        self.accept_any_model = accept_any_model
+        self.embedding_dim = embedding_dim
+        self.api_key = api_key
+        self.host = host
+        self.port = port
+        self._lock = threading.Lock()
+        self._requests: list[RecordedRequest] = []
+        self._script_index = 0
+        self._adapters: dict[str, str] = {}
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._ids = itertools.count(1)
+        self._connections: set[socket.socket] = set()
+        self._stopping = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> ScriptedOpenAIServer:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        self._httpd = _HTTPServer((self.host, self.port), self)
+        self.port = self._httpd.server_address[1]
+        # stop() waits up to one poll interval; keep it short so test teardown is quick.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            name=f"scripted-openai-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, cut delays short and close kept-alive connections."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        # Handler threads blocked reading a kept-alive connection would otherwise
+        # keep answering on it after stop().
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- inspection
+
+    @property
+    def base_url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the server is not running: call start() or use it in a with block")
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        """The first (default) model name."""
+        return self.models[0]
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A copy of every request so far, in arrival order."""
+        with self._lock:
+            return list(self._requests)
+
+    def chat_bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the chat-completion requests so far."""
+        return [r.body for r in self.requests if r.path == CHAT_PATH and r.method == "POST"]
+
+    @property
+    def max_in_flight(self) -> int:
+        """Most chat completions being answered at the same time so far."""
+        with self._lock:
+            return self._max_in_flight
+
+    @property
+    def loaded_adapters(self) -> dict[str, str]:
+        """LoRA adapters loaded through the API: name -> path."""
+        with self._lock:
+            return dict(self._adapters)
+
+    def clear(self) -> None:
+        """Forget recorded requests and the in-flight maximum (the script position stays)."""
+        with self._lock:
+            self._requests.clear()
+            self._max_in_flight = self._in_flight
+
+    # ---------------------------------------------------------------- request handling
+
+    def _handle(self, handler: _Handler, method: str) -> None:
+        path = handler.path.split("?", 1)[0].rstrip("/")
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        record = RecordedRequest(
+            path=path,
+            method=method,
+            body=None,
+            time=time.monotonic(),
+            headers=dict(handler.headers),
+        )
+        if raw:
+            try:
+                record.body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record.body = raw.decode("utf-8", "replace")
+                record.note = "request body is not JSON"
+        with self._lock:
+            self._requests.append(record)
+
+        if self.api_key is not None:
+            if handler.headers.get("Authorization") != f"Bearer {self.api_key}":
+                self._error(handler, record, 401, "Incorrect API key provided.", "invalid_api_key")
+                return
+        routes: dict[tuple[str, str], Callable[[_Handler, RecordedRequest], None]] = {
+            ("POST", CHAT_PATH): self._chat,
+            ("GET", "/v1/models"): self._list_models,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/load_lora_adapter"): self._load_adapter,
+            ("POST", "/v1/unload_lora_adapter"): self._unload_adapter,
+        }
+        route = routes.get((method, path))
+        if route is None:
+            self._error(handler, record, 404, f"no route {method} {path}", "not_found")
+            return
+        if method == "POST" and not isinstance(record.body, dict):
+            self._error(handler, record, 400, "the request body must be a JSON object")
+            return
+        route(handler, record)
+
+    def _chat(self, handler: _Handler, record: RecordedRequest) -> None:
+        body: dict[str, Any] = record.body
+        if not isinstance(body.get("messages"), list):
+            self._error(handler, record, 400, "'messages' must be a list of messages")
+            return
+        model = body.get("model")
+        if not self.accept_any_model and model not in self._served_models():
+            # vLLM's answer; clients must turn it into a configuration error.
+            self._error(
+                handler, record, 404, f"The model `{model}` does not exist.", "NotFoundError"
+            )
+            return
+        if body.get("n", 1) != 1:
+            self._error(handler, record, 400, "the scripted server supports n=1 only")
+            return
+        # In flight: from arrival until the answer is ready. The count drops before
+        # the answer is written, so a client that sends its next request on receipt
+        # never sees its previous one still counted.
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+        try:
+            reply = self._next_reply(body)
+            wait = self.delay_s + reply.delay_s
+            if wait > 0:
+                self._stopping.wait(wait)  # stop() cuts the wait short
+        except _ScriptProblem as problem:
+            record.note = str(problem)
+            self._error(handler, record, 500, f"scripted server: {problem}")
+            return
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        if reply.drop_connection:
+            record.note = "dropped the connection"
+            handler.close_connection = True
+        elif reply.status_code != 200:
+            message = reply.error_message or f"scripted error {reply.status_code}"
+            self._error(handler, record, reply.status_code, message, headers=reply.headers)
+        elif reply.raw_body is not None:
+            record.note = "malformed body"
+            self._send(handler, record, 200, reply.raw_body.encode(), "application/json")
+        else:
+            self._send_json(handler, record, 200, self._completion(body, reply))
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        script = self.script
+        if script is None:
+            return _echo(body)
+        if callable(script):
+            try:
+                reply = script(body)
+            except Exception as err:
+                # A broken script callable must show up in the test, not vanish in a thread.
+                detail = "".join(traceback.format_exception_only(type(err), err)).strip()
+                raise _ScriptProblem(f"the script raised {detail}") from err
+        else:
+            with self._lock:
+                index = self._script_index
+                if index < len(script):
+                    self._script_index += 1
+                elif self.repeat_last and script:
+                    index = len(script) - 1
+                else:
+                    raise _ScriptProblem(f"script exhausted after {len(script)} replies")
+            reply = script[index]
+        if isinstance(reply, str):
+            return Reply.text(reply)
+        if not isinstance(reply, Reply):
+            raise _ScriptProblem(f"the script gave {type(reply).__name__}, not a Reply or str")
+        return reply
+
+    def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{next(self._ids)}",
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+                for name, args in reply.calls
+            ]
+        finish_reason = reply.finish_reason or ("tool_calls" if reply.calls else "stop")
+        prompt_tokens = sum(_count_tokens(_message_text(m)) for m in body["messages"])
+        completion_tokens = _count_tokens(_message_text(message))
+        return {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _list_models(self, handler: _Handler, record: RecordedRequest) -> None:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "scripted",
+                "root": name,
+            }
+            for name in self.models
+        ]
+        data += [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "scripted",
+                "root": path,
+                "parent": self.models[0],
+            }
+            for name, path in self.loaded_adapters.items()
+        ]
+        self._send_json(handler, record, 200, {"object": "list", "data": data})
+
+    def _embeddings(self, handler: _Handler, record: RecordedRequest) -> None:
+        body: dict[str, Any] = record.body
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts:
+            self._error(handler, record, 400, "'input' must be a string or a non-empty list")
+            return
+        dim = body.get("dimensions") or self.embedding_dim
+        # The openai client asks for base64 unless told otherwise.
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for index, text in enumerate(texts):
+            vector = hash_embedding(text if isinstance(text, str) else json.dumps(text), dim)
+            encoded: Any = vector
+            if as_base64:
+                encoded = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(_count_tokens(t) if isinstance(t, str) else len(t) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        payload = {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
+        self._send_json(handler, record, 200, payload)
+
+    def _load_adapter(self, handler: _Handler, record: RecordedRequest) -> None:
+        name, path = record.body.get("lora_name"), record.body.get("lora_path")
+        if not name or not path:
+            self._error(handler, record, 400, "both 'lora_name' and 'lora_path' are required")
+            return
+        with self._lock:
+            known = name in self._adapters
+            if not known:
+                self._adapters[name] = path
+        if known:
+            self._error(handler, record, 400, f"The lora adapter '{name}' has already been loaded.")
+            return
+        message = f"Success: LoRA adapter '{name}' added successfully."
+        self._send(handler, record, 200, message.encode(), "text/plain; charset=utf-8")
+
+    def _unload_adapter(self, handler: _Handler, record: RecordedRequest) -> None:
+        name = record.body.get("lora_name")
+        with self._lock:
+            known = self._adapters.pop(name, None) is not None
+        if not known:
+            message = f"The lora adapter '{name}' cannot be found."
+            self._error(handler, record, 404, message, "NotFoundError")
+            return
+        message = f"Success: LoRA adapter '{name}' removed successfully."
+        self._send(handler, record, 200, message.encode(), "text/plain; charset=utf-8")
+
+    def _served_models(self) -> set[str]:
+        with self._lock:
+            return set(self.models) | set(self._adapters)
+
+    # ---------------------------------------------------------------- responses
+
+    def _error(
+        self,
+        handler: _Handler,
+        record: RecordedRequest,
+        code: int,
+        message: str,
+        kind: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        error_type = kind or ("server_error" if code >= 500 else "invalid_request_error")
+        payload = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+        self._send_json(handler, record, code, payload, headers)
+
+    def _send_json(
+        self,
+        handler: _Handler,
+        record: RecordedRequest,
+        code: int,
+        payload: Any,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self._send(handler, record, code, json.dumps(payload).encode(), "application/json", headers)
+
+    def _send(
+        self,
+        handler: _Handler,
+        record: RecordedRequest,
+        code: int,
+        data: bytes,
+        content_type: str,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        record.status = code
+        try:
+            handler.send_response(code)
+            handler.send_header("Content-Type", content_type)
+            handler.send_header("Content-Length", str(len(data)))
+            for name, value in headers:
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (a timeout test): nothing left to answer.
+            record.note = (record.note + "; " if record.note else "") + "client went away"
+            handler.close_connection = True
+
+
+def _echo(body: dict[str, Any]) -> Reply:
+    """The default script: answer with the last user message."""
+    for message in reversed(body["messages"]):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return Reply.text(_message_text(message))
+    return Reply.text("")
+
+
+class _ScriptProblem(Exception):
+    """The script could not give a reply; the request is answered with a 500."""
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a thread per connection; none of them may block exit
+    request_queue_size = 1024  # benchmarks open many connections at once
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], app: ScriptedOpenAIServer):
+        self.app = app
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return  # clients that time out or vanish are part of the tests
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+    # Headers and body go out in two writes; with Nagle's algorithm the second
+    # waits for the client's delayed ACK (~40 ms), which would swamp benchmark delays.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.app._lock:
+            self.server.app._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.app._lock:
+            self.server.app._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def do_GET(self) -> None:
+        self.server.app._handle(self, "GET")
+
+    def do_POST(self) -> None:
+        self.server.app._handle(self, "POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # requests are recorded; stderr noise would drown test output
+
+
+# --------------------------------------------------------------------------- manual use
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m coevolve.testing.openai_server",
+        description="A local OpenAI-compatible server that echoes (or repeats one reply).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per chat completion")
+    parser.add_argument("--model", action="append", help="model name served (repeatable)")
+    parser.add_argument("--any-model", action="store_true", help="accept every model name")
+    parser.add_argument("--echo", action="store_true", help="echo the last user message (default)")
+    parser.add_argument("--reply", help="answer every chat completion with this text instead")
+    parser.add_argument("--api-key", help="require this bearer key")
+    args = parser.parse_args(argv)
+    script: Script | None = [args.reply] if args.reply is not None else None
+    server = ScriptedOpenAIServer(
+        script,
+        delay_s=args.delay,
+        models=args.model or (DEFAULT_MODEL,),
+        repeat_last=True,
+        accept_any_model=args.any_model,
+        api_key=args.api_key,
+        host=args.host,
+        port=args.port,
+    )
+    with server:
+        print(f"serving {', '.join(server.models)} at {server.base_url} (Ctrl-C stops)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
