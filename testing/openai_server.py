@@ -648,6 +648,17 @@ class _Handler(BaseHTTPRequestHandler):
 # --------------------------------------------------------------------------- manual use
 
 
+def calls_then_answer(calls: int, name: str = "get_balance", arguments: str = "{}") -> Script:
+    """A script for load tests: call ``name`` until the conversation holds ``calls`` tool
+    results, then answer. Every episode then takes exactly ``calls + 1`` replies."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        done = sum(1 for m in body.get("messages", []) if m.get("role") == "tool")
+        return Reply.tool_calls([(name, arguments)]) if done < calls else Reply.text("done")
+
+    return reply
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m coevolve.testing.openai_server",
@@ -661,8 +672,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--echo", action="store_true", help="echo the last user message (default)")
     parser.add_argument("--reply", help="answer every chat completion with this text instead")
     parser.add_argument("--api-key", help="require this bearer key")
+    parser.add_argument(
+        "--calls-then-answer",
+        type=int,
+        metavar="N",
+        help="call get_balance until the conversation has N tool results, then answer",
+    )
     args = parser.parse_args(argv)
     script: Script | None = [args.reply] if args.reply is not None else None
+    if args.calls_then_answer is not None:
+        script = calls_then_answer(args.calls_then_answer)
     server = ScriptedOpenAIServer(
         script,
         delay_s=args.delay,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -12,6 +12,12 @@ from ...records import Task, ToolCall
 from ..base import ToolEnvironment, ToolError
 from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
 from .families import clock, date, phone, pools_for
+
+
+def clone(state: Any) -> Any:
+    """A deep copy of JSON-able state; several times faster than copy.deepcopy."""
+    return json.loads(json.dumps(state))
+
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:[-:.][a-z0-9]+)*")
 
@@ -44,7 +50,7 @@ def _is_number(token: str) -> bool:
 
 def replay(state: State, calls: Sequence[ToolCall]) -> State:
     """Apply calls to a copy of ``state``; failing calls change nothing, as in an episode."""
-    world = World(copy.deepcopy(state))
+    world = World(clone(state))
     for tool_call in calls:
         try:
             world.run(tool_call.name, dict(tool_call.arguments))
@@ -61,7 +67,7 @@ def _comparable(state: State, initial: State, check: Mapping[str, Any]) -> dict[
     for key, value in state.items():
         if key in ignore or key == "next_id":
             continue
-        value = copy.deepcopy(value)
+        value = clone(value)
         if key == "messages":
             for message_id, message in value.items():
                 text = normalize_text(message["text"])
@@ -115,7 +121,7 @@ class WorldEnvironment(ToolEnvironment):
                 f"world task {task.id} has no setup['state']; it was not made for the world"
             )
         self.task = task
-        self.world = World(copy.deepcopy(task.setup["state"]))
+        self.world = World(clone(task.setup["state"]))
         self.answer = None
         self.turn = 0
         return task.turns[0].query
@@ -142,10 +148,10 @@ class WorldEnvironment(ToolEnvironment):
 
     def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
         """Write an instruction that the given valid action sequence fulfils."""
-        world = World(copy.deepcopy(setup["state"]))
+        world = World(clone(setup["state"]))
         clauses: list[str] = []
         for tool_call in calls:
-            before = copy.deepcopy(world.state)
+            before = clone(world.state)
             try:
                 world.run(tool_call.name, dict(tool_call.arguments))
             except (ToolError, TypeError):

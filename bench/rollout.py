@@ -1,0 +1,178 @@
+"""Rollout throughput benchmarks.
+
+    .venv/bin/python bench/rollout.py            # both parts
+    .venv/bin/python bench/rollout.py --part endpoint
+    .venv/bin/python bench/rollout.py --part inprocess
+
+(a) in-process: generated tokens/s of the rollout engine with the in-process
+    policy, against plain batched ``model.generate`` over the same prompts and
+    model. Target ratio >= 0.8.
+(b) endpoint: 256 episodes x 5 replies (4 tool calls, then an answer) against
+    the scripted test server at 50 ms per reply and concurrency 64, against the
+    ideal ceil(256/64) * 5 * 50 ms. Target <= 1.25x. The server runs in its own
+    process, as a real endpoint would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_endpoint(
+    episodes: int = 256, replies: int = 5, concurrency: int = 64, delay_s: float = 0.05
+) -> float:
+    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.config import EndpointConfig
+    from coevolve.envs.world import WorldEnvironment, load_split
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coevolve.testing.openai_server",
+            "--port",
+            str(port),
+            "--delay",
+            str(delay_s),
+            "--calls-then-answer",
+            str(replies - 1),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        base_url = f"http://127.0.0.1:{port}/v1"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{base_url}/models", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        endpoint = EndpointConfig(
+            base_url=base_url, model="scripted-model", concurrency=concurrency, timeout_s=30
+        )
+        tasks = load_split("train", size=episodes)
+        # warm-up: open the connection pool, import everything
+        run_rollouts(
+            EndpointPolicy(endpoint),
+            WorldEnvironment,
+            tasks[:concurrency],
+            progress=False,
+            max_steps=replies,
+        )
+        policy = EndpointPolicy(endpoint)
+        started = time.perf_counter()
+        trajectories = run_rollouts(
+            policy, WorldEnvironment, tasks, progress=False, max_steps=replies
+        )
+        wall = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait()
+    errors = sum(t.error is not None for t in trajectories)
+    steps = {len(t.steps) for t in trajectories}
+    ideal = math.ceil(episodes / concurrency) * replies * delay_s
+    ratio = wall / ideal
+    print(
+        f"(b) endpoint: {episodes} episodes x {replies} replies, concurrency {concurrency}, {delay_s * 1000:.0f} ms/reply"
+    )
+    print(
+        f"    wall {wall:.2f} s, ideal {ideal:.2f} s, ratio {ratio:.2f}x (target <= 1.25x)  errors={errors} tool calls/episode={sorted(steps)}"
+    )
+    return ratio
+
+
+def bench_inprocess(episodes: int = 64, max_new_tokens: int = 64) -> float:
+    import asyncio
+
+    import torch
+
+    from coevolve.agents.conversation import opening_messages
+    from coevolve.agents.local_policy import LocalPolicy
+    from coevolve.agents.policy import arguments_as_dicts
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+
+    torch.manual_seed(0)
+    model_dir = bootstrap(BootstrapConfig())
+    policy = LocalPolicy(str(model_dir), max_new_tokens=max_new_tokens, batch_size=episodes)
+    tasks = load_split("validation", size=episodes)
+    env = WorldEnvironment()
+
+    # Plain batched generate over the first-step prompts of the same tasks, same model.
+    tokenizer, model = policy.tokenizer, policy.model
+    prompts = [
+        tokenizer.apply_chat_template(
+            arguments_as_dicts(opening_messages(env.reset(task))),
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for task in tasks
+    ]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.inference_mode():
+        model.generate(
+            **batch, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )  # warm-up
+        started = time.perf_counter()
+        out = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        plain_s = time.perf_counter() - started
+    new = out[:, batch["input_ids"].shape[1] :]
+    plain_tokens = int(sum(_until_eos(row, tokenizer.eos_token_id) for row in new))
+    plain_rate = plain_tokens / plain_s
+
+    # The rollout engine's first step on the same tasks (max_steps=1: one generate per episode).
+    started = time.perf_counter()
+    trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False, max_steps=1)
+    engine_s = time.perf_counter() - started
+    engine_tokens = sum(t.completion_tokens for t in trajectories)
+    engine_rate = engine_tokens / engine_s
+    asyncio.run(policy.aclose())
+    ratio = engine_rate / plain_rate
+    print(f"(a) in-process: {episodes} episodes, batch {episodes}, max_new_tokens {max_new_tokens}")
+    print(f"    plain generate {plain_rate:,.0f} tok/s ({plain_tokens} tokens in {plain_s:.2f} s)")
+    print(
+        f"    rollout engine {engine_rate:,.0f} tok/s ({engine_tokens} tokens in {engine_s:.2f} s, whole episodes)"
+    )
+    print(f"    ratio {ratio:.2f} (target >= 0.8)")
+    return ratio
+
+
+def _until_eos(row, eos_id: int) -> int:
+    ids = row.tolist()
+    return ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--part", choices=["both", "endpoint", "inprocess"], default="both")
+    args = parser.parse_args()
+    if args.part in ("both", "inprocess"):
+        bench_inprocess()
+    if args.part in ("both", "endpoint"):
+        bench_endpoint()
+
+
+if __name__ == "__main__":
+    main()
