@@ -8,14 +8,32 @@ only sees these protocols; which implementation runs is configuration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.base import Environment
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Observation, SynthesisContext, Task, ToolCall, Verdict
+from ..records import (
+    CandidateTask,
+    Observation,
+    SignalKind,
+    SynthesisContext,
+    Task,
+    ToolCall,
+    Turn,
+    Verdict,
+)
+from .prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
+
+if TYPE_CHECKING:
+    from ..config import EndpointConfig
+    from .policy import Policy
 
 
 class Interaction(BaseModel):
@@ -82,3 +100,270 @@ class Judge(Protocol):
     name: str
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict: ...
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+# The order in which an item's signals name the candidates it produces (the
+# default budget priority of memory.signals.SignalConfig).
+SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("forgetting", "rare", "boundary")
+
+
+def primary_signal(item: FlaggedTrajectory) -> SignalKind | None:
+    """The signal a flagged item's candidates are attributed to."""
+    kinds = item.kinds
+    return next((kind for kind in SIGNAL_PRIORITY if kind in kinds), None)
+
+
+class RejectedCandidate(BaseModel):
+    """A candidate an abstractor dropped before judging, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item_id: str = Field(description="Id of the flagged trajectory the candidate came from.")
+    description: str
+    reason: str
+
+
+class RejectionLog:
+    """Per-item record of what an abstractor dropped (``abstract`` returns candidates only).
+
+    Items run concurrently against one abstractor, so rejections are kept per
+    flagged trajectory id; the synthesis graph takes them with ``pop_rejections``
+    right after ``abstract`` returns.
+    """
+
+    def __init__(self) -> None:
+        self._rejections: dict[str, list[RejectedCandidate]] = {}
+
+    def _start(self, item_id: str) -> None:
+        self._rejections[item_id] = []
+
+    def _reject(self, item_id: str, description: str, reason: str) -> None:
+        self._rejections.setdefault(item_id, []).append(
+            RejectedCandidate(item_id=item_id, description=description, reason=reason)
+        )
+
+    def pop_rejections(self, item_id: str) -> list[RejectedCandidate]:
+        """What was dropped for this item in its last ``abstract`` call (then forgotten)."""
+        return self._rejections.pop(item_id, [])
+
+
+def candidate_setup(setup: Mapping[str, Any]) -> dict[str, Any]:
+    """A setup for a new task: the state it starts from, without the parent's checker relaxations."""
+    return {key: value for key, value in setup.items() if key != "check"}
+
+
+def synthesized_task_id(candidate: CandidateTask, cycle: int) -> str:
+    """``syn-c<cycle>-<hash>``: stable in the query, the actions and the setup."""
+    payload = {
+        "query": candidate.query,
+        "actions": [{"name": c.name, "arguments": c.arguments} for c in candidate.minimal_actions],
+        "setup": candidate.setup,
+    }
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    return f"syn-c{cycle}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def candidate_to_task(candidate: CandidateTask, parent: Task, cycle: int) -> Task:
+    """The Task a (validated) candidate becomes, with its provenance.
+
+    One turn: the query, answered by the minimal actions. The setup is the
+    candidate's own (the state it was abstracted from) or, if it has none, the
+    parent's without the parent's checker relaxations.
+    """
+    setup = dict(candidate.setup) if candidate.setup else candidate_setup(parent.setup)
+    calls = [ToolCall(name=c.name, arguments=dict(c.arguments)) for c in candidate.minimal_actions]
+    return Task(
+        id=synthesized_task_id(candidate.model_copy(update={"setup": setup}), cycle),
+        env=parent.env,
+        family=parent.family,
+        split="train",
+        turns=[Turn(query=candidate.query, reference_calls=calls)],
+        reference_answer=candidate.reference_answer,
+        setup=setup,
+        source="synthesized",
+        parent_task_id=candidate.parent_task_id or parent.id,
+        signal=candidate.signal,
+        cycle=cycle,
+    )
+
+
+# --------------------------------------------------------------------------- configuration
+
+OFFLINE = "offline"
+
+
+class RolesConfig(BaseModel):
+    """Which implementation each synthesis role uses, and how it behaves."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    default_endpoint: str | None = Field(
+        default=None,
+        description="Name of an entry in `endpoints` every LLM role uses unless overridden; "
+        "None: every role runs offline (environment-grounded, no LLM).",
+    )
+    summarizer: str | None = Field(
+        default=None,
+        description="Summarizer: an endpoint name, 'offline', or None for default_endpoint.",
+    )
+    explorer: str | None = Field(
+        default=None,
+        description="Explorer: an endpoint name, 'offline', or None for default_endpoint.",
+    )
+    abstractor: str | None = Field(
+        default=None,
+        description="Task-abstractor: an endpoint name, 'offline', or None for default_endpoint.",
+    )
+    judge: str | None = Field(
+        default=None,
+        description="Judge: an endpoint name, 'offline', or None for default_endpoint.",
+    )
+    llm_concurrency: int = Field(
+        default=16, gt=0, description="Most LLM requests in flight at once, all roles together."
+    )
+    explorer_rounds: int | None = Field(
+        default=None,
+        gt=0,
+        description="Independent exploration rounds per flagged item (None: 3 offline, 2 LLM).",
+    )
+    explorer_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most actions per exploration round (None: 4 offline, 5 LLM).",
+    )
+    explorer_seed: int = Field(
+        default=0, description="Seed of the offline explorer's random walks."
+    )
+    policy_temperature: float = Field(
+        default=1.2,
+        ge=0.0,
+        le=2.0,
+        description="Offline explorer: temperature of the rounds the current policy drives.",
+    )
+    max_candidates: int = Field(
+        default=3, gt=0, description="Most candidate tasks the abstractor proposes per item."
+    )
+    summarizer_temperature: float | None = Field(
+        default=0.2, ge=0.0, le=2.0, description="LLM summarizer temperature (None: endpoint's)."
+    )
+    explorer_temperature: float | None = Field(
+        default=1.0, ge=0.0, le=2.0, description="LLM explorer temperature (None: endpoint's)."
+    )
+    abstractor_temperature: float | None = Field(
+        default=0.4, ge=0.0, le=2.0, description="LLM abstractor temperature (None: endpoint's)."
+    )
+    judge_temperature: float | None = Field(
+        default=0.0, ge=0.0, le=2.0, description="LLM judge temperature (None: endpoint's)."
+    )
+    summarizer_prompt: str = Field(
+        default=SUMMARIZER_PROMPT, description="System prompt of the LLM summarizer."
+    )
+    explorer_prompt: str = Field(
+        default=EXPLORER_PROMPT, description="System prompt of the LLM explorer."
+    )
+    abstractor_prompt: str = Field(
+        default=ABSTRACTOR_PROMPT, description="System prompt of the LLM task-abstractor."
+    )
+    judge_prompt: str = Field(default=JUDGE_PROMPT, description="System prompt of the LLM judge.")
+
+    def endpoint_for(self, role: str) -> str | None:
+        """The endpoint name a role uses, or None when it runs offline."""
+        choice = getattr(self, role)
+        name = self.default_endpoint if choice is None else choice
+        return None if name is None or name == OFFLINE else name
+
+
+ROLE_NAMES = ("summarizer", "explorer", "abstractor", "judge")
+
+
+@dataclass
+class Roles:
+    """The four synthesis roles of a run, built once and injected into the graph."""
+
+    summarizer: Summarizer
+    explorer: Explorer
+    abstractor: Abstractor
+    judge: Judge
+    limiter: asyncio.Semaphore | None = field(default=None, repr=False)
+
+    def names(self) -> dict[str, str]:
+        """Which implementation each role uses (for the run log)."""
+        return {role: getattr(self, role).name for role in ROLE_NAMES}
+
+
+def build_roles(
+    config: RolesConfig,
+    endpoints: Mapping[str, EndpointConfig],
+    policy: Policy | None = None,
+) -> Roles:
+    """Build the roles: LLM ones on their endpoints, offline ones elsewhere.
+
+    One semaphore bounds the LLM requests of all roles together. ``policy`` (the
+    current policy) drives some offline exploration rounds. An endpoint name not
+    in ``endpoints`` is a ValueError naming the known ones.
+    """
+    from .abstractor import LLMAbstractor, OfflineAbstractor
+    from .explorer import LLMExplorer, OfflineExplorer
+    from .judge import ExecutableJudge, LLMJudge
+    from .llm import chat_model
+    from .summarizer import LLMSummarizer, OfflineSummarizer
+
+    chosen: dict[str, str | None] = {}
+    for role in ROLE_NAMES:
+        name = config.endpoint_for(role)
+        if name is not None and name not in endpoints:
+            known = ", ".join(sorted(endpoints)) or "none defined"
+            source = role if getattr(config, role) is not None else "default_endpoint"
+            raise ValueError(
+                f"synthesis role {role!r} uses endpoint {name!r} (from {source}), which is not "
+                f"in `endpoints` (known: {known}; or use 'offline')"
+            )
+        chosen[role] = name
+    limiter = asyncio.Semaphore(config.llm_concurrency) if any(chosen.values()) else None
+
+    def model(role: str) -> Any:
+        name = chosen[role]
+        assert name is not None
+        return chat_model(endpoints[name], temperature=getattr(config, f"{role}_temperature"))
+
+    rounds, steps = config.explorer_rounds, config.explorer_steps
+    summarizer: Summarizer = (
+        LLMSummarizer(model("summarizer"), limiter, prompt=config.summarizer_prompt)
+        if chosen["summarizer"]
+        else OfflineSummarizer()
+    )
+    explorer: Explorer = (
+        LLMExplorer(
+            model("explorer"),
+            limiter,
+            rounds=rounds or 2,
+            steps=steps or 5,
+            prompt=config.explorer_prompt,
+        )
+        if chosen["explorer"]
+        else OfflineExplorer(
+            rounds=rounds or 3,
+            steps=steps or 4,
+            seed=config.explorer_seed,
+            policy=policy,
+            policy_temperature=config.policy_temperature,
+        )
+    )
+    abstractor: Abstractor = (
+        LLMAbstractor(
+            model("abstractor"),
+            limiter,
+            prompt=config.abstractor_prompt,
+            max_candidates=config.max_candidates,
+        )
+        if chosen["abstractor"]
+        else OfflineAbstractor(max_candidates=config.max_candidates)
+    )
+    judge: Judge = (
+        LLMJudge(model("judge"), limiter, prompt=config.judge_prompt)
+        if chosen["judge"]
+        else ExecutableJudge()
+    )
+    return Roles(summarizer, explorer, abstractor, judge, limiter)

@@ -1,0 +1,499 @@
+"""The task-abstractor: exploration rounds -> candidate tasks (query + minimal actions).
+
+``OfflineAbstractor`` picks successful action windows that change state and
+relabels them with the environment's describer. ``LLMAbstractor`` asks a model
+for tasks (structured output) and checks that every proposed action parses.
+
+Both return candidates only; what they dropped before judging, and why, is kept
+per flagged item: ``abstractor.pop_rejections(item.trajectory.id)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import HumanMessage, SystemMessage
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..envs.base import Environment
+from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
+from ..memory.signals import FlaggedTrajectory
+from ..records import CandidateTask, SynthesisContext, Task, ToolCall
+from .explorer import _values, focus_tools, mentions, tool_names
+from .llm import StructuredOutputError, model_label, structured_call
+from .prompts import ABSTRACTOR_PROMPT
+from .roles import (
+    EnvFactory,
+    ExplorationRound,
+    Interaction,
+    Neighbour,
+    RejectionLog,
+    candidate_setup,
+    primary_signal,
+)
+
+log = logging.getLogger(__name__)
+
+# Texts this similar (difflib ratio on normalised text) count as the same task.
+REPEAT_SIMILARITY = 0.95
+
+_WORDS = re.compile(r"[a-z0-9]+(?:[-:.'][a-z0-9]+)*")
+
+
+def normalise(text: str) -> str:
+    return " ".join(_WORDS.findall(text.lower()))
+
+
+def text_similarity(a: str, b: str) -> float:
+    """How alike two task texts are, 0..1 (case, spacing and punctuation ignored)."""
+    left, right = normalise(a), normalise(b)
+    if left == right:
+        return 1.0
+    return difflib.SequenceMatcher(None, left, right, autojunk=False).ratio()
+
+
+def repeats(
+    texts: Sequence[str], neighbours: Sequence[Neighbour], avoid: Sequence[str]
+) -> str | None:
+    """Why a candidate repeats an existing task (its texts vs. neighbours and do-not-repeat), or None."""
+    for text in texts:
+        for neighbour in neighbours:
+            if text_similarity(text, neighbour.text) >= REPEAT_SIMILARITY:
+                return f"repeats existing task {neighbour.id}: {neighbour.text!r}"
+        for other in avoid:
+            if text_similarity(text, other) >= REPEAT_SIMILARITY:
+                return f"repeats a do-not-repeat task: {other!r}"
+    return None
+
+
+def _actions_key(calls: Sequence[ToolCall], setup: Mapping[str, Any] | None = None) -> str:
+    payload = [[c.name, c.arguments] for c in calls]
+    return json.dumps([payload, setup or {}], sort_keys=True, default=str)
+
+
+# --------------------------------------------------------------------------- environment traits
+
+
+@dataclass
+class _Traits:
+    """What the offline abstractor needs to know about an environment."""
+
+    mutating: Callable[[ToolCall], bool]
+    # The setup of the state after ``prefix`` calls from ``setup``; None if it cannot be built.
+    setup_after: Callable[[Mapping[str, Any], Sequence[ToolCall]], dict[str, Any] | None]
+    # Whether calls that change nothing (lookups) may be left out of a window.
+    drop_lookups: bool
+    # The answer a lone lookup gives, for question tasks; None if it gives none.
+    answer: Callable[[Interaction], str | None] = lambda interaction: None
+
+
+# World lookups whose single-row observation answers the question the describer
+# writes for them ("find Ana's phone number", "find the price of the lamp", ...).
+_WORLD_ANSWER_FIELDS = {
+    "find_contact": "phone",
+    "search_products": "price",
+    "get_balance": "balance",
+}
+
+
+def _world_answer(interaction: Interaction) -> str | None:
+    field = _WORLD_ANSWER_FIELDS.get(interaction.call.name)
+    text = interaction.observation.text.strip()
+    if field is None or interaction.observation.error or "\n" in text:
+        return None
+    match = re.search(rf"(?:^|\s){field}=(\S+)", text)
+    return match.group(1) if match else None
+
+
+def _traits(env: Environment) -> _Traits:
+    if env.name == "world":
+        from ..envs.world.apps import MUTATING_TOOLS
+        from ..envs.world.env import replay
+
+        def world_setup(setup: Mapping[str, Any], prefix: Sequence[ToolCall]) -> dict[str, Any]:
+            state = replay(setup["state"], prefix) if prefix else setup["state"]
+            return {**candidate_setup(setup), "state": state}
+
+        return _Traits(
+            lambda call: call.name in MUTATING_TOOLS,
+            world_setup,
+            drop_lookups=True,
+            answer=_world_answer,
+        )
+
+    def start_only(setup: Mapping[str, Any], prefix: Sequence[ToolCall]) -> dict[str, Any] | None:
+        return None if prefix else candidate_setup(setup)
+
+    # Unknown state: every successful call counts, and windows start where the round did.
+    return _Traits(lambda call: True, start_only, drop_lookups=False)
+
+
+def generic_description(calls: Sequence[ToolCall]) -> str:
+    """An instruction for environments without a describer."""
+    steps = "; then ".join(render_call(call) for call in calls)
+    return f"Use the tools to do the following, in order: {steps}."
+
+
+# --------------------------------------------------------------------------- offline
+
+
+@dataclass
+class _Window:
+    round_index: int
+    start: int  # first interaction of the window
+    end: int  # its last interaction: a state change, or a lookup that answers a question
+    kept: list[int]  # interactions that make up the minimal actions
+    links: int  # kept lookups whose observation supplies a later argument
+    answer: str | None = None  # for a question task: what the answer must contain
+
+
+class OfflineAbstractor(RejectionLog):
+    """Successful, state-changing action windows relabelled by the environment's describer."""
+
+    name = "abstractor:offline"
+
+    def __init__(self, max_candidates: int = 3, max_window: int = 5):
+        super().__init__()
+        if max_candidates < 1 or max_window < 1:
+            raise ValueError("max_candidates and max_window must be >= 1")
+        self.max_candidates = max_candidates
+        self.max_window = max_window
+
+    async def abstract(
+        self,
+        item: FlaggedTrajectory,
+        task: Task,
+        context: SynthesisContext,
+        rounds: Sequence[ExplorationRound],
+        neighbours: Sequence[Neighbour],
+        make_env: EnvFactory,
+    ) -> list[CandidateTask]:
+        item_id = item.trajectory.id
+        self._start(item_id)
+        env = make_env()
+        traits = _traits(env)
+        describe = getattr(env, "describe", None)
+        focus = set(
+            focus_tools(context, task, tool_names(env) or [c.name for c in task.reference_calls])
+        )
+        windows = [
+            window
+            for index, exploration in enumerate(rounds)
+            for window in self._windows(index, exploration.interactions, traits)
+        ]
+        parent_key = _actions_key(task.reference_calls, candidate_setup(task.setup))
+        parent_names = [call.name for call in task.reference_calls]
+        proposals: list[tuple[tuple, CandidateTask]] = []
+        seen: set[str] = set()
+        for window in windows:
+            exploration = rounds[window.round_index]
+            interactions = exploration.interactions
+            prefix = [i.call for i in interactions[: window.start]]
+            setup = traits.setup_after(exploration.setup, prefix)
+            if setup is None:
+                continue
+            calls = [interactions[k].call for k in window.kept]
+            key = _actions_key(calls, setup)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                query = describe(calls, setup) if describe else generic_description(calls)
+            except Exception as err:  # a describer bug costs one candidate, not the item
+                self._reject(item_id, " > ".join(c.name for c in calls), f"describer failed: {err}")
+                continue
+            if not query or normalise(query) == "do nothing":
+                continue
+            names = [c.name for c in calls]
+            candidate = CandidateTask(
+                description=f"{' > '.join(names)} (from exploring {task.id}): {query}",
+                query=query,
+                minimal_actions=calls,
+                reference_answer=window.answer,
+                parent_task_id=task.id,
+                signal=primary_signal(item),
+                setup=setup,
+            )
+            if key == parent_key:
+                self._reject(item_id, candidate.description, "repeats the parent task")
+                continue
+            # Best first: every value stated or looked up, shaped like the parent's
+            # solution (the skill the signal is about), on the focus tools, passing
+            # values from lookups into later calls.
+            rank = (
+                self._unstated_values(window, interactions, query),
+                -round(difflib.SequenceMatcher(None, names, parent_names).ratio(), 3),
+                -len(focus.intersection(names)),
+                -window.links,
+                len(window.kept),
+                window.round_index,
+                window.end,
+            )
+            proposals.append((rank, candidate))
+
+        proposals.sort(key=lambda pair: pair[0])
+        # One candidate per tool sequence first, so the few kept ones differ.
+        by_sequence: dict[tuple[str, ...], list[CandidateTask]] = {}
+        for _, candidate in proposals:
+            by_sequence.setdefault(tuple(c.name for c in candidate.minimal_actions), []).append(
+                candidate
+            )
+        ordered = [group[0] for group in by_sequence.values()]
+        ordered += [c for group in by_sequence.values() for c in group[1:]]
+
+        chosen: list[CandidateTask] = []
+        queries: set[str] = set()
+        for candidate in ordered:
+            if len(chosen) >= self.max_candidates:
+                break
+            if normalise(candidate.query) in queries:
+                continue
+            why = repeats([candidate.query], neighbours, context.do_not_repeat)
+            if why:
+                self._reject(item_id, candidate.description, why)
+                continue
+            queries.add(normalise(candidate.query))
+            chosen.append(candidate)
+        if not chosen:
+            self._reject(
+                item_id,
+                f"{len(rounds)} exploration round(s)",
+                "no successful state-changing action window"
+                if not proposals
+                else "every window repeated an existing task",
+            )
+        return chosen
+
+    def _windows(
+        self, round_index: int, interactions: Sequence[Interaction], traits: _Traits
+    ) -> list[_Window]:
+        ok = [i.observation.error is None for i in interactions]
+        windows: list[_Window] = []
+        for end, interaction in enumerate(interactions):
+            if not ok[end]:
+                continue
+            if not traits.mutating(interaction.call):
+                answer = traits.answer(interaction)
+                if answer is not None:  # a question the lookup answers on its own
+                    windows.append(_Window(round_index, end, end, [end], 0, answer))
+                continue
+            seen_kept: set[tuple[int, ...]] = set()
+            start = end
+            while start >= 0 and ok[start] and end - start < self.max_window:
+                kept, links = self._select(interactions, start, end, traits)
+                if tuple(kept) not in seen_kept:
+                    seen_kept.add(tuple(kept))
+                    windows.append(_Window(round_index, start, end, kept, links))
+                start -= 1
+        return windows
+
+    @staticmethod
+    def _select(
+        interactions: Sequence[Interaction], start: int, end: int, traits: _Traits
+    ) -> tuple[list[int], int]:
+        """The window's calls worth keeping: state changes, and lookups that feed them."""
+        kept = [end]
+        needed = set(_values(interactions[end].call))
+        links = 0
+        for k in range(end - 1, start - 1, -1):
+            interaction = interactions[k]
+            if not traits.drop_lookups or traits.mutating(interaction.call):
+                kept.append(k)
+                needed.update(_values(interaction.call))
+            elif any(mentions(interaction.observation.text, v) for v in needed):
+                kept.append(k)
+                links += 1
+                needed.update(_values(interaction.call))
+        kept.reverse()
+        return kept, links
+
+    @staticmethod
+    def _unstated_values(window: _Window, interactions: Sequence[Interaction], query: str) -> int:
+        """Argument values neither the query states nor a kept earlier observation shows."""
+        unstated = 0
+        shown = ""
+        for k in window.kept:
+            call = interactions[k].call
+            unstated += sum(
+                not mentions(query, v) and not mentions(shown, v) for v in _values(call)
+            )
+            shown += "\n" + interactions[k].observation.text
+        return unstated
+
+
+# --------------------------------------------------------------------------- LLM
+
+
+class ProposedTask(BaseModel):
+    """One task as the model proposes it (actions are checked after parsing)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    description: str = Field(description="What the task exercises, in one line.")
+    query: str = Field(description="The user's request in natural language.")
+    minimal_actions: list[dict[str, Any] | str] = Field(
+        description='Tool calls, each {"name": ..., "arguments": {...}} with literal values.'
+    )
+    reference_answer: str | None = Field(
+        default=None, description="Value the final answer must contain, if the query asks one."
+    )
+
+
+class Proposals(BaseModel):
+    """The abstractor's reply."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    candidates: list[ProposedTask] = Field(default_factory=list)
+
+
+def _tool_line(schema: Mapping[str, Any]) -> str:
+    function = schema.get("function", schema)
+    params = function.get("parameters", {}).get("properties", {}) or {}
+    args = ", ".join(params)
+    return f"- {function.get('name')}({args}): {function.get('description', '')}"
+
+
+def render_rounds(rounds: Sequence[ExplorationRound], observation_chars: int = 200) -> str:
+    lines: list[str] = []
+    for number, exploration in enumerate(rounds, 1):
+        lines.append(f"Round {number} (goal: {exploration.objective}):")
+        if not exploration.interactions:
+            lines.append("  (no calls)")
+        for step, interaction in enumerate(exploration.interactions, 1):
+            observation = interaction.observation
+            text = observation.text.replace("\n", " | ")
+            if len(text) > observation_chars:
+                text = text[:observation_chars] + "..."
+            tag = f"error[{observation.error}]: " if observation.error else ""
+            lines.append(f"  {step}. {render_call(interaction.call)} -> {tag}{text}")
+    return "\n".join(lines)
+
+
+def abstraction_request(
+    item: FlaggedTrajectory,
+    task: Task,
+    context: SynthesisContext,
+    rounds: Sequence[ExplorationRound],
+    neighbours: Sequence[Neighbour],
+    tools: Sequence[Mapping[str, Any]],
+    max_candidates: int,
+) -> str:
+    """The user message of the abstractor."""
+    lines = [
+        f"Environment: {task.env}",
+        f"Flagged task ({', '.join(dict.fromkeys(item.kinds))}): {task.instruction}",
+        f"Summary: {context.summary}",
+        f"Failure cause: {context.failure_cause}",
+        f"Focus patterns: {', '.join(context.focus_patterns) or '(none)'}",
+        "Exploration objectives:",
+        *(f"- {objective}" for objective in context.exploration_objectives),
+        "Tools:",
+        *(_tool_line(schema) for schema in tools),
+        "Exploration rounds (each starts from the same initial state as the flagged task):",
+        render_rounds(rounds),
+        "Do not repeat these tasks:",
+        *(f"- {text}" for text in context.do_not_repeat),
+        *(f"- {n.text}" for n in neighbours),
+        f"Propose at most {max_candidates} task(s).",
+    ]
+    return "\n".join(lines)
+
+
+class LLMAbstractor(RejectionLog):
+    """A chat model proposes tasks from the exploration log; each action must parse."""
+
+    def __init__(
+        self,
+        model: Any,
+        limiter: asyncio.Semaphore | None = None,
+        prompt: str = ABSTRACTOR_PROMPT,
+        max_candidates: int = 3,
+    ):
+        super().__init__()
+        if max_candidates < 1:
+            raise ValueError("max_candidates must be >= 1")
+        self.model = model
+        self.limiter = limiter
+        self.prompt = prompt
+        self.max_candidates = max_candidates
+        self.name = f"abstractor:llm({model_label(model)})"
+
+    async def abstract(
+        self,
+        item: FlaggedTrajectory,
+        task: Task,
+        context: SynthesisContext,
+        rounds: Sequence[ExplorationRound],
+        neighbours: Sequence[Neighbour],
+        make_env: EnvFactory,
+    ) -> list[CandidateTask]:
+        item_id = item.trajectory.id
+        self._start(item_id)
+        env = make_env()
+        env.reset(task)
+        request = abstraction_request(
+            item, task, context, rounds, neighbours, env.tools(), self.max_candidates
+        )
+        messages = [SystemMessage(self.prompt), HumanMessage(request)]
+        try:
+            reply = await structured_call(self.model, Proposals, messages, self.limiter)
+        except StructuredOutputError as err:
+            log.warning("abstractor reply unreadable for %s: %s", item_id, err)
+            self._reject(item_id, "(the whole reply)", f"abstractor reply unreadable: {err}")
+            return []
+        setup = candidate_setup(rounds[0].setup if rounds else task.setup)
+        chosen: list[CandidateTask] = []
+        seen: set[str] = set()
+        for proposal in reply.candidates:
+            description = proposal.description or proposal.query
+            calls, problem = self._parse_actions(proposal.minimal_actions)
+            if problem is None and not proposal.query.strip():
+                problem = "the query is empty"
+            if problem is None:
+                problem = repeats(
+                    [proposal.query, proposal.description], neighbours, context.do_not_repeat
+                )
+            key = _actions_key(calls)
+            if problem is None and (key in seen or normalise(proposal.query) in seen):
+                problem = "duplicates another candidate of this item"
+            if problem is None and len(chosen) >= self.max_candidates:
+                problem = f"over the limit of {self.max_candidates} candidate(s) per item"
+            if problem is not None:
+                self._reject(item_id, description, problem)
+                continue
+            seen.update({key, normalise(proposal.query)})
+            chosen.append(
+                CandidateTask(
+                    description=description,
+                    query=proposal.query.strip(),
+                    minimal_actions=calls,
+                    reference_answer=proposal.reference_answer or None,
+                    parent_task_id=task.id,
+                    signal=primary_signal(item),
+                    setup=setup,
+                )
+            )
+        return chosen
+
+    @staticmethod
+    def _parse_actions(actions: Sequence[Any]) -> tuple[list[ToolCall], str | None]:
+        if not actions:
+            return [], "no minimal actions"
+        calls: list[ToolCall] = []
+        for number, action in enumerate(actions, 1):
+            try:
+                parsed = parse_tool_calls(action)
+            except ToolCallParseError as err:
+                return [], f"action {number} unreadable ({err.kind}): {err}"
+            if not parsed:
+                return [], f"action {number} holds no tool call"
+            calls += [ToolCall(name=c.name, arguments=c.arguments) for c in parsed]
+        return calls, None

@@ -1,0 +1,713 @@
+"""The synthesis roles: offline ones on real world tasks, LLM ones over real HTTP.
+
+LLM paths talk to the scripted OpenAI-compatible server (``scripted_server``),
+never to a patched client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from pydantic import BaseModel
+
+from coevolve.agents.abstractor import LLMAbstractor, OfflineAbstractor, text_similarity
+from coevolve.agents.explorer import LLMExplorer, OfflineExplorer
+from coevolve.agents.judge import ExecutableJudge, LLMJudge
+from coevolve.agents.llm import StructuredOutputError, chat_model, structured_call
+from coevolve.agents.policy import AssistantMessage
+from coevolve.agents.prompts import (
+    ABSTRACTOR_PROMPT,
+    EXPLORER_PROMPT,
+    JUDGE_PROMPT,
+    SUMMARIZER_PROMPT,
+)
+from coevolve.agents.roles import (
+    ExplorationRound,
+    Interaction,
+    Neighbour,
+    RolesConfig,
+    build_roles,
+    candidate_to_task,
+)
+from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.summarizer import LLMSummarizer, OfflineSummarizer
+from coevolve.config import EndpointConfig
+from coevolve.envs.base import replay_reference
+from coevolve.envs.world import WorldEnvironment, make_task
+from coevolve.memory.signals import FlaggedTrajectory
+from coevolve.records import (
+    CandidateTask,
+    Observation,
+    Signal,
+    SynthesisContext,
+    ToolCall,
+    Verdict,
+)
+from coevolve.testing.openai_server import Reply
+
+FAMILIES = ["send_message", "buy_item", "update_phone", "cancel_event", "phone_lookup"]
+TASKS = {family: make_task("train", 900 + i, family) for i, family in enumerate(FAMILIES)}
+
+
+class SlipPolicy:
+    """A unit-test policy: plays the reference but garbles the last call (a real failure)."""
+
+    version = "slip"
+    needs_tasks = True
+
+    def __init__(self):
+        self.temperatures = []
+
+    async def generate(self, conversations, tools, temperature=None, tasks=None):
+        self.temperatures.append(temperature)
+        replies = []
+        for conversation, task in zip(conversations, tasks, strict=True):
+            done = sum(m["role"] == "tool" for m in conversation)
+            reference = task.reference_calls
+            if done >= len(reference) or (
+                done == len(reference) - 1 and not reference[-1].arguments
+            ):
+                replies.append(AssistantMessage(content="Done."))
+                continue
+            call = reference[done]
+            if done == len(reference) - 1:
+                key = next(iter(call.arguments))
+                call = ToolCall(name=call.name, arguments={**call.arguments, key: "zz9"})
+            replies.append(
+                AssistantMessage(tool_calls=[call.model_copy(update={"id": f"c{done}"})])
+            )
+        return replies
+
+    async def aclose(self):
+        pass
+
+
+EVIDENCE = {
+    "forgetting": lambda t: {"level": "task", "key": t.id, "window": [1.0, 1.0], "now": 0.0},
+    "boundary": lambda t: {"task_id": t.id, "scores": [1.0, 0.0, 0.0]},
+    "rare": lambda t: {
+        "pattern": "find_contact!not_found",
+        "count": 1,
+        "total": 80,
+        "frequency": 0.0125,
+    },
+}
+
+
+def flagged(tasks, kinds=("boundary",)):
+    """Real failing trajectories of ``tasks`` (rolled out with SlipPolicy), flagged by ``kinds``."""
+    trajectories = run_rollouts(SlipPolicy(), WorldEnvironment, tasks, progress=False, cycle=1)
+    items = []
+    for trajectory, task in zip(trajectories, tasks, strict=True):
+        assert trajectory.score == 0.0
+        signals = [
+            Signal(
+                kind=kind,
+                trajectory_id=trajectory.id,
+                task_id=task.id,
+                family=task.family,
+                cycle=1,
+                evidence=EVIDENCE[kind](task),
+            )
+            for kind in kinds
+        ]
+        items.append(FlaggedTrajectory(trajectory=trajectory, signals=signals))
+    return items
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def offline_pipeline(item, task, explorer=None, neighbours=(), make_env=WorldEnvironment):
+    summarizer, abstractor, judge = OfflineSummarizer(), OfflineAbstractor(), ExecutableJudge()
+    explorer = explorer or OfflineExplorer()
+    context = await summarizer.summarize(item, task)
+    rounds = await explorer.explore(item, task, context, make_env)
+    candidates = await abstractor.abstract(item, task, context, rounds, neighbours, make_env)
+    verdicts = [await judge.judge(c, make_env) for c in candidates]
+    return context, rounds, candidates, verdicts, abstractor.pop_rejections(item.trajectory.id)
+
+
+# --------------------------------------------------------------------------- offline roles
+
+
+def test_offline_pipeline_yields_accepted_candidates_that_verify():
+    tasks = list(TASKS.values())
+    accepted, questions = 0, 0
+    for item, task in zip(flagged(tasks), tasks, strict=True):
+        _, rounds, candidates, verdicts, _ = run(offline_pipeline(item, task))
+        assert len(rounds) == 3 and 1 <= len(candidates) <= 3
+        for candidate, verdict in zip(candidates, verdicts, strict=True):
+            assert candidate.parent_task_id == task.id and candidate.signal == "boundary"
+            assert "check" not in candidate.setup and "state" in candidate.setup
+            if not verdict.accepted:
+                assert verdict.reason
+                continue
+            accepted += 1
+            assert verdict.success and verdict.execution_reward == 1.0
+            assert verdict.api_match and verdict.parameter_usage and verdict.logical_flow
+            new = candidate_to_task(candidate, task, cycle=2)
+            score, steps = replay_reference(WorldEnvironment(), new)
+            assert score == 1.0 and not any(s.observation.error for s in steps)
+            assert new.source == "synthesized" and new.parent_task_id == task.id
+            assert new.family == task.family and new.signal == "boundary" and new.cycle == 2
+            questions += new.reference_answer is not None
+    assert accepted >= len(tasks) and questions >= 1  # lookups become questions with answers
+
+
+def test_offline_summarizer_reads_the_failure_per_signal():
+    task = TASKS["send_message"]
+    [item] = flagged([task], kinds=("forgetting", "rare", "boundary"))
+    context = run(OfflineSummarizer().summarize(item, task))
+    assert context.do_not_repeat == [task.instruction]
+    assert "send_message" in context.focus_patterns and "find_contact" in context.focus_patterns
+    assert "zz9" in context.failure_cause and "send_message" in context.failure_cause
+    assert "not_found" in context.failure_cause  # the failing step's error
+    objectives = " ".join(context.exploration_objectives)
+    assert len(context.exploration_objectives) == 3
+    assert "Reinforce the forgotten skill" in objectives
+    assert "rare scenario 'find_contact!not_found'" in objectives
+    assert "boundary" in objectives
+    assert "[1.0, 0.0, 0.0]" in context.instability_pattern
+
+
+def test_offline_exploration_is_deterministic_given_the_seed():
+    task = TASKS["buy_item"]
+    [item] = flagged([task])
+    context = run(OfflineSummarizer().summarize(item, task))
+
+    def explore(seed):
+        explorer = OfflineExplorer(rounds=3, steps=4, seed=seed)
+        return run(explorer.explore(item, task, context, WorldEnvironment))
+
+    first, again, other = explore(0), explore(0), explore(1)
+    assert first == again and first != other
+    # Round 1 varies the reference: the same tools in order, with freshly sampled values.
+    assert [i.call.name for i in first[0].interactions] == [c.name for c in task.reference_calls]
+    for exploration in first:
+        assert exploration.setup == task.setup and exploration.objective
+        assert 1 <= len(exploration.interactions) <= 4 + len(task.reference_calls)
+    candidates = run(OfflineAbstractor().abstract(item, task, context, first, [], WorldEnvironment))
+    repeated = run(OfflineAbstractor().abstract(item, task, context, again, [], WorldEnvironment))
+    assert candidates == repeated
+
+
+def test_policy_drives_some_rounds_at_high_temperature():
+    task = TASKS["update_phone"]
+    [item] = flagged([task])
+    context = run(OfflineSummarizer().summarize(item, task))
+    policy = SlipPolicy()
+    explorer = OfflineExplorer(rounds=3, steps=4, policy=policy, policy_temperature=1.3)
+    assert explorer.name == "explorer:offline+policy(slip)"
+    rounds = run(explorer.explore(item, task, context, WorldEnvironment))
+    assert len(rounds) == 3 and set(policy.temperatures) == {1.3}
+    driven = rounds[-1].interactions
+    assert [i.call.name for i in driven] == ["find_contact", "update_phone"]
+    assert driven[-1].observation.error == "not_found"  # the policy's own slip, logged
+
+
+class PlainEnvironment(WorldEnvironment):
+    """The world without a sampler or describer, under another name (like BFCL)."""
+
+    name = "plain"
+    sample_action = None
+    describe = None
+
+
+def test_offline_roles_without_sampler_or_describer():
+    task = TASKS["buy_item"]
+    [item] = flagged([task])
+    for policy in (None, SlipPolicy()):
+        explorer = OfflineExplorer(rounds=2, steps=4, policy=policy)
+        _, rounds, candidates, verdicts, _ = run(
+            offline_pipeline(item, task, explorer=explorer, make_env=PlainEnvironment)
+        )
+        assert len(rounds) == 2
+        for exploration in rounds:  # replays of (cut) references, or the policy's episodes
+            names = [i.call.name for i in exploration.interactions]
+            assert names and names[0] == "search_products"
+        for candidate in candidates:  # windows start where the round did
+            assert candidate.query.startswith("Use the tools to do the following, in order: ")
+            assert candidate.minimal_actions[0].name == "search_products"
+        assert any(v.accepted for v in verdicts)
+
+
+def test_abstractor_skips_neighbours_and_says_why():
+    task = TASKS["send_message"]
+    [item] = flagged([task])
+    _, _, candidates, _, rejections = run(offline_pipeline(item, task))
+    assert candidates and not any(r.reason.startswith("repeats existing") for r in rejections)
+    assert len({c.query for c in candidates}) == len(candidates)
+    neighbour = Neighbour(id="world-train-0001", text=candidates[0].query.upper(), similarity=0.99)
+    _, _, again, _, rejections = run(offline_pipeline(item, task, neighbours=[neighbour]))
+    assert candidates[0].query not in [c.query for c in again]
+    assert any(r.reason.startswith("repeats existing task world-train-0001") for r in rejections)
+    assert text_similarity("Text Bo: 'hi'.", "text bo hi") == 1.0
+
+
+def test_executable_judge_rejects_bad_candidates_with_reasons():
+    task = TASKS["send_message"]
+    setup = {"state": task.setup["state"]}
+    contact_id = task.reference_calls[-1].arguments["contact_id"]
+    judge = ExecutableJudge()
+
+    def verdict(actions, answer=None, with_setup=True) -> Verdict:
+        candidate = CandidateTask(
+            description="d",
+            query="q",
+            minimal_actions=[ToolCall(name=n, arguments=a) for n, a in actions],
+            reference_answer=answer,
+            setup=setup if with_setup else {},
+        )
+        return run(judge.judge(candidate, WorldEnvironment))
+
+    good = verdict([("send_message", {"contact_id": contact_id, "text": "hi"})])
+    assert good.accepted and good.success and good.execution_reward == 1.0
+    cases = {
+        "unknown tool": verdict([("teleport", {"to": "moon"})]),
+        "bad_arguments": verdict([("send_message", {"contact": contact_id})]),
+        "not_found": verdict([("send_message", {"contact_id": "c99", "text": "hi"})]),
+        "no setup['state']": verdict([("get_balance", {})], with_setup=False),
+        "trivial": verdict([("list_contacts", {})]),
+        "appears in no observation": verdict([("get_balance", {})], answer="123456"),
+    }
+    for expected, result in cases.items():
+        assert not result.accepted and not result.success and result.execution_reward == 0.0
+        assert expected in result.reason, (expected, result.reason)
+    assert cases["unknown tool"].api_match is False
+    assert cases["bad_arguments"].parameter_usage is False
+    assert cases["not_found"].logical_flow is False and cases["not_found"].failed_or_skipped_steps
+    answer = verdict(
+        [("get_balance", {})], answer=task.setup["state"]["wallet"]["balance"].__str__()
+    )
+    assert answer.accepted
+
+
+def test_a_recovered_error_is_not_a_failure():
+    task = make_task("train", 7, "buy_with_topup")
+    candidate = CandidateTask(
+        description="d",
+        query=task.instruction,
+        minimal_actions=task.reference_calls,
+        setup={"state": task.setup["state"]},
+    )
+    verdict = run(ExecutableJudge().judge(candidate, WorldEnvironment))
+    assert verdict.accepted and "recovered" in verdict.reason
+
+
+def test_candidate_to_task_is_stable_and_verifies():
+    task = TASKS["update_phone"]
+    calls = task.reference_calls
+    candidate = CandidateTask(
+        description="d", query="Give Ana a new number.", minimal_actions=calls, signal="rare"
+    )
+    first = candidate_to_task(candidate, task, cycle=3)
+    assert first.id == candidate_to_task(candidate, task, cycle=3).id
+    assert first.id.startswith("syn-c3-") and first.id != candidate_to_task(candidate, task, 4).id
+    assert first.setup == {"state": task.setup["state"]}  # the parent's, without its check
+    assert first.turns[0].reference_calls == calls and first.signal == "rare"
+    assert replay_reference(WorldEnvironment(), first)[0] == 1.0
+    other = candidate.model_copy(update={"query": "Another query."})
+    assert candidate_to_task(other, task, 3).id != first.id
+
+
+# --------------------------------------------------------------------------- build_roles
+
+
+def endpoint(server, **options) -> EndpointConfig:
+    settings = {"base_url": server.base_url, "model": server.model, "timeout_s": 5.0}
+    return EndpointConfig(**{**settings, "max_retries": 0, **options})
+
+
+def test_build_roles_offline_default_and_overrides(scripted_server):
+    server = scripted_server()
+    endpoints = {"big": endpoint(server), "small": endpoint(server, model="small-model")}
+    roles = build_roles(RolesConfig(), endpoints)
+    assert roles.names() == {
+        "summarizer": "summarizer:offline",
+        "explorer": "explorer:offline",
+        "abstractor": "abstractor:offline",
+        "judge": "judge:offline",
+    }
+    assert roles.limiter is None
+
+    roles = build_roles(RolesConfig(default_endpoint="big", llm_concurrency=3), endpoints)
+    assert roles.names()["summarizer"] == "summarizer:llm(scripted-model)"
+    assert roles.names()["judge"] == "judge:llm(scripted-model)"
+    limiters = {id(getattr(roles, r).limiter) for r in ("summarizer", "explorer", "abstractor")}
+    assert limiters == {id(roles.limiter)} and roles.limiter._value == 3
+
+    config = RolesConfig(default_endpoint="big", explorer="small", judge="offline")
+    roles = build_roles(config, endpoints, policy=SlipPolicy())
+    assert roles.names()["explorer"] == "explorer:llm(small-model)"
+    assert roles.names()["judge"] == "judge:offline"
+    assert roles.names()["abstractor"] == "abstractor:llm(scripted-model)"
+    roles = build_roles(RolesConfig(judge="big", explorer_rounds=5), endpoints, SlipPolicy())
+    assert roles.names()["judge"] == "judge:llm(scripted-model)"
+    assert roles.names()["explorer"] == "explorer:offline+policy(slip)"
+    assert roles.explorer.rounds == 5
+
+
+def test_build_roles_unknown_endpoint_names_the_known_ones(scripted_server):
+    endpoints = {"big": endpoint(scripted_server())}
+    with pytest.raises(ValueError, match=r"'nope'.*known: big"):
+        build_roles(RolesConfig(abstractor="nope"), endpoints)
+    with pytest.raises(ValueError, match=r"default_endpoint.*known: none defined"):
+        build_roles(RolesConfig(default_endpoint="big"), {})
+    with pytest.raises(ValueError, match="extra"):
+        RolesConfig(summariser="offline")
+    assert all(field.description for field in RolesConfig.model_fields.values())
+    assert RolesConfig().judge_prompt == JUDGE_PROMPT
+
+
+# --------------------------------------------------------------------------- LLM roles
+
+
+class Pair(BaseModel):
+    a: int
+    b: str = ""
+
+
+def test_structured_call_json_schema_path(scripted_server):
+    server = scripted_server([Reply.json_content({"a": 1, "b": "x"})])
+    result = run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
+    assert result == Pair(a=1, b="x")
+    [body] = server.chat_bodies()
+    assert body["max_completion_tokens"] == 512 and body["temperature"] == 0.7
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["name"] == "Pair"
+
+
+def test_structured_call_reads_json_in_prose_and_falls_back(scripted_server):
+    fenced = 'Sure! Here it is:\n```json\n{"a": 2, "b": "y"}\n```\nAnything else?'
+    server = scripted_server([Reply.text(fenced)])
+    model = chat_model(endpoint(server))
+    assert run(structured_call(model, Pair, [HumanMessage("hi")])) == Pair(a=2, b="y")
+    assert len(server.chat_bodies()) == 1  # read tolerantly, no second request
+
+    # The server refuses response_format: a plain request for JSON follows.
+    server = scripted_server(
+        [Reply.status(400, "response_format is not supported"), Reply.text('ok {"a": 3} done')]
+    )
+    assert run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")])).a == 3
+    first, second = server.chat_bodies()
+    assert "response_format" in first and "response_format" not in second
+    assert "JSON schema" in second["messages"][-1]["content"]
+
+    # Unparsable structured reply, then JSON in the fallback.
+    server = scripted_server([Reply.malformed("not json"), Reply.text('{"a": 4}')])
+    assert run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")])).a == 4
+
+
+def test_structured_call_failure_is_a_clear_error(scripted_server):
+    server = scripted_server([Reply.text("no idea"), Reply.text('{"b": "missing a"}')])
+    with pytest.raises(StructuredOutputError, match="does not fit Pair") as info:
+        run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
+    assert info.value.raw == '{"b": "missing a"}'
+    server = scripted_server([Reply.malformed(), Reply.malformed()])
+    with pytest.raises(StructuredOutputError, match="JSON request failed"):
+        run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
+
+
+CONTEXT = {
+    "summary": "The agent texted the wrong contact id.",
+    "failure_cause": "send_message used an id it did not look up",
+    "instability_pattern": "succeeds 1 of 3 times",
+    "focus_patterns": ["find_contact > send_message"],
+    "exploration_objectives": ["message several contacts after looking them up"],
+    "do_not_repeat": [],
+}
+
+
+def test_llm_summarizer(scripted_server):
+    task = TASKS["send_message"]
+    [item] = flagged([task], kinds=("boundary", "rare"))
+    server = scripted_server([Reply.json_content(CONTEXT)])
+    summarizer = LLMSummarizer(chat_model(endpoint(server)))
+    assert summarizer.name == "summarizer:llm(scripted-model)"
+    context = run(summarizer.summarize(item, task))
+    assert context.summary == CONTEXT["summary"] and context.do_not_repeat == [task.instruction]
+    [body] = server.chat_bodies()
+    assert body["messages"][0]["content"] == SUMMARIZER_PROMPT
+    request = body["messages"][1]["content"]
+    assert task.instruction in request and "zz9" in request and "rare:" in request
+
+    server = scripted_server([Reply.malformed(), Reply.text("I cannot answer that.")])
+    context = run(LLMSummarizer(chat_model(endpoint(server))).summarize(item, task))
+    assert context.summary.startswith("[LLM summary unreadable:")
+    assert "send_message" in context.focus_patterns  # the offline reading took over
+
+
+def explorer_script(body):
+    """Round-independent: decide from the conversation so far (rounds run concurrently)."""
+    messages = body["messages"]
+    done = sum(m["role"] == "tool" for m in messages)
+    goal = messages[1]["content"]
+    name = "Bo" if "round 1 of" in goal else "Ed"
+    if done == 0:
+        return Reply.tool_calls([("find_contact", '{"name": ')])  # broken JSON arguments
+    if done == 1:
+        return Reply.tool_calls([("find_contact", {"name": name})])
+    if done == 2:
+        return Reply.tool_calls([("no_such_tool", {})])
+    return Reply.text("I found the contacts.")
+
+
+def test_llm_explorer_runs_rounds_with_tools(scripted_server):
+    task = TASKS["send_message"]
+    [item] = flagged([task])
+    server = scripted_server(explorer_script)
+    explorer = LLMExplorer(chat_model(endpoint(server)), rounds=2, steps=5)
+    context = SynthesisContext(**{**CONTEXT, "exploration_objectives": ["goal A", "goal B"]})
+    rounds = run(explorer.explore(item, task, context, WorldEnvironment))
+    assert [r.objective for r in rounds] == ["goal A", "goal B"]
+    names = task.setup["state"]["contacts"]
+    for exploration, person in zip(rounds, ["Bo", "Ed"], strict=True):
+        assert exploration.setup == task.setup
+        first, second = exploration.interactions  # the broken call is not an interaction
+        assert first.call == ToolCall(name="find_contact", arguments={"name": person})
+        expected = any(c["name"] == person for c in names.values())
+        assert (first.observation.error is None) == expected
+        assert second.call.name == "no_such_tool" and second.observation.error == "unknown_tool"
+    bodies = server.chat_bodies()
+    assert len(bodies) == 8 and all(b["messages"][0]["content"] == EXPLORER_PROMPT for b in bodies)
+    assert {t["function"]["name"] for t in bodies[0]["tools"]} >= {"find_contact", "send_message"}
+    broken = next(m for b in bodies for m in b["messages"] if m["role"] == "tool")
+    assert broken["content"].startswith("error:")
+
+
+def test_llm_explorer_stops_at_the_step_budget(scripted_server):
+    task = TASKS["buy_item"]
+    [item] = flagged([task])
+    server = scripted_server(
+        [Reply.tool_calls([("get_balance", {}), ("view_cart", {}), ("list_orders", {})])],
+        repeat_last=True,
+    )
+    explorer = LLMExplorer(chat_model(endpoint(server)), rounds=1, steps=2)
+    [exploration] = run(explorer.explore(item, task, SynthesisContext(**CONTEXT), WorldEnvironment))
+    assert [i.call.name for i in exploration.interactions] == ["get_balance", "view_cart"]
+    assert len(server.chat_bodies()) == 1
+
+
+def world_round(task, calls):
+    env = WorldEnvironment()
+    env.reset(task)
+    interactions = [Interaction(call=c, observation=env.step(c)) for c in calls]
+    return ExplorationRound(objective="o", setup=task.setup, interactions=interactions)
+
+
+def test_llm_abstractor_validates_actions(scripted_server):
+    task = TASKS["send_message"]
+    [item] = flagged([task])
+    contact_id = task.reference_calls[-1].arguments["contact_id"]
+    name = task.setup["state"]["contacts"][contact_id]["name"]
+    good = {
+        "description": "look up, then text",
+        "query": f"Text {name} that the store is open.",
+        "minimal_actions": [
+            {"name": "find_contact", "arguments": {"name": name}},
+            f'send_message(contact_id="{contact_id}", text="store is open")',
+        ],
+        "reference_answer": None,
+    }
+    reply = {
+        "candidates": [
+            good,
+            {**good, "query": "Broken one.", "minimal_actions": ["send_message(contact_id=c1"]},
+            {**good, "query": task.instruction},
+            {**good, "description": "same actions again"},
+            {**good, "query": "No actions.", "minimal_actions": []},
+        ]
+    }
+    server = scripted_server([Reply.json_content(reply)])
+    abstractor = LLMAbstractor(chat_model(endpoint(server)), max_candidates=3)
+    context = SynthesisContext(**{**CONTEXT, "do_not_repeat": [task.instruction]})
+    rounds = [world_round(task, task.reference_calls)]
+    [candidate] = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    assert candidate.minimal_actions[1] == ToolCall(
+        name="send_message", arguments={"contact_id": contact_id, "text": "store is open"}
+    )
+    assert candidate.setup == {"state": task.setup["state"]} and candidate.signal == "boundary"
+    reasons = [r.reason for r in abstractor.pop_rejections(item.trajectory.id)]
+    assert len(reasons) == 4
+    assert reasons[0].startswith("action 1 unreadable")
+    assert reasons[1].startswith("repeats a do-not-repeat task")
+    assert reasons[2] == "duplicates another candidate of this item"
+    assert reasons[3] == "no minimal actions"
+    assert abstractor.pop_rejections(item.trajectory.id) == []
+    request = server.chat_bodies()[0]["messages"][1]["content"]
+    assert "find_contact(name=" in request and "Do not repeat" in request
+    assert run(ExecutableJudge().judge(candidate, WorldEnvironment)).accepted
+
+    # A bare list is read too; an unreadable reply is one recorded rejection, no crash.
+    server = scripted_server([Reply.text(json.dumps([good]))])
+    abstractor = LLMAbstractor(chat_model(endpoint(server)))
+    assert len(run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))) == 1
+    server = scripted_server([Reply.malformed(), Reply.text("sorry")])
+    abstractor = LLMAbstractor(chat_model(endpoint(server)))
+    assert run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment)) == []
+    [rejection] = abstractor.pop_rejections(item.trajectory.id)
+    assert rejection.reason.startswith("abstractor reply unreadable")
+
+
+VERDICT = {
+    "api_match": True,
+    "parameter_usage": True,
+    "logical_flow": True,
+    "final_result": True,
+    "failed_or_skipped_steps": [],
+    "success": True,
+    "reason": "The lookup feeds the message; the query is fulfilled.",
+}
+
+
+def test_llm_judge(scripted_server):
+    task = TASKS["send_message"]
+    candidate = CandidateTask(
+        description="d",
+        query=task.instruction,
+        minimal_actions=task.reference_calls,
+        setup={"state": task.setup["state"]},
+    )
+    server = scripted_server([Reply.json_content(VERDICT)])
+    judge = LLMJudge(chat_model(endpoint(server)))
+    verdict = run(judge.judge(candidate, WorldEnvironment))
+    assert verdict.success and verdict.accepted and verdict.execution_reward == 1.0
+    assert verdict.reason == VERDICT["reason"]
+    [body] = server.chat_bodies()
+    assert body["messages"][0]["content"] == JUDGE_PROMPT
+    assert "sent id=" in body["messages"][1]["content"]  # the replay's observations
+
+    # The model may reject a task whose replay was clean; the reward still accepts it.
+    server = scripted_server([Reply.json_content({**VERDICT, "success": False, "reason": "vague"})])
+    verdict = run(LLMJudge(chat_model(endpoint(server))).judge(candidate, WorldEnvironment))
+    assert not verdict.success and verdict.accepted and verdict.reason == "vague"
+
+    # A broken replay with an unreadable reply: rejected, with the reason, no crash.
+    broken = candidate.model_copy(update={"minimal_actions": [ToolCall(name="fly")]})
+    server = scripted_server([Reply.malformed(), Reply.text("hmm")])
+    verdict = run(LLMJudge(chat_model(endpoint(server))).judge(broken, WorldEnvironment))
+    assert not verdict.accepted and verdict.execution_reward == 0.0
+    assert verdict.reason.startswith("judge reply unreadable:") and verdict.failed_or_skipped_steps
+
+    # Nothing to replay: rejected without asking the model.
+    server = scripted_server([])
+    no_setup = candidate.model_copy(update={"setup": {}})
+    verdict = run(LLMJudge(chat_model(endpoint(server))).judge(no_setup, WorldEnvironment))
+    assert not verdict.accepted and server.chat_bodies() == []
+
+
+def test_llm_concurrency_limit_is_shared(scripted_server):
+    server = scripted_server([Reply.json_content(VERDICT)], delay_s=0.05, repeat_last=True)
+    roles = build_roles(
+        RolesConfig(default_endpoint="main", llm_concurrency=2), {"main": endpoint(server)}
+    )
+    task = TASKS["send_message"]
+    candidate = CandidateTask(
+        description="d",
+        query=task.instruction,
+        minimal_actions=task.reference_calls,
+        setup={"state": task.setup["state"]},
+    )
+
+    async def many():
+        return await asyncio.gather(
+            *(roles.judge.judge(candidate, WorldEnvironment) for _ in range(8))
+        )
+
+    verdicts = run(many())
+    assert all(v.success for v in verdicts) and len(server.chat_bodies()) == 8
+    assert server.max_in_flight == 2
+
+    unlimited = scripted_server([Reply.json_content(VERDICT)], delay_s=0.05, repeat_last=True)
+    judge = LLMJudge(chat_model(endpoint(unlimited)))
+
+    async def unbounded():
+        return await asyncio.gather(*(judge.judge(candidate, WorldEnvironment) for _ in range(8)))
+
+    run(unbounded())
+    assert unlimited.max_in_flight > 2
+
+
+def role_script(body):
+    """One server for every role: each is told apart by its system prompt."""
+    messages = body["messages"]
+    system = messages[0]["content"]
+    if system == SUMMARIZER_PROMPT:
+        return Reply.json_content(CONTEXT)
+    if system == EXPLORER_PROMPT:
+        if sum(m["role"] == "tool" for m in messages) == 0:
+            return Reply.tool_calls([("list_contacts", {})])
+        return Reply.text("done")
+    if system == ABSTRACTOR_PROMPT:
+        contacts = TASKS["send_message"].setup["state"]["contacts"]
+        cid, contact = sorted(contacts.items())[0]
+        return Reply.json_content(
+            [
+                {
+                    "description": "text after a lookup",
+                    "query": f"Text {contact['name']}: see you at noon.",
+                    "minimal_actions": [
+                        {"name": "find_contact", "arguments": {"name": contact["name"]}},
+                        {
+                            "name": "send_message",
+                            "arguments": {"contact_id": cid, "text": "see you at noon"},
+                        },
+                    ],
+                }
+            ]
+        )
+    if system == JUDGE_PROMPT:
+        return Reply.text(f"My verdict:\n```json\n{json.dumps(VERDICT)}\n```")
+    return Reply.status(400, "unexpected request")
+
+
+def test_llm_pipeline_through_build_roles(scripted_server):
+    server = scripted_server(role_script)
+    roles = build_roles(RolesConfig(default_endpoint="main"), {"main": endpoint(server)})
+    task = TASKS["send_message"]
+    [item] = flagged([task])
+
+    async def pipeline():
+        context = await roles.summarizer.summarize(item, task)
+        rounds = await roles.explorer.explore(item, task, context, WorldEnvironment)
+        candidates = await roles.abstractor.abstract(
+            item, task, context, rounds, [], WorldEnvironment
+        )
+        return (
+            rounds,
+            candidates,
+            [await roles.judge.judge(c, WorldEnvironment) for c in candidates],
+        )
+
+    rounds, [candidate], [verdict] = run(pipeline())
+    assert len(rounds) == 2 and all(r.interactions[0].call.name == "list_contacts" for r in rounds)
+    assert verdict.success and verdict.accepted
+    new = candidate_to_task(candidate, task, cycle=1)
+    assert replay_reference(WorldEnvironment(), new)[0] == 1.0
+    assert isinstance(rounds[0].interactions[0].observation, Observation)
+    assert all(
+        isinstance(m, dict) for b in server.chat_bodies() for m in b["messages"]
+    )  # every request was a real chat completion
+
+
+def test_a_chat_model_outlives_its_event_loop(scripted_server):
+    """Pooled connections are per event loop: a second asyncio.run reuses the model."""
+    server = scripted_server([Reply.json_content({"a": 6})], repeat_last=True)
+    model = chat_model(endpoint(server))
+    for _ in range(3):
+        assert run(structured_call(model, Pair, [HumanMessage("hi")])).a == 6
+    assert len(server.chat_bodies()) == 3
+
+
+def test_system_messages_are_sent_verbatim(scripted_server):
+    server = scripted_server([Reply.json_content({"a": 5})])
+    run(
+        structured_call(chat_model(endpoint(server)), Pair, [SystemMessage("S"), HumanMessage("U")])
+    )
+    [body] = server.chat_bodies()
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
