@@ -16,8 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .agents.prompts import POLICY_SYSTEM_PROMPT
+from .agents.roles import RolesConfig
 from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
 from .envs.world.families import SPLITS as WORLD_SPLITS
+from .memory.signals import SignalConfig
+from .training.bootstrap import BootstrapConfig
 
 
 class ConfigError(ValueError):
@@ -145,6 +148,28 @@ class RolloutConfig(Section):
     )
 
 
+class SynthesisConfig(Section):
+    """The synthesis pass: its roles, the task store and dedup."""
+
+    roles: RolesConfig = Field(
+        default_factory=RolesConfig, description="Which implementation each role uses."
+    )
+    store_path: str | None = Field(
+        default=None, description="Chroma store directory (None: <run_dir>/task_store)."
+    )
+    store_url: str | None = Field(
+        default=None,
+        description="A Chroma server (http://host:port) instead of the embedded store.",
+    )
+    dedup_threshold: float = Field(
+        default=0.8, gt=0.0, le=1.0, description="Cosine similarity at which a task is a duplicate."
+    )
+    neighbours: int = Field(
+        default=5, ge=0, description="Nearest stored tasks shown to the abstractor."
+    )
+    max_concurrency: int = Field(default=16, gt=0, description="Flagged items synthesized at once.")
+
+
 class CoevolveConfig(Section):
     """Everything a run needs. Later sections (synthesis, training) join here."""
 
@@ -156,6 +181,16 @@ class CoevolveConfig(Section):
         default_factory=PolicyConfig, description="The agent being trained."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Episode sampling.")
+    bootstrap: BootstrapConfig = Field(
+        default_factory=BootstrapConfig,
+        description="The bootstrap small model (policy.model: bootstrap).",
+    )
+    signals: SignalConfig = Field(
+        default_factory=SignalConfig, description="Failure-prone trajectory detectors."
+    )
+    synthesis: SynthesisConfig = Field(
+        default_factory=SynthesisConfig, description="Task synthesis and dedup."
+    )
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,
         description="Named OpenAI-compatible endpoints; roles refer to them by name.",
@@ -163,11 +198,22 @@ class CoevolveConfig(Section):
 
     @model_validator(mode="after")
     def _endpoint_names_exist(self) -> CoevolveConfig:
+        known = ", ".join(self.endpoints) or "none defined"
         name = self.policy.endpoint
         if isinstance(name, str) and name not in self.endpoints:
-            known = ", ".join(self.endpoints) or "none defined"
             raise ValueError(f"policy.endpoint {name!r} is not in `endpoints` (defined: {known})")
+        roles = self.synthesis.roles
+        for role in ("default_endpoint", "summarizer", "explorer", "abstractor", "judge"):
+            ref = getattr(roles, role)
+            if ref is not None and ref != "offline" and ref not in self.endpoints:
+                raise ValueError(
+                    f"synthesis.roles.{role} {ref!r} is not in `endpoints` (defined: {known}); "
+                    "name an endpoint or use 'offline'"
+                )
         return self
+
+    def store_path(self) -> str:
+        return self.synthesis.store_path or str(Path(self.run_dir) / "task_store")
 
     def endpoint(self, ref: str | EndpointConfig) -> EndpointConfig:
         """Resolve an endpoint reference (a name or an inline endpoint)."""
@@ -213,7 +259,7 @@ def _explain(error: Any) -> str:
         expected = error.get("ctx", {}).get("expected", "")
         return f"{where}: {error['input']!r} is not allowed; allowed values: {expected}"
     message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}"
+    return f"{where}: {message}" if loc else message
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:

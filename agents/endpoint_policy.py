@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,8 +43,21 @@ class _Rejected(Exception):
 
 @dataclass
 class _LoopState:
-    client: Any  # openai.AsyncOpenAI
+    clients: list[Any]  # openai.AsyncOpenAI, each with its own connection pool
     semaphore: asyncio.Semaphore
+    turn: int = 0
+
+    @property
+    def client(self) -> Any:
+        """The next client, round robin."""
+        self.turn += 1
+        return self.clients[self.turn % len(self.clients)]
+
+
+# Connections per HTTP client. httpcore's pool scans every connection on each
+# request event, so one pool of 64 connections spends more CPU than it saves;
+# pools of 8 measured 3-5x cheaper per request at concurrency 64.
+CONNECTIONS_PER_CLIENT = 8
 
 
 class EndpointPolicy:
@@ -112,7 +126,8 @@ class EndpointPolicy:
         states, self._states = self._states, {}
         state = states.pop(loop, None)
         if state is not None:
-            await state.client.close()
+            for client in state.clients:
+                await client.close()
 
     # ------------------------------------------------------------------ one request
 
@@ -212,13 +227,23 @@ class EndpointPolicy:
 
             # Clients of closed loops cannot be closed any more; just let them go.
             self._states = {k: v for k, v in self._states.items() if not k.is_closed()}
-            client = openai.AsyncOpenAI(
-                base_url=self.endpoint.base_url,
-                api_key=self._api_key,
-                timeout=self.endpoint.timeout_s,
-                max_retries=0,
-            )
-            state = _LoopState(client, asyncio.Semaphore(self.endpoint.concurrency))
+            import httpx
+
+            concurrency = self.endpoint.concurrency
+            shards = max(1, math.ceil(concurrency / CONNECTIONS_PER_CLIENT))
+            per_client = math.ceil(concurrency / shards)
+            limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+            clients = [
+                openai.AsyncOpenAI(
+                    base_url=self.endpoint.base_url,
+                    api_key=self._api_key,
+                    timeout=self.endpoint.timeout_s,
+                    max_retries=0,
+                    http_client=httpx.AsyncClient(limits=limits, timeout=self.endpoint.timeout_s),
+                )
+                for _ in range(shards)
+            ]
+            state = _LoopState(clients, asyncio.Semaphore(concurrency))
             self._states[loop] = state
         return state
 

@@ -1,0 +1,354 @@
+"""The in-process policy: a transformers causal LM (optionally with a LoRA adapter) on this machine.
+
+Every live conversation is answered by one padded ``model.generate`` call per
+chunk of ``batch_size`` (left padding, so all prompts end where generation
+starts). Replies are parsed with the shared Qwen2.5 tool-call parser
+(``parse_assistant_text``). The bootstrap model (``coevolve.training.bootstrap``)
+is the usual model; any local causal LM whose chat template speaks the Qwen2.5
+``<tool_call>`` format works too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .policy import AssistantMessage, Message, PolicyError, arguments_as_dicts, parse_assistant_text
+
+# Text the parser needs even where a tokenizer marks it special.
+_KEEP_TOKENS = ("<tool_call>", "</tool_call>")
+
+
+def _template_messages(messages: Sequence[Message]) -> list[Message]:
+    """Messages as chat templates want them: argument dicts, content never None."""
+    out = []
+    for message in arguments_as_dicts(messages):
+        if message.get("content") is None:
+            message = {**message, "content": ""}
+        out.append(message)
+    return out
+
+
+def _first_user_index(messages: Sequence[Message]) -> int:
+    for index, message in enumerate(messages):
+        if message.get("role") == "user":
+            return index
+    return -1
+
+
+class LocalPolicy:
+    """A causal LM in this process, implementing the ``Policy`` protocol.
+
+    ``temperature`` is the default for ``generate`` (0: greedy). With
+    ``tools_in_prompt`` the tool schemas are rendered into the prompt by the chat
+    template; the bootstrap model is trained without them (it learned the tools
+    from demonstrations), so the default is off.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        adapter_path: str | Path | None = None,
+        device: str = "cpu",
+        max_new_tokens: int = 96,
+        temperature: float = 0.0,
+        batch_size: int = 64,
+        tools_in_prompt: bool = False,
+        version: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").exists():
+            raise PolicyError(
+                f"no model at {self.model_path} (config.json missing); build one with "
+                "coevolve.training.bootstrap.bootstrap() or give a saved model directory"
+            )
+        self.device = device
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.batch_size = batch_size
+        self.tools_in_prompt = tools_in_prompt
+        self._fixed_version = version
+        self._lock = threading.Lock()
+
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.tokenizer = _load_tokenizer(self.model_path)
+        self.base_model = AutoModelForCausalLM.from_pretrained(str(self.model_path))
+        self.base_model.to(device)
+        self.base_model.eval()
+        self.model: Any = self.base_model
+        self.adapter_path: Path | None = None
+        self._adapter_name: str | None = None
+        self._adapter_count = 0
+        self.eos_token_id = self._eos_id()
+        self.pad_token_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.eos_token_id
+        )
+        # Special tokens are dropped from replies, except the tool-call tags the parser needs.
+        self._drop_ids = {
+            token_id
+            for token_id, token in self.tokenizer.added_tokens_decoder.items()
+            if token.special and token.content not in _KEEP_TOKENS
+        } | {
+            token_id
+            for token_id in self.tokenizer.all_special_ids
+            if self.tokenizer.convert_ids_to_tokens(token_id) not in _KEEP_TOKENS
+        }
+        self.max_positions = int(
+            getattr(self.base_model.config, "max_position_embeddings", 0)
+            or self.tokenizer.model_max_length
+        )
+        if adapter_path is not None:
+            self.reload_adapter(adapter_path)
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def version(self) -> str:
+        if self._fixed_version is not None:
+            return self._fixed_version
+        base = self.model_path.name
+        metadata = self.model_path / "bootstrap.json"
+        if metadata.exists():
+            try:
+                base = f"bootstrap-{json.loads(metadata.read_text())['cache_key'][:8]}"
+            except (ValueError, KeyError, OSError):
+                pass
+        if self.adapter_path is not None:
+            return f"{base}+{self.adapter_path.name}"
+        return base
+
+    @version.setter
+    def version(self, value: str) -> None:
+        self._fixed_version = value
+
+    # ------------------------------------------------------------------ adapters
+
+    def reload_adapter(self, adapter_path: str | Path | None) -> None:
+        """Swap in the LoRA adapter saved at ``adapter_path`` (None: back to the base model)."""
+        with self._lock:
+            if adapter_path is None:
+                if self._adapter_name is not None:
+                    self.base_model = self.model.unload()
+                    self.base_model.eval()
+                    self.model = self.base_model
+                self.adapter_path = None
+                self._adapter_name = None
+                return
+            path = Path(adapter_path)
+            if not (path / "adapter_config.json").exists():
+                raise PolicyError(f"no LoRA adapter at {path} (adapter_config.json missing)")
+            self._adapter_count += 1
+            name = f"adapter_{self._adapter_count}"
+            if self._adapter_name is None:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(
+                    self.base_model, str(path), adapter_name=name, is_trainable=False
+                )
+            else:
+                self.model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+                self.model.set_adapter(name)
+                self.model.delete_adapter(self._adapter_name)
+            self.model.to(self.device)
+            self.model.eval()
+            self.adapter_path = path
+            self._adapter_name = name
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        tools: Sequence[Sequence[dict[str, Any]]] | None = None,
+        temperature: float | None = None,
+        **_: Any,
+    ) -> list[AssistantMessage]:
+        """The next assistant message of every conversation (one batched generate per chunk)."""
+        return await asyncio.to_thread(self.generate_sync, conversations, tools, temperature)
+
+    def generate_sync(
+        self,
+        conversations: Sequence[Sequence[Message]],
+        tools: Sequence[Sequence[dict[str, Any]]] | None = None,
+        temperature: float | None = None,
+    ) -> list[AssistantMessage]:
+        """``generate`` without an event loop."""
+        temperature = self.temperature if temperature is None else temperature
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        replies: list[AssistantMessage | None] = [None] * len(conversations)
+        prompts: list[tuple[int, list[int]]] = []
+        for index, conversation in enumerate(conversations):
+            conversation_tools = (
+                tools[index] if self.tools_in_prompt and tools is not None else None
+            )
+            try:
+                ids = self._prompt_ids(conversation, conversation_tools)
+            except Exception as err:  # one bad conversation must not end the batch
+                replies[index] = AssistantMessage(error=f"{type(err).__name__}: {err}")
+                continue
+            if isinstance(ids, str):
+                replies[index] = AssistantMessage(error=ids)
+            else:
+                prompts.append((index, ids))
+        # Similar lengths together: less padding per chunk.
+        prompts.sort(key=lambda item: len(item[1]))
+        with self._lock:
+            for start in range(0, len(prompts), self.batch_size):
+                chunk = prompts[start : start + self.batch_size]
+                try:
+                    outputs = self._generate_chunk([ids for _, ids in chunk], temperature)
+                except Exception as err:
+                    message = f"generation failed: {type(err).__name__}: {err}"
+                    for index, _ in chunk:
+                        replies[index] = AssistantMessage(error=message)
+                    continue
+                for (index, _), reply in zip(chunk, outputs, strict=True):
+                    replies[index] = reply
+        return [
+            reply if reply is not None else AssistantMessage(error="no reply") for reply in replies
+        ]
+
+    def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
+        return self.tokenizer.apply_chat_template(
+            _template_messages(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _prompt_ids(
+        self, conversation: Sequence[Message], tools: Sequence[dict[str, Any]] | None
+    ) -> list[int] | str:
+        """Token ids of the prompt, or an error text when it cannot be made to fit.
+
+        A prompt too long for the model loses its oldest messages after the first
+        user message (the system prompt and the request stay).
+        """
+        limit = self.max_positions - self.max_new_tokens
+        messages = list(conversation)
+        ids = self._encode(self._render(messages, tools))
+        if len(ids) <= limit:
+            return ids
+        keep = _first_user_index(messages) + 1
+        while len(ids) > limit and len(messages) > keep + 1:
+            del messages[keep]
+            # A tool result whose call was dropped reads as noise: drop it too.
+            while len(messages) > keep + 1 and messages[keep].get("role") == "tool":
+                del messages[keep]
+            ids = self._encode(self._render(messages, tools))
+        if len(ids) > limit:
+            return (
+                f"prompt too long: {len(ids)} tokens, the model takes {self.max_positions} "
+                f"including {self.max_new_tokens} new tokens"
+            )
+        return ids
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], temperature: float
+    ) -> list[AssistantMessage]:
+        import torch
+
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                **sampling,
+            )
+        new_tokens = output[:, width:].tolist()
+        return [
+            self._reply(tokens, len(ids)) for tokens, ids in zip(new_tokens, prompts, strict=True)
+        ]
+
+    def _reply(self, tokens: list[int], prompt_tokens: int) -> AssistantMessage:
+        if self.eos_token_id in tokens:
+            end = tokens.index(self.eos_token_id)
+            finish_reason, completion_tokens = "stop", end + 1
+        else:
+            end = len(tokens)
+            finish_reason, completion_tokens = "length", len(tokens)
+        text = self._decode(tokens[:end])
+        content, calls, invalid = parse_assistant_text(text)
+        return AssistantMessage(
+            content=content,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
+            raw=text,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish_reason,
+        )
+
+    def _decode(self, tokens: list[int]) -> str:
+        """Generated text without special tokens, tool-call tags kept even if special."""
+        return self.tokenizer.decode(
+            [token for token in tokens if token not in self._drop_ids], skip_special_tokens=False
+        )
+
+    def _eos_id(self) -> int:
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id and im_end >= 0:
+            return im_end
+        if self.tokenizer.eos_token_id is None:
+            raise PolicyError(f"the tokenizer at {self.model_path} has no end-of-turn token")
+        return int(self.tokenizer.eos_token_id)
+
+    async def aclose(self) -> None:
+        """Drop the model so its memory can be freed."""
+        import gc
+
+        with self._lock:
+            self.model = None
+            self.base_model = None
+        gc.collect()
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """The tokenizer saved beside the model, left padding.
+
+    A ``tokenizer.json`` is loaded with ``PreTrainedTokenizerFast`` exactly as saved:
+    ``AutoTokenizer`` beside a qwen2 ``config.json`` would rebuild the pre-tokenizer
+    as Qwen's and silently change how our own tokenizers split text.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if (path / "tokenizer.json").exists():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    return tokenizer

@@ -1,0 +1,126 @@
+"""Synthesis benchmarks.
+
+    .venv/bin/python bench/synthesis.py                 # both parts
+    .venv/bin/python bench/synthesis.py --part graph
+    .venv/bin/python bench/synthesis.py --part dedup
+
+(a) graph: 64 flagged items through the synthesis graph on the LLM path (every
+    role on an endpoint) against the scripted test server at 50 ms per reply
+    and an LLM concurrency of 16. Each item makes 5 sequential LLM calls
+    (summary, one exploration round of a tool call and a stop, one abstraction,
+    one verdict), so the ideal is max(ceil(64 * 5 / 16), 5) * 50 ms. Target
+    <= 1.5x. The server runs in its own process, as a real endpoint would.
+(b) dedup: cost per task of add_if_novel against a 10,000-task store,
+    embedding included, batched (bench/dedup.py). Target <= 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ITEMS, REPLIES_PER_ITEM, CONCURRENCY, DELAY_S = 64, 5, 16, 0.05
+
+SERVER = '''
+import sys, time
+from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
+from coevolve.testing.openai_server import Reply, ScriptedOpenAIServer
+
+def script(body):
+    messages = body["messages"]
+    system = messages[0]["content"]
+    if system == SUMMARIZER_PROMPT:
+        return Reply.json_content({"summary": "stopped early", "failure_cause": "missing call"})
+    if system == EXPLORER_PROMPT:
+        if not any(m["role"] == "tool" for m in messages):
+            return Reply.tool_calls([("list_contacts", {})])
+        return Reply.text("done")
+    if system == ABSTRACTOR_PROMPT:
+        return Reply.json_content([{"description": "a note", "query": "Make a note called bench saying hello.",
+            "minimal_actions": [{"name": "create_note", "arguments": {"title": "bench", "body": "hello"}}]}])
+    if system == JUDGE_PROMPT:
+        return Reply.json_content({"success": True, "reason": "ok", "api_match": True,
+            "parameter_usage": True, "logical_flow": True, "final_result": True, "failed_or_skipped_steps": []})
+    return Reply.status(400, "unexpected")
+
+server = ScriptedOpenAIServer(script, delay_s=float(sys.argv[2]), port=int(sys.argv[1])).start()
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_graph() -> float:
+    from coevolve.agents.oracle import OraclePolicy
+    from coevolve.agents.roles import RolesConfig, build_roles
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.config import EndpointConfig
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.graph.synthesis import SynthesisRuntime, synthesize
+    from coevolve.memory.signals import FlaggedTrajectory
+    from coevolve.memory.store import TaskStore
+    from coevolve.records import Signal
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(DELAY_S)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        base_url = f"http://127.0.0.1:{port}/v1"
+        urllib.request.urlopen(f"{base_url}/models", timeout=5).read()
+        tasks = load_split("train", size=ITEMS)
+        trajectories = run_rollouts(OraclePolicy(), WorldEnvironment, tasks, progress=False)
+        flagged = [
+            FlaggedTrajectory(trajectory=t, signals=[Signal(kind="rare", trajectory_id=t.id, task_id=t.task_id, family=t.family)])
+            for t in trajectories
+        ]
+        endpoint = EndpointConfig(base_url=base_url, model="scripted-model", timeout_s=30, max_retries=0)
+        config = RolesConfig(default_endpoint="bench", llm_concurrency=CONCURRENCY, explorer_rounds=1, max_candidates=1)
+        store = TaskStore(None)
+        store.add([])  # load the embedding model before timing
+        store.nearest("warm up", 1)
+
+        def runtime() -> SynthesisRuntime:
+            return SynthesisRuntime(roles=build_roles(config, {"bench": endpoint}), make_env=WorldEnvironment, store=store)
+
+        asyncio.run(synthesize(flagged[:4], tasks, runtime(), cycle=0, max_concurrency=ITEMS))  # warm-up
+        rt = runtime()
+        started = time.perf_counter()
+        result = asyncio.run(synthesize(flagged, tasks, rt, cycle=1, max_concurrency=ITEMS))
+        wall = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait()
+    ideal = max(math.ceil(ITEMS * REPLIES_PER_ITEM / CONCURRENCY), REPLIES_PER_ITEM) * DELAY_S
+    ratio = wall / ideal
+    print(f"(a) graph, LLM path: {ITEMS} items x {REPLIES_PER_ITEM} calls, concurrency {CONCURRENCY}, {DELAY_S * 1000:.0f} ms/reply")
+    print(f"    wall {wall:.2f} s, ideal {ideal:.2f} s, ratio {ratio:.2f}x (target <= 1.5x)")
+    print(f"    stages {json.dumps(result.counts)}")
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=["both", "graph", "dedup"], default="both")
+    args = parser.parse_args()
+    if args.part in ("both", "graph"):
+        bench_graph()
+    if args.part in ("both", "dedup"):
+        subprocess.run([sys.executable, str(Path(__file__).with_name("dedup.py"))], check=True)
+
+
+if __name__ == "__main__":
+    main()

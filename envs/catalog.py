@@ -1,0 +1,35 @@
+"""Find seed tasks by id, so saved trajectories can be joined back to their tasks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ..records import Task
+
+_WORLD_ID = re.compile(r"^world(?:-s(?P<seed>\d+))?-(?P<split>[a-z]+)-\d+$")
+
+
+def seed_tasks_by_id(env: str, ids: Iterable[str]) -> dict[str, Task]:
+    """The seed tasks with these ids; ids that name no seed task are left out."""
+    wanted = set(ids)
+    found: dict[str, Task] = {}
+    if env == "world":
+        from .world import SPLITS, load_split
+
+        scopes = set()
+        for task_id in wanted:
+            match = _WORLD_ID.match(task_id)
+            if match and match["split"] in SPLITS:
+                scopes.add((match["split"], int(match["seed"] or 0)))
+        for split, seed in sorted(scopes):
+            found.update({t.id: t for t in load_split(split, seed=seed) if t.id in wanted})
+    elif env == "bfcl":
+        from .bfcl import CATEGORIES, load_tasks
+
+        for category in CATEGORIES:
+            if any(task_id.startswith(category + "_") for task_id in wanted):
+                found.update({t.id: t for t in load_tasks(category) if t.id in wanted})
+    else:
+        raise ValueError(f"unknown environment {env!r}; allowed: world, bfcl")
+    return found

@@ -1,0 +1,342 @@
+"""One synthesis pass: flagged trajectories in, validated novel tasks out.
+
+    flagged items --Send--> [summarize -> explore -> abstract -> judge] (one branch each)
+                                                   \\-> dedup (task store) -> accepted tasks
+
+Roles, the environment factory and the task store are injected through the
+graph's runtime context (``SynthesisRuntime``), never built inside nodes. When
+no context is given (LangGraph Studio), a default runtime is built once from a
+small JSON spec: the built-in world, offline roles and an in-memory store.
+
+``builder`` is the uncompiled graph and ``graph`` the compiled one without a
+checkpointer (Studio refuses graphs compiled with their own); a runner compiles
+``builder`` with its own saver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Send
+from pydantic import BaseModel
+
+from ..agents.roles import ExplorationRound, Neighbour, Roles, candidate_to_task, primary_signal
+from ..memory.signals import FlaggedTrajectory
+from ..records import CandidateTask, SynthesisContext, Task, Verdict
+
+log = logging.getLogger("coevolve.synthesis")
+
+STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
+
+
+def add_counts(left: dict[str, int] | None, right: dict[str, int] | None) -> dict[str, int]:
+    """Reducer: stage counts from parallel branches add up."""
+    merged = dict(left or {})
+    for key, value in (right or {}).items():
+        merged[key] = merged.get(key, 0) + value
+    return merged
+
+
+class Rejection(BaseModel):
+    """Why something did not make it, and where."""
+
+    stage: str
+    trajectory_id: str | None = None
+    candidate: str | None = None
+    reason: str
+
+
+class JudgedCandidate(BaseModel):
+    candidate: CandidateTask
+    verdict: Verdict
+    parent_id: str
+    signal: str | None = None
+
+
+@dataclass
+class SynthesisRuntime:
+    """What the nodes use: injected by the caller, or built from a spec for Studio."""
+
+    roles: Roles
+    make_env: Any  # Callable[[], Environment]
+    store: Any  # memory.store.TaskStore
+    neighbours: int = 5
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SynthesisInput(TypedDict, total=False):
+    flagged: list[FlaggedTrajectory]
+    parents: list[Task]
+    cycle: int
+
+
+class SynthesisOutput(TypedDict, total=False):
+    accepted: list[Task]
+    counts: dict[str, int]
+    rejections: list[Rejection]
+    roles: dict[str, str]
+
+
+class SynthesisState(TypedDict, total=False):
+    flagged: list[FlaggedTrajectory]
+    parents: list[Task]
+    cycle: int
+    roles: dict[str, str]
+    judged: Annotated[list[JudgedCandidate], operator.add]
+    counts: Annotated[dict[str, int], add_counts]
+    rejections: Annotated[list[Rejection], operator.add]
+    accepted: list[Task]
+
+
+class BranchState(TypedDict, total=False):
+    """One flagged item on its way through the four roles."""
+
+    item: FlaggedTrajectory
+    parent: Task
+    branch_cycle: int
+    context: SynthesisContext | None
+    rounds: list[ExplorationRound]
+    proposals: list[CandidateTask]
+    # Shared with the parent graph, where the reducers merge the branches.
+    judged: Annotated[list[JudgedCandidate], operator.add]
+    counts: Annotated[dict[str, int], add_counts]
+    rejections: Annotated[list[Rejection], operator.add]
+
+
+# --------------------------------------------------------------------------- runtime
+
+_default_runtimes: dict[str, SynthesisRuntime] = {}
+
+
+def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
+    """A runtime from a JSON spec (Studio passes dicts): env, roles config, endpoints, store path."""
+    import json
+
+    spec = spec or {}
+    key = json.dumps(spec, sort_keys=True, default=str)
+    if key not in _default_runtimes:
+        from ..agents.roles import RolesConfig, build_roles
+        from ..config import EndpointConfig
+        from ..memory.store import TaskStore
+
+        env_name = spec.get("env", "world")
+        endpoints = {name: EndpointConfig.model_validate(e) for name, e in spec.get("endpoints", {}).items()}
+        roles = build_roles(RolesConfig.model_validate(spec.get("roles", {})), endpoints)
+        _default_runtimes[key] = SynthesisRuntime(
+            roles=roles,
+            make_env=env_factory(env_name),
+            store=TaskStore(spec.get("store_path"), threshold=spec.get("threshold", 0.8)),
+        )
+    return _default_runtimes[key]
+
+
+def env_factory(name: str) -> Any:
+    if name == "world":
+        from ..envs.world import WorldEnvironment
+
+        return WorldEnvironment
+    if name == "bfcl":
+        from ..envs.bfcl import BfclEnvironment
+
+        return BfclEnvironment
+    raise ValueError(f"unknown environment {name!r}; allowed: world, bfcl")
+
+
+def _runtime(runtime: Runtime[Any] | None) -> SynthesisRuntime:
+    context = getattr(runtime, "context", None)
+    if isinstance(context, SynthesisRuntime):
+        return context
+    return default_runtime(context if isinstance(context, dict) else None)
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
+    """Validate the input (Studio sends JSON) and report which role implementations run."""
+    rt = _runtime(runtime)
+    flagged = [FlaggedTrajectory.model_validate(item) for item in state.get("flagged", [])]
+    parents = [Task.model_validate(task) for task in state.get("parents", [])]
+    known = {task.id for task in parents}
+    rejections = [
+        Rejection(stage="input", trajectory_id=item.trajectory.id, reason=f"parent task {item.trajectory.task_id} not given")
+        for item in flagged
+        if item.trajectory.task_id not in known
+    ]
+    roles = rt.roles.names()
+    log.info("synthesis roles: %s", ", ".join(f"{k}={v}" for k, v in roles.items()))
+    kept = [item for item in flagged if item.trajectory.task_id in known]
+    return {
+        "flagged": kept,
+        "parents": parents,
+        "cycle": int(state.get("cycle", 0)),
+        "roles": roles,
+        "counts": {"flagged": len(flagged)},
+        "rejections": rejections,
+    }
+
+
+def fan_out(state: SynthesisState) -> list[Send] | str:
+    parents = {task.id: task for task in state["parents"]}
+    sends = [
+        Send(
+            "branch",
+            {"item": item, "parent": parents[item.trajectory.task_id], "branch_cycle": state["cycle"]},
+        )
+        for item in state["flagged"]
+    ]
+    return sends or "dedup"
+
+
+def _reject(stage: str, item: FlaggedTrajectory, reason: str, candidate: str | None = None) -> Rejection:
+    return Rejection(stage=stage, trajectory_id=item.trajectory.id, candidate=candidate, reason=reason)
+
+
+async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt, item = _runtime(runtime), state["item"]
+    try:
+        context = await rt.roles.summarizer.summarize(item, state["parent"])
+    except Exception as err:  # one bad item must not end the pass
+        return {"context": None, "rejections": [_reject("summarize", item, f"{type(err).__name__}: {err}")]}
+    return {"context": context}
+
+
+async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt, item, context = _runtime(runtime), state["item"], state.get("context")
+    if context is None:
+        return {"rounds": []}
+    try:
+        rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
+    except Exception as err:
+        return {"rounds": [], "rejections": [_reject("explore", item, f"{type(err).__name__}: {err}")]}
+    explored = any(r.interactions for r in rounds)
+    rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
+    return {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
+
+
+async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt, item, context = _runtime(runtime), state["item"], state.get("context")
+    rounds = state.get("rounds", [])
+    if context is None or not rounds:
+        return {"proposals": []}
+    parent = state["parent"]
+    try:
+        found = await asyncio.to_thread(rt.store.nearest, parent.instruction, rt.neighbours)
+        neighbours = [Neighbour(id=n.id, text=n.text, similarity=n.similarity) for n in found]
+    except Exception as err:  # a store hiccup costs the "do not repeat" list, not the item
+        log.warning("nearest-task lookup failed: %s", err)
+        neighbours = []
+    try:
+        proposals = await rt.roles.abstractor.abstract(item, parent, context, rounds, neighbours, rt.make_env)
+    except Exception as err:
+        return {"proposals": [], "rejections": [_reject("abstract", item, f"{type(err).__name__}: {err}")]}
+    pop = getattr(rt.roles.abstractor, "pop_rejections", None)
+    dropped = pop(item.trajectory.id) if pop else []
+    rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
+    if not proposals and not rejections:
+        rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
+    return {"proposals": proposals, "counts": {"candidates": len(proposals)}, "rejections": rejections}
+
+
+async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt, item = _runtime(runtime), state["item"]
+    judged, rejections = [], []
+    signal = primary_signal(item)
+    for candidate in state.get("proposals", []):
+        try:
+            verdict = await rt.roles.judge.judge(candidate, rt.make_env)
+        except Exception as err:
+            verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
+        if verdict.accepted:
+            judged.append(JudgedCandidate(candidate=candidate, verdict=verdict, parent_id=state["parent"].id, signal=signal))
+        else:
+            rejections.append(_reject("judge", item, verdict.reason, candidate.query))
+    return {"judged": judged, "counts": {"judged_ok": len(judged)}, "rejections": rejections}
+
+
+async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
+    """Store the novel accepted candidates; duplicates of the store or the batch are dropped."""
+    rt = _runtime(runtime)
+    parents = {task.id: task for task in state.get("parents", [])}
+    tasks = []
+    for judged in state.get("judged", []):
+        candidate = judged.candidate
+        if candidate.signal is None and judged.signal is not None:
+            candidate = candidate.model_copy(update={"signal": judged.signal})
+        tasks.append(candidate_to_task(candidate, parents[judged.parent_id], state.get("cycle", 0)))
+    if not tasks:
+        return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
+    result = await asyncio.to_thread(rt.store.add_if_novel, tasks)
+    rejections = [
+        Rejection(stage="dedup", candidate=d.task.instruction, reason=f"duplicate of {d.matched_id} ({d.against}, similarity {d.similarity:.2f})")
+        for d in result.duplicates
+    ]
+    return {
+        "accepted": result.accepted,
+        "counts": {"duplicates": len(result.duplicates), "accepted": len(result.accepted)},
+        "rejections": rejections,
+    }
+
+
+# --------------------------------------------------------------------------- graphs
+
+branch_builder = StateGraph(BranchState)
+branch_builder.add_node("summarize", summarize)
+branch_builder.add_node("explore", explore)
+branch_builder.add_node("abstract", abstract)
+branch_builder.add_node("judge", judge)
+branch_builder.add_edge(START, "summarize")
+branch_builder.add_edge("summarize", "explore")
+branch_builder.add_edge("explore", "abstract")
+branch_builder.add_edge("abstract", "judge")
+branch_builder.add_edge("judge", END)
+branch = branch_builder.compile()
+
+builder = StateGraph(SynthesisState, input_schema=SynthesisInput, output_schema=SynthesisOutput)
+builder.add_node("prepare", prepare)
+builder.add_node("branch", branch)
+builder.add_node("dedup", dedup)
+builder.add_edge(START, "prepare")
+builder.add_conditional_edges("prepare", fan_out, ["branch", "dedup"])
+builder.add_edge("branch", "dedup")
+builder.add_edge("dedup", END)
+graph = builder.compile()
+
+
+# --------------------------------------------------------------------------- running
+
+
+class SynthesisResult(BaseModel):
+    accepted: list[Task]
+    counts: dict[str, int]
+    rejections: list[Rejection]
+    roles: dict[str, str]
+
+
+async def synthesize(
+    flagged: Sequence[FlaggedTrajectory],
+    parents: Sequence[Task],
+    runtime: SynthesisRuntime,
+    cycle: int = 0,
+    max_concurrency: int | None = None,
+) -> SynthesisResult:
+    """Run one synthesis pass with an injected runtime."""
+    config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
+    out = await graph.ainvoke(
+        {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}, config=config, context=runtime
+    )
+    counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
+    return SynthesisResult(
+        accepted=out.get("accepted", []),
+        counts=counts,
+        rejections=out.get("rejections", []),
+        roles=out.get("roles", {}),
+    )
+

@@ -1,0 +1,317 @@
+"""The bootstrap model's recipe: tokenizer, chat template, label mask, cached builds, config.
+
+Nothing here depends on what the model learns: the tiny preset trains a few
+steps only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import pytest
+from pydantic import ValidationError
+
+from coevolve.agents.conversation import reference_conversation
+from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.training.bootstrap import (
+    METADATA_FILE,
+    BootstrapConfig,
+    bootstrap,
+    bootstrap_dir,
+    build_corpus,
+    build_model,
+    default_cache_dir,
+    is_complete,
+    load_metadata,
+    load_tokenizer,
+    make_trainer,
+    parameter_count,
+    train_tokenizer,
+    training_dataset,
+)
+from coevolve.training.chat_template import (
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+    TAG_TOKENS,
+    render,
+    tokenize_for_training,
+    training_chat_template,
+)
+
+TINY = BootstrapConfig.tiny()
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory):
+    """The tiny model, built once per session (the local-policy tests share this cache)."""
+    cache = tmp_path_factory.getbasetemp() / "coevolve-cache"
+    return bootstrap(TINY, cache_dir=cache, progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return build_corpus(TINY)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_build):
+    return load_tokenizer(tiny_build)
+
+
+def _multi_call_conversation():
+    """A demonstration with several calls and tool results (buy_with_topup: 4+ calls)."""
+    task = next(t for t in load_split("validation") if t.family == "buy_with_topup")
+    messages, score = reference_conversation(WorldEnvironment(), task)
+    assert score == 1.0
+    return messages
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_round_trips_world_text(tokenizer, corpus):
+    texts = [render(tokenizer, messages) for messages in corpus[:10]]
+    texts += [
+        "id=c3 name=Ana phone=555-0192",
+        'find_contact(name="Vito") saved id=p12 price=37 balance=104',
+        "Text Zia 'see you at five' and move the dentist to 03-14 at 09:30.",
+    ]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_special_and_tag_tokens_are_single_tokens(tokenizer):
+    for token in (*SPECIAL_TOKENS, *TAG_TOKENS):
+        ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, token
+        assert tokenizer.convert_ids_to_tokens(ids[0]) == token
+    assert tokenizer.eos_token == IM_END
+    assert tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.padding_side == "left"
+    # Tool-call tags are not special: they survive decoding that drops special tokens.
+    ids = tokenizer(f'<tool_call>\n{{"name": "x"}}\n</tool_call>{IM_END}', add_special_tokens=False)
+    decoded = tokenizer.decode(ids["input_ids"], skip_special_tokens=True)
+    assert decoded == '<tool_call>\n{"name": "x"}\n</tool_call>'
+
+
+def test_copied_values_tokenize_the_same_in_query_observation_and_call(tokenizer):
+    """A value reads as the same tokens after a space and after a JSON quote."""
+    for value in ("Vito", "kettle", "555-0192", "see you at five"):
+        value_ids = tokenizer(value, add_special_tokens=False)["input_ids"]
+        for context in (f"Call {value} now", f'{{"name": "{value}"}}', f"name={value} id=c1"):
+            ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+            windows = [ids[i : i + len(value_ids)] for i in range(len(ids))]
+            assert value_ids in windows, (value, context)
+
+
+# --------------------------------------------------------------------------- chat template
+
+
+def test_chat_template_renders_tool_calls_and_results(tokenizer):
+    messages = _multi_call_conversation()
+    text = render(tokenizer, messages)
+    first_call = messages[2]["tool_calls"][0]["function"]
+    arguments = json.loads(first_call["arguments"])
+    expected_call = (
+        f'<|im_start|>assistant\n<tool_call>\n{{"name": "{first_call["name"]}", '
+        f'"arguments": {json.dumps(arguments)}}}\n</tool_call><|im_end|>\n'
+    )
+    assert expected_call in text
+    assert f"<|im_start|>user\n<tool_response>\n{messages[3]['content']}\n</tool_response>" in text
+    assert "# Tools" not in text  # no schemas in the prompt
+    assert text.startswith(f"{IM_START}system\n{messages[0]['content']}{IM_END}\n")
+    prompt = render(tokenizer, messages[:4], add_generation_prompt=True)
+    assert prompt.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    # The training variant renders the same text (it only adds generation markers).
+    assert render(tokenizer, messages, training=True) == text
+
+
+def test_assistant_mask_covers_exactly_the_assistant_turns_with_end_of_turn(tokenizer):
+    messages = _multi_call_conversation()
+    encoded = tokenize_for_training(tokenizer, messages)
+    ids, mask = encoded["input_ids"], encoded["assistant_masks"]
+    assert len(ids) == len(mask)
+    start_id = tokenizer.convert_tokens_to_ids(IM_START)
+    end_id = tokenizer.convert_tokens_to_ids(IM_END)
+    starts = [i for i, token in enumerate(ids) if token == start_id] + [len(ids)]
+    roles = []
+    for begin, stop in itertools.pairwise(starts):
+        role = tokenizer.decode(ids[begin + 1 : begin + 2])
+        roles.append(role)
+        segment = mask[begin:stop]
+        if role == "assistant":
+            # <|im_start|>assistant is the prompt; everything after it, <|im_end|> included, is learned.
+            assert segment[:2] == [0, 0]
+            assert all(segment[2:]), tokenizer.decode(ids[begin:stop])
+            assert end_id in [ids[i] for i in range(begin, stop) if mask[i]]
+        else:
+            assert not any(segment), (role, tokenizer.decode(ids[begin:stop]))
+    assert roles.count("assistant") == sum(m["role"] == "assistant" for m in messages)
+    assert roles.count("system") == 1
+    # The masked text is exactly the assistant turns as the template writes them.
+    learned = tokenizer.decode(
+        [t for t, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False
+    )
+    expected = ""
+    for message in messages:
+        if message["role"] != "assistant":
+            continue
+        if message.get("tool_calls"):
+            function = message["tool_calls"][0]["function"]
+            arguments = json.dumps(json.loads(function["arguments"]))
+            body = f'<tool_call>\n{{"name": "{function["name"]}", "arguments": {arguments}}}\n</tool_call>'
+        else:
+            body = message["content"]
+        expected += f"\n{body}{IM_END}\n"
+    assert learned == expected
+
+
+def test_trl_sees_a_template_it_recognises_and_a_trained_stop_token(tokenizer):
+    from trl.chat_template_utils import (
+        add_response_schema,
+        is_chat_template_prefix_preserving,
+        is_chat_template_stop_token_trained,
+        supports_tool_calling,
+    )
+
+    assert supports_tool_calling(tokenizer)
+    assert is_chat_template_prefix_preserving(tokenizer)
+    assert is_chat_template_stop_token_trained(tokenizer, chat_template=training_chat_template())
+    add_response_schema(tokenizer)  # raises for a template TRL does not know
+
+
+def test_sft_trainer_labels_follow_the_assistant_mask(tokenizer, corpus, tmp_path):
+    dataset = training_dataset(tokenizer, corpus[:4])
+    model = build_model(TINY, tokenizer)
+    trainer = make_trainer(TINY, model, tokenizer, dataset, tmp_path / "trainer", progress=False)
+    prepared = trainer.train_dataset
+    assert len(prepared) == 4
+    for index in range(4):
+        expected = tokenize_for_training(tokenizer, corpus[index])
+        labels = prepared[index]["labels"]
+        assert prepared[index]["input_ids"] == expected["input_ids"]
+        assert labels == [
+            token if keep else -100
+            for token, keep in zip(expected["input_ids"], expected["assistant_masks"], strict=True)
+        ]
+        assert labels[-2] == tokenizer.convert_tokens_to_ids(IM_END)  # the stop token is learned
+
+
+# --------------------------------------------------------------------------- builds and the cache
+
+
+def test_bootstrap_builds_a_loadable_model_with_metadata(tiny_build):
+    from transformers import AutoModelForCausalLM
+
+    assert tiny_build == bootstrap_dir(TINY, tiny_build.parent.parent)
+    assert is_complete(tiny_build)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tiny_build / name).exists(), name
+    metadata = load_metadata(tiny_build)
+    assert BootstrapConfig(**metadata["config"]) == TINY
+    assert metadata["cache_key"] == TINY.cache_key()
+    assert metadata["steps"] == TINY.max_steps
+    assert metadata["parameters"] > 0
+    assert metadata["train_examples"] == TINY.num_train_tasks
+    assert metadata["final_loss"] > 0
+    assert metadata["eval"] is None
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_build))
+    assert parameter_count(model) == metadata["parameters"]
+    assert model.config.tie_word_embeddings
+    assert model.config.eos_token_id == load_tokenizer(tiny_build).eos_token_id
+    assert not list(tiny_build.parent.glob("*.partial-*"))  # no leftovers
+
+
+def test_a_finished_build_is_reused_and_force_rebuilds(tiny_build, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_build.parent.parent, cache)
+    path = bootstrap_dir(TINY, cache)
+    sentinel = path / "sentinel"
+    sentinel.write_text("still here")
+    before = (path / METADATA_FILE).read_text()
+
+    assert bootstrap(TINY, cache_dir=cache, progress=False) == path
+    assert sentinel.exists()  # not rebuilt
+    assert (path / METADATA_FILE).read_text() == before
+
+    assert bootstrap(TINY, cache_dir=cache, force=True, progress=False) == path
+    assert not sentinel.exists()  # rebuilt from scratch
+    assert is_complete(path)
+
+
+def test_an_unfinished_build_is_not_reused(tiny_build, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_build.parent.parent, cache)
+    path = bootstrap_dir(TINY, cache)
+    (path / METADATA_FILE).unlink()  # as if the build was killed before its last write
+    (path / "sentinel").write_text("partial")
+    assert not is_complete(path)
+
+    assert bootstrap(TINY, cache_dir=cache, progress=False) == path
+    assert is_complete(path)
+    assert not (path / "sentinel").exists()
+
+
+def test_cache_location_and_key(monkeypatch, tmp_path):
+    monkeypatch.setenv("COEVOLVE_CACHE", str(tmp_path / "env-cache"))
+    assert default_cache_dir() == tmp_path / "env-cache"
+    assert bootstrap_dir(TINY).parent == tmp_path / "env-cache" / "bootstrap"
+    monkeypatch.delenv("COEVOLVE_CACHE")
+    assert default_cache_dir().name == "coevolve"
+    # Everything that shapes the model is in the key; evaluation settings are not.
+    assert BootstrapConfig.tiny(max_steps=5).cache_key() != TINY.cache_key()
+    assert BootstrapConfig.tiny(seed=1).cache_key() != TINY.cache_key()
+    assert BootstrapConfig.tiny(eval_split="heldout").cache_key() == TINY.cache_key()
+    assert BootstrapConfig().cache_key() == BootstrapConfig().cache_key()
+
+
+# --------------------------------------------------------------------------- config validation
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hidden_size": 100, "num_heads": 3}, "must be divisible by num_heads"),
+        ({"hidden_size": 96, "num_heads": 32}, "must be even for rotary"),
+        ({"num_heads": 4, "num_kv_heads": 3}, "must be a multiple of num_kv_heads"),
+        ({"max_length": 4096, "max_position_embeddings": 2048}, "lower max_length"),
+        ({"train_split": "test"}, "allowed: train, validation, heldout"),
+        ({"eval_split": "train"}, "measures memorisation"),
+        ({"eval_split": "valid"}, "is not a world split"),
+        ({"lr_scheduler": "cosine_with_restarts"}, "'cosine', 'linear' or 'constant'"),
+        ({"vocab_size": 100}, "greater than or equal to 300"),
+        ({"batch_sise": 8}, "batch_sise"),
+        ({"max_steps": 0}, "greater than 0"),
+    ],
+)
+def test_bad_configs_say_how_to_fix_them(overrides, message):
+    with pytest.raises(ValidationError) as info:
+        BootstrapConfig(**overrides)
+    assert message in str(info.value)
+
+
+def test_every_config_field_has_help_text():
+    for name, field in BootstrapConfig.model_fields.items():
+        assert field.description, name
+    assert BootstrapConfig.tiny().max_steps < BootstrapConfig().max_steps
+
+
+def test_tokenizer_learns_no_merges_from_training_values(corpus):
+    """With tokenizer_skip_values, a training-pool name is split like an unseen one."""
+    from coevolve.envs.world import pools_for
+    from coevolve.training.bootstrap import _template_texts
+
+    texts = _template_texts(corpus)
+    skipping = train_tokenizer(texts, TINY.model_copy(update={"vocab_size": 2000}))
+    whole = train_tokenizer(
+        texts, TINY.model_copy(update={"vocab_size": 2000, "tokenizer_skip_values": False})
+    )
+    names = [n for n in pools_for("train").names if any(n in t for t in texts) and len(n) > 2]
+    assert names
+    single_whole = sum(len(whole.tokenize(n)) == 1 for n in names)
+    single_skipping = sum(len(skipping.tokenize(n)) == 1 for n in names)
+    assert single_skipping < single_whole

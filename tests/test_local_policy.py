@@ -1,0 +1,234 @@
+"""LocalPolicy: batched generation, parsing, padding, truncation, adapters.
+
+Uses the tiny bootstrap build (shared with test_bootstrap.py through the same
+cache directory) and a randomly initialised copy of it whose outputs vary from
+token to token, so padding mistakes would show. Nothing depends on learning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from coevolve.agents.conversation import opening_messages, reference_conversation
+from coevolve.agents.local_policy import LocalPolicy
+from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
+from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.training.bootstrap import BootstrapConfig, bootstrap, build_model, load_tokenizer
+
+TINY = BootstrapConfig.tiny()
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "coevolve-cache"
+    return bootstrap(TINY, cache_dir=cache, progress=False)
+
+
+@pytest.fixture(scope="module")
+def random_model(tiny_build, tmp_path_factory):
+    """The tiny architecture with large random weights: every position's argmax differs."""
+    import torch
+
+    tokenizer = load_tokenizer(tiny_build)
+    model = build_model(TINY, tokenizer)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    path = tmp_path_factory.mktemp("random-model")
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def policy(random_model):
+    return LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=4)
+
+
+def _conversations(count: int = 6):
+    """Conversations of different lengths: openings and reference prefixes."""
+    tasks = load_split("validation")[:count]
+    conversations = []
+    for index, task in enumerate(tasks):
+        messages, _ = reference_conversation(WorldEnvironment(), task)
+        # cut after a tool result (or after the user message): the model's turn
+        cut = 2 + 2 * (index % 2)
+        conversations.append(messages[: min(cut, len(messages) - 1)])
+    return conversations
+
+
+def _generate(policy, conversations, temperature=None):
+    return asyncio.run(policy.generate(conversations, [[] for _ in conversations], temperature))
+
+
+def test_local_policy_is_a_policy(policy):
+    assert isinstance(policy, Policy)
+    assert policy.version.startswith("random-model")
+    assert policy.tokenizer.padding_side == "left"
+
+
+def test_version_names_the_bootstrap_build(tiny_build):
+    policy = LocalPolicy(tiny_build, max_new_tokens=4)
+    assert policy.version == f"bootstrap-{TINY.cache_key()[:8]}"
+    assert LocalPolicy(tiny_build, version="v7").version == "v7"
+
+
+def test_batched_generation_gives_one_message_per_conversation(policy):
+    conversations = _conversations(6)
+    replies = _generate(policy, conversations)
+    assert len(replies) == len(conversations)
+    for reply, conversation in zip(replies, conversations, strict=True):
+        assert isinstance(reply, AssistantMessage)
+        assert reply.error is None
+        assert reply.raw is not None
+        assert reply.finish_reason in ("stop", "length")
+        assert 1 <= reply.completion_tokens <= MAX_NEW
+        expected_prompt = len(
+            policy.tokenizer(policy._render(conversation, None), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
+        assert reply.prompt_tokens == expected_prompt  # no padding counted
+    assert len({reply.raw for reply in replies}) > 1  # random weights: the texts differ
+
+
+def test_batched_greedy_equals_unbatched_greedy(random_model, policy):
+    conversations = _conversations(6)
+    batched = _generate(policy, conversations, temperature=0.0)  # chunks of 4, padded
+    single = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=1)
+    alone = [_generate(single, [conversation], 0.0)[0] for conversation in conversations]
+    assert [r.raw for r in batched] == [r.raw for r in alone]
+    assert [r.completion_tokens for r in batched] == [r.completion_tokens for r in alone]
+
+
+def test_sampling_runs_and_differs_from_greedy(random_model):
+    policy = LocalPolicy(random_model, max_new_tokens=MAX_NEW, seed=0)
+    conversations = _conversations(4)
+    greedy = _generate(policy, conversations, 0.0)
+    sampled = _generate(policy, conversations, 1.5)
+    assert len(sampled) == 4 and all(r.error is None for r in sampled)
+    assert [r.raw for r in sampled] != [r.raw for r in greedy]
+
+
+def test_generated_text_is_parsed_into_calls_and_answers(policy):
+    tokenizer = policy.tokenizer
+    eos = policy.eos_token_id
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    call = '<tool_call>\n{"name": "find_contact", "arguments": {"name": "Vito"}}\n</tool_call>'
+    reply = policy._reply([*ids(call), eos, policy.pad_token_id, policy.pad_token_id], 40)
+    assert reply.raw == call  # the tags survive decoding
+    assert reply.finish_reason == "stop"
+    assert reply.completion_tokens == len(ids(call)) + 1
+    assert reply.prompt_tokens == 40
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("find_contact", {"name": "Vito"})]
+    assert not reply.is_final
+
+    answer = policy._reply([*ids("555-0192"), eos], 10)
+    assert answer.is_final and answer.content == "555-0192"
+
+    cut = policy._reply(ids('<tool_call>\n{"name": "find_con'), 10)
+    assert cut.finish_reason == "length"
+    assert cut.invalid_tool_calls and not cut.tool_calls
+    assert cut.to_openai()["content"] == cut.raw  # unreadable text goes back verbatim
+
+    # Special tokens other than the tags are dropped from the text.
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert policy._reply([start, *ids("Done."), eos], 5).content == "Done."
+
+
+def test_over_long_prompts_are_shortened_or_refused(policy):
+    limit = policy.max_positions - policy.max_new_tokens
+    opening = opening_messages("Find Vito's number.")
+    long_history = list(opening)
+    for index in range(120):
+        call = {
+            "id": f"call_{index}",
+            "type": "function",
+            "function": {"name": "list_contacts", "arguments": "{}"},
+        }
+        long_history.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        long_history.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{index}",
+                "content": "id=c1 name=Ana phone=555-0192",
+            }
+        )
+    huge_request = opening_messages("Find " + "Vito " * 2000)
+    replies = _generate(policy, [long_history, huge_request, opening])
+    assert replies[0].error is None
+    assert replies[0].prompt_tokens <= limit
+    assert replies[1].error is not None and "too long" in replies[1].error
+    assert replies[2].error is None
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    with pytest.raises(PolicyError, match="no model"):
+        LocalPolicy(tmp_path / "nothing")
+
+
+def _save_adapter(model_dir, path, seed):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    config = LoraConfig(
+        r=4,
+        lora_alpha=64,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False,
+    )
+    model = get_peft_model(base, config)
+    model.save_pretrained(str(path))
+    return path
+
+
+def test_adapters_load_and_reload(random_model, tmp_path):
+    conversations = _conversations(3)
+    first = _save_adapter(random_model, tmp_path / "cycle-001", seed=1)
+    second = _save_adapter(random_model, tmp_path / "cycle-002", seed=2)
+
+    base = LocalPolicy(random_model, max_new_tokens=MAX_NEW)
+    base_out = [r.raw for r in _generate(base, conversations)]
+
+    with_first = LocalPolicy(random_model, adapter_path=first, max_new_tokens=MAX_NEW)
+    assert with_first.version.endswith("+cycle-001")
+    first_out = [r.raw for r in _generate(with_first, conversations)]
+    assert first_out != base_out  # the adapter is applied
+
+    with_first.reload_adapter(second)
+    assert with_first.version.endswith("+cycle-002")
+    reloaded = [r.raw for r in _generate(with_first, conversations)]
+    fresh_second = LocalPolicy(random_model, adapter_path=second, max_new_tokens=MAX_NEW)
+    assert reloaded == [r.raw for r in _generate(fresh_second, conversations)]
+    assert reloaded != first_out
+
+    with_first.reload_adapter(None)
+    assert "+" not in with_first.version
+    assert [r.raw for r in _generate(with_first, conversations)] == base_out
+
+    with pytest.raises(PolicyError, match="no LoRA adapter"):
+        with_first.reload_adapter(tmp_path / "missing")
+    asyncio.run(with_first.aclose())
+
+
+def test_rollouts_run_with_the_tiny_model(tiny_build):
+    from coevolve.agents.rollout import run_rollouts
+
+    policy = LocalPolicy(tiny_build, max_new_tokens=8)
+    tasks = load_split("validation")[:3]
+    trajectories = run_rollouts(policy, WorldEnvironment, tasks, k=2, max_steps=2, progress=False)
+    assert len(trajectories) == 6
+    assert {t.policy_version for t in trajectories} == {policy.version}
+    assert all(0.0 <= t.score <= 1.0 for t in trajectories)
+    json.dumps([t.model_dump() for t in trajectories])

@@ -1,0 +1,666 @@
+"""The bootstrap policy: a small model built and trained here, with no downloaded weights.
+
+``bootstrap(config)`` returns the directory of a saved model and tokenizer:
+
+1. the corpus: the built-in world's training split, each task's reference
+   solution replayed as an OpenAI-format conversation (only demonstrations that
+   verify), rendered with TRL's Qwen2.5 chat template (no tool schemas);
+2. a byte-level BPE tokenizer trained on that corpus with ``tokenizers``
+   (spaces and digits split off, so a value copied from an observation into a
+   call is the same tokens in both places), wrapped as ``PreTrainedTokenizerFast``
+   and given the Qwen2.5 template TRL recognises;
+3. a randomly initialised ``Qwen2ForCausalLM`` of a few million parameters;
+4. supervised fine-tuning with TRL's ``SFTTrainer``, loss on assistant tokens
+   only (``<|im_end|>`` included, so the model learns to stop), cosine decay;
+5. ``save_pretrained`` of model and tokenizer, then ``bootstrap.json`` (config,
+   parameters, timings, loss, validation success), written last: a directory
+   without it is an unfinished build and is never reused.
+
+Builds are cached under ``<cache>/bootstrap/<config hash>`` (cache: the
+``cache_dir`` argument, ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``).
+
+The default config is meant to give a *weak* agent (a middling held-out success
+rate, rare families weaker still) in under ten minutes on two CPU cores; the
+``tiny()`` preset builds in seconds for tests and learns nothing useful.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..envs.world.families import SPLITS as WORLD_SPLITS
+from .chat_template import (
+    IM_END,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    TAG_TOKENS,
+    chat_template,
+    tokenize_for_training,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+    from ..agents.policy import Message
+
+# Bump when the recipe changes in a way the config does not capture: old caches are rebuilt.
+RECIPE_VERSION = 1
+METADATA_FILE = "bootstrap.json"
+# Fields that do not change the trained model; a cached build is reused across them.
+_NOT_HASHED = frozenset({"eval_split", "eval_max_tasks", "eval_max_steps", "eval_batch_size"})
+
+LrScheduler = Literal["cosine", "linear", "constant"]
+
+
+class BootstrapConfig(BaseModel):
+    """How to build and train the bootstrap policy. Every field is part of the cache key
+    except the evaluation ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # ------------------------------------------------------------------ tokenizer
+    vocab_size: int = Field(
+        default=1024,
+        ge=300,
+        description="Most tokens in the BPE vocabulary (256 bytes + special tokens + merges). "
+        "Training stops adding merges earlier when no pair repeats min_frequency times.",
+    )
+    tokenizer_skip_values: bool = Field(
+        default=True,
+        description="Learn no BPE merges from the training split's entity values (names, "
+        "products, titles, message phrases): values of the validation and held-out splits, "
+        "never seen in training, then split into the same sub-word pieces as training values "
+        "instead of into pieces the model never saw.",
+    )
+    min_frequency: int = Field(
+        default=2, ge=1, description="Least count of a pair for the BPE trainer to merge it."
+    )
+    # ------------------------------------------------------------------ model
+    hidden_size: int = Field(default=256, gt=0, description="Width of the transformer.")
+    num_layers: int = Field(default=4, gt=0, description="Transformer blocks.")
+    num_heads: int = Field(default=4, gt=0, description="Attention (query) heads.")
+    num_kv_heads: int = Field(
+        default=2, gt=0, description="Key/value heads (grouped-query attention); divides num_heads."
+    )
+    intermediate_size: int = Field(default=768, gt=0, description="Width of the MLP.")
+    max_position_embeddings: int = Field(
+        default=2048,
+        gt=0,
+        description="Longest sequence the model accepts (prompt + reply); rollouts of long "
+        "episodes need room beyond the training length.",
+    )
+    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
+    # ------------------------------------------------------------------ data
+    train_split: str = Field(
+        default="train", description=f"World split to learn from: {', '.join(WORLD_SPLITS)}."
+    )
+    world_seed: int = Field(default=0, description="Seed of the world's task generator.")
+    num_train_tasks: int | None = Field(
+        default=None,
+        gt=0,
+        description="Use only the first N tasks of the split (None: all). Fewer tasks, weaker agent.",
+    )
+    max_length: int = Field(
+        default=1024,
+        gt=0,
+        description="Training sequences are cut to this many tokens (world demonstrations are < 600).",
+    )
+    # ------------------------------------------------------------------ training
+    learning_rate: float = Field(default=2e-3, gt=0, description="Peak learning rate (AdamW).")
+    lr_scheduler: LrScheduler = Field(
+        default="cosine",
+        description="Learning-rate decay after warm-up (cosine matters for small models). The "
+        "schedule runs over training progress: max(step / max_steps, elapsed / time_budget_s), "
+        "so it decays to zero in time whichever limit comes first.",
+    )
+    warmup_ratio: float = Field(
+        default=0.05, ge=0.0, lt=1.0, description="Fraction of the steps spent warming up."
+    )
+    weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW weight decay.")
+    batch_size: int = Field(default=32, gt=0, description="Sequences per optimisation step.")
+    max_steps: int = Field(
+        default=900,
+        gt=0,
+        description="Optimisation steps (about 2.2-2.7 steps/s on 2 CPU cores at the default size).",
+    )
+    time_budget_s: float | None = Field(
+        default=480.0,
+        gt=0,
+        description="Seconds of training at most: on a slow or busy machine the learning-rate "
+        "schedule completes by then and training stops before max_steps. None: steps only "
+        "(reproducible).",
+    )
+    seed: int = Field(default=0, description="Seed of initialisation and data order.")
+    # ------------------------------------------------------------------ evaluation
+    eval_split: str | None = Field(
+        default="validation",
+        description="World split to measure success on after training, recorded in the "
+        "metadata (None: skip). Tune on validation; report on heldout.",
+    )
+    eval_max_tasks: int | None = Field(
+        default=None, gt=0, description="Evaluate on the first N tasks only (None: all)."
+    )
+    eval_max_steps: int = Field(
+        default=12, gt=0, description="Most tool calls per user turn during evaluation."
+    )
+    eval_batch_size: int = Field(
+        default=64, gt=0, description="Conversations per batched generate call during evaluation."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BootstrapConfig:
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
+                f"({self.num_heads}); e.g. set num_heads to a divisor of {self.hidden_size}"
+            )
+        elif (self.hidden_size // self.num_heads) % 2:
+            problems.append(
+                f"head size hidden_size/num_heads = {self.hidden_size // self.num_heads} must be "
+                "even for rotary embeddings; change hidden_size or num_heads"
+            )
+        if self.num_heads % self.num_kv_heads:
+            problems.append(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}); e.g. num_kv_heads=1 or num_kv_heads={self.num_heads}"
+            )
+        if self.max_length > self.max_position_embeddings:
+            problems.append(
+                f"max_length ({self.max_length}) exceeds max_position_embeddings "
+                f"({self.max_position_embeddings}); lower max_length or raise max_position_embeddings"
+            )
+        minimum_vocab = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)
+        if self.vocab_size < minimum_vocab:
+            problems.append(
+                f"vocab_size ({self.vocab_size}) must be at least {minimum_vocab} "
+                "(256 bytes + special tokens); raise it"
+            )
+        if self.train_split not in WORLD_SPLITS:
+            problems.append(
+                f"train_split {self.train_split!r} is not a world split; allowed: {', '.join(WORLD_SPLITS)}"
+            )
+        if self.eval_split is not None:
+            if self.eval_split not in WORLD_SPLITS:
+                problems.append(
+                    f"eval_split {self.eval_split!r} is not a world split; allowed: "
+                    f"{', '.join(WORLD_SPLITS)} (or None to skip evaluation)"
+                )
+            elif self.eval_split == self.train_split:
+                problems.append(
+                    f"eval_split equals train_split ({self.train_split!r}): that measures "
+                    "memorisation; evaluate on 'validation' (or None to skip)"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> BootstrapConfig:
+        """A model that builds in seconds, for tests. It learns nothing useful."""
+        values: dict[str, Any] = {
+            "vocab_size": 400,
+            "hidden_size": 32,
+            "num_layers": 1,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "intermediate_size": 64,
+            "max_position_embeddings": 1024,
+            "max_length": 512,
+            "num_train_tasks": 48,
+            "batch_size": 8,
+            "max_steps": 4,
+            "warmup_ratio": 0.0,
+            "time_budget_s": None,
+            "eval_split": None,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def cache_key(self) -> str:
+        """Hash of everything that shapes the trained model (and the recipe version)."""
+        fields = self.model_dump(exclude=set(_NOT_HASHED))
+        blob = json.dumps({"recipe": RECIPE_VERSION, **fields}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def default_cache_dir() -> Path:
+    """``$COEVOLVE_CACHE``, else ``~/.cache/coevolve``."""
+    env = os.environ.get("COEVOLVE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevolve"
+
+
+def bootstrap_dir(config: BootstrapConfig, cache_dir: Path | str | None = None) -> Path:
+    """Where ``bootstrap(config)`` keeps (or will keep) its build."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / "bootstrap" / config.cache_key()
+
+
+def is_complete(path: Path | str) -> bool:
+    """A finished build: the metadata file (written last) is there and readable."""
+    try:
+        json.loads((Path(path) / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def load_metadata(path: Path | str) -> dict[str, Any]:
+    """The ``bootstrap.json`` of a finished build."""
+    return json.loads((Path(path) / METADATA_FILE).read_text())
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def build_corpus(config: BootstrapConfig) -> list[list[Message]]:
+    """Reference demonstrations of the training split as conversations (verified ones only)."""
+    from ..agents.conversation import reference_conversation
+    from ..envs.world import WorldEnvironment, load_split
+
+    tasks = load_split(config.train_split, seed=config.world_seed)
+    if config.num_train_tasks is not None:
+        tasks = tasks[: config.num_train_tasks]
+    conversations = []
+    for task in tasks:
+        messages, score = reference_conversation(WorldEnvironment(), task)
+        if score >= 1.0:
+            conversations.append(messages)
+    if not conversations:
+        raise RuntimeError(f"no reference solution of split {config.train_split!r} verified")
+    return conversations
+
+
+def _template_texts(conversations: list[list[Message]]) -> list[str]:
+    """Conversations rendered with the chat template, without a tokenizer yet."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from .chat_template import prepare_messages
+
+    rendered, _ = render_jinja_template(
+        conversations=[prepare_messages(messages) for messages in conversations],
+        chat_template=chat_template(),
+    )
+    return list(rendered)
+
+
+def _without_values(texts: list[str], split: str) -> list[str]:
+    """``texts`` with the entity values of ``split``'s pools cut out (for tokenizer training)."""
+    import re
+
+    from ..envs.world import pools_for
+
+    pools = pools_for(split)
+    values = sorted(
+        {*pools.names, *pools.products, *pools.titles, *pools.messages}, key=len, reverse=True
+    )
+    pattern = re.compile(r"\b(?:" + "|".join(re.escape(value) for value in values) + r")\b")
+    return [pattern.sub("", text) for text in texts]
+
+
+def train_tokenizer(texts: list[str], config: BootstrapConfig) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts``, with the Qwen2.5 chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            # A space is a token of its own, so a value reads the same after a space (a
+            # query, an observation) and after a quote (a call's JSON): copying is exact.
+            pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size - len(TAG_TOKENS),
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Added before training so the trainer never splits them (and learns no merges inside them).
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    if config.tokenizer_skip_values:
+        texts = _without_values(texts, config.train_split)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        model_max_length=config.max_position_embeddings,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.chat_template = chat_template()
+    return wrapped
+
+
+def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
+    """Our tokenizer from a saved directory, ready for batched generation (left padding).
+
+    ``AutoTokenizer`` is not used: beside a qwen2 ``config.json`` it would swap in
+    Qwen's own pre-tokenizer.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A randomly initialised Qwen2 causal LM sized by ``config``, tied embeddings."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(config.seed)
+    model_config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_theta=config.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+    )
+    model = Qwen2ForCausalLM(model_config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+    return model
+
+
+def parameter_count(model: PreTrainedModel) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def training_dataset(tokenizer: PreTrainedTokenizerFast, conversations: list[list[Message]]) -> Any:
+    """A ``datasets.Dataset`` of ``input_ids`` and ``assistant_masks``.
+
+    Token ids rather than messages: tool-call argument dicts of different keys
+    would become null-filled structs in Arrow. SFTTrainer turns the masks into
+    labels (-100 outside assistant turns), exactly what ``assistant_only_loss``
+    does for a conversational dataset.
+    """
+    from datasets import Dataset
+
+    rows = [tokenize_for_training(tokenizer, messages) for messages in conversations]
+    return Dataset.from_list(rows)
+
+
+class TrainingSchedule:
+    """Learning-rate factor and stopping by training progress.
+
+    Progress is ``max(step / max_steps, elapsed / time_budget_s)``: warm-up over
+    the first ``warmup_ratio`` of it, then decay (cosine, linear or none) to zero
+    at progress 1, where training stops. Without a time budget this is the
+    usual step schedule.
+    """
+
+    def __init__(self, config: BootstrapConfig) -> None:
+        self.kind = config.lr_scheduler
+        self.warmup = config.warmup_ratio
+        self.max_steps = config.max_steps
+        self.budget_s = config.time_budget_s
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def progress(self, step: int) -> float:
+        progress = step / self.max_steps
+        if self.budget_s is not None and self.started is not None:
+            progress = max(progress, (time.perf_counter() - self.started) / self.budget_s)
+        return min(progress, 1.0)
+
+    def factor(self, step: int) -> float:
+        import math
+
+        progress = self.progress(step)
+        if progress < self.warmup:
+            return max(progress / self.warmup, 1e-3)
+        if self.kind == "constant":
+            return 1.0
+        rest = (progress - self.warmup) / max(1.0 - self.warmup, 1e-9)
+        if self.kind == "linear":
+            return max(0.0, 1.0 - rest)
+        return 0.5 * (1.0 + math.cos(math.pi * rest))
+
+
+def make_trainer(
+    config: BootstrapConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    dataset: Any,
+    output_dir: Path,
+    progress: bool = True,
+    schedule: TrainingSchedule | None = None,
+) -> Any:
+    """TRL's SFTTrainer set up for CPU training of the small model (no checkpoints).
+
+    The learning rate follows ``schedule`` (default: ``TrainingSchedule(config)``),
+    which also stops training when its progress reaches 1.
+    """
+    import transformers
+    from torch.optim.lr_scheduler import LambdaLR
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    schedule = schedule or TrainingSchedule(config)
+
+    class Trainer(SFTTrainer):
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            if self.lr_scheduler is None:
+                self.lr_scheduler = LambdaLR(optimizer or self.optimizer, schedule.factor)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    class Stop(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            schedule.start()
+            return control
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if schedule.progress(state.global_step) >= 1.0:
+                control.should_training_stop = True
+            return control
+
+    args = SFTConfig(
+        output_dir=str(output_dir),
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=1,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        max_length=config.max_length,
+        # The dataset is pre-tokenized with the assistant mask of the training template;
+        # SFTTrainer builds the labels from that mask (assistant_only_loss needs messages).
+        assistant_only_loss=False,
+        completion_only_loss=False,
+        packing=False,
+        train_sampling_strategy="group_by_length",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        activation_checkpointing=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=max(1, min(25, config.max_steps // 10)),
+        logging_strategy="steps",
+        disable_tqdm=not progress,
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+    )
+    transformers.logging.set_verbosity_error()
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Stop()],
+    )
+
+
+def evaluate_build(
+    path: Path, config: BootstrapConfig, progress: bool = True
+) -> dict[str, Any] | None:
+    """Greedy success of the saved model on ``config.eval_split``, overall and per family."""
+    if config.eval_split is None:
+        return None
+    from ..agents.evaluation import evaluate
+    from ..agents.local_policy import LocalPolicy
+    from ..agents.rollout import run_rollouts
+    from ..envs.world import WorldEnvironment, load_split
+
+    tasks = load_split(config.eval_split, seed=config.world_seed)
+    if config.eval_max_tasks is not None:
+        tasks = tasks[: config.eval_max_tasks]
+    policy = LocalPolicy(path, batch_size=config.eval_batch_size, temperature=0.0)
+    started = time.perf_counter()
+    trajectories = run_rollouts(
+        policy,
+        WorldEnvironment,
+        tasks,
+        k=1,
+        temperature=0.0,
+        max_steps=config.eval_max_steps,
+        progress=progress,
+        description=f"eval {config.eval_split}",
+    )
+    report = evaluate(trajectories, tasks, "world", {"split": config.eval_split}, policy.version)
+    result = report.as_json()
+    result["time_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def bootstrap(
+    config: BootstrapConfig | None = None,
+    cache_dir: Path | str | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Build (or reuse) the bootstrap policy; return the directory of model and tokenizer.
+
+    Load it with ``LocalPolicy(path)``, or ``AutoModelForCausalLM.from_pretrained(path)``
+    and ``load_tokenizer(path)``.
+    """
+    config = config or BootstrapConfig()
+    target = bootstrap_dir(config, cache_dir)
+    if not force and is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = target.parent / f"{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        metadata = _build(config, work, progress)
+        (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if config.eval_split is not None:
+        # Evaluated from the final directory so the policy version names the real build.
+        metadata["eval"] = evaluate_build(target, config, progress)
+        _write_metadata(target, metadata)
+    return target
+
+
+def _write_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    temporary = path / f"{METADATA_FILE}.tmp"
+    temporary.write_text(json.dumps(metadata, indent=2) + "\n")
+    os.replace(temporary, path / METADATA_FILE)
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"[bootstrap] {text}", flush=True)
+
+
+def _build(config: BootstrapConfig, work: Path, progress: bool) -> dict[str, Any]:
+    import torch
+    import transformers
+    import trl
+
+    started = time.perf_counter()
+    work.mkdir(parents=True)
+    conversations = build_corpus(config)
+    texts = _template_texts(conversations)
+    tokenizer = train_tokenizer(texts, config)
+    dataset = training_dataset(tokenizer, conversations)
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    _say(
+        progress,
+        f"{len(conversations)} demonstrations, vocabulary {len(tokenizer)}, "
+        f"{sum(lengths) / len(lengths):.0f} tokens each on average (longest {max(lengths)})",
+    )
+    model = build_model(config, tokenizer)
+    parameters = parameter_count(model)
+    _say(progress, f"model: Qwen2 with {parameters / 1e6:.2f}M parameters")
+    trainer = make_trainer(config, model, tokenizer, dataset, work / "trainer", progress=progress)
+    train_started = time.perf_counter()
+    result = trainer.train()
+    train_time = time.perf_counter() - train_started
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    shutil.rmtree(work / "trainer", ignore_errors=True)
+    model = trainer.model
+    model.eval()
+    model.save_pretrained(str(work))
+    tokenizer.save_pretrained(str(work))
+    steps = trainer.state.global_step
+    _say(progress, f"trained {steps} steps in {train_time:.0f}s ({steps / train_time:.2f} steps/s)")
+    return {
+        "config": config.model_dump(),
+        "cache_key": config.cache_key(),
+        "recipe_version": RECIPE_VERSION,
+        "parameters": parameters,
+        "vocab_size": len(tokenizer),
+        "train_examples": len(conversations),
+        "mean_tokens_per_example": round(sum(lengths) / len(lengths), 1),
+        "max_tokens_per_example": max(lengths),
+        "steps": steps,
+        "stopped_by_time_budget": steps < config.max_steps,
+        "train_time_s": round(train_time, 1),
+        "steps_per_s": round(steps / train_time, 3) if train_time > 0 else None,
+        "build_time_s": round(time.perf_counter() - started, 1),
+        "final_loss": losses[-1] if losses else result.training_loss,
+        "mean_train_loss": result.training_loss,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+        "eval": None,
+    }

@@ -1,0 +1,94 @@
+"""The chat format of coevolve's own small models: TRL's bundled Qwen2.5 template.
+
+The bootstrap model's tokenizer carries TRL's ``qwen2_5`` template verbatim, so
+TRL recognises it (``add_response_schema``, ``get_training_chat_template``,
+GRPO's tool handling). Training renders with its ``qwen2_5_training`` variant,
+whose ``{% generation %}`` markers enclose each assistant turn *including* its
+``<|im_end|>``: the assistant-only loss then teaches the model to stop.
+
+Conversations are OpenAI messages with tool-call arguments as JSON strings; the
+template does ``arguments | tojson``, so they are decoded to dicts
+(``arguments_as_dicts``) before rendering. Tool schemas are not rendered: the
+bootstrap model learns the tools from demonstrations, and 31 schemas would cost
+thousands of prompt tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..agents.policy import Message, arguments_as_dicts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+# Special tokens: single tokens, dropped by ``decode(skip_special_tokens=True)``.
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+# Tags of the Qwen2.5 format: single tokens too, but *not* special, so they
+# survive decoding and the tool-call parser sees them (as in Qwen's own tokenizer).
+TAG_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+def chat_template() -> str:
+    """TRL's bundled Qwen2.5 chat template (the one stored with the tokenizer)."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    return qwen2_5_chat_template
+
+
+def training_chat_template() -> str:
+    """TRL's Qwen2.5 training variant, with ``{% generation %}`` markers for assistant-only loss."""
+    from trl.chat_template_utils import qwen2_5_training_chat_template
+
+    return qwen2_5_training_chat_template
+
+
+def prepare_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Messages as the template wants them: arguments as dicts, content never None."""
+    prepared = []
+    for message in arguments_as_dicts(messages):
+        if message.get("content") is None:
+            message = {**message, "content": ""}
+        prepared.append(message)
+    return prepared
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    add_generation_prompt: bool = False,
+    training: bool = False,
+) -> str:
+    """One conversation as text (no tool schemas in the prompt)."""
+    return tokenizer.apply_chat_template(
+        prepare_messages(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=training_chat_template() if training else None,
+    )
+
+
+def tokenize_for_training(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
+) -> dict[str, list[int]]:
+    """``input_ids`` and ``assistant_masks`` (1 on every assistant token, ``<|im_end|>`` included).
+
+    The same call TRL's SFTTrainer makes for ``assistant_only_loss=True``; done
+    here so the dataset can hold token ids instead of messages whose argument
+    dicts Arrow would merge into null-filled structs.
+    """
+    output = tokenizer.apply_chat_template(
+        prepare_messages(messages),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        chat_template=training_chat_template(),
+    )
+    return {
+        "input_ids": list(output["input_ids"]),
+        "assistant_masks": list(output["assistant_masks"]),
+    }
