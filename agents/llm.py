@@ -15,6 +15,7 @@ across every role of a run; each request holds it only while it is on the wire.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -138,9 +139,7 @@ async def structured_call(
     problems: list[str] = []
     raw: str | None = None
     try:
-        runnable = model.with_structured_output(
-            response_format(schema), method="json_schema", include_raw=True
-        )
+        runnable = _structured_runnable(model, schema)
         async with limited(limiter):
             result = await runnable.ainvoke(list(messages))
     except Exception as err:  # the server refused response_format, or the body was broken
@@ -174,6 +173,21 @@ async def structured_call(
         raise StructuredOutputError(f"{'; '.join(problems)}; reply was {quoted!r}", raw) from None
 
 
+_RUNNABLES: weakref.WeakKeyDictionary[Any, dict[type, Any]] = weakref.WeakKeyDictionary()
+
+
+def _structured_runnable(model: Any, schema: type[BaseModel]) -> Any:
+    """``with_structured_output`` built once per (model, schema): building it, and the
+    JSON schema inside it, cost more CPU than the request itself."""
+    per_model = _RUNNABLES.setdefault(model, {})
+    if schema not in per_model:
+        per_model[schema] = model.with_structured_output(
+            response_format(schema), method="json_schema", include_raw=True
+        )
+    return per_model[schema]
+
+
+@functools.cache
 def response_format(schema: type[BaseModel]) -> dict[str, Any]:
     """The schema as an OpenAI ``json_schema`` response format.
 
@@ -186,6 +200,7 @@ def response_format(schema: type[BaseModel]) -> dict[str, Any]:
     return {"name": schema.__name__, "schema": schema.model_json_schema(), "strict": False}
 
 
+@functools.cache
 def json_instruction(schema: type[BaseModel]) -> str:
     """The fallback request: JSON only, with the schema spelled out."""
     return (

@@ -89,6 +89,7 @@ class SynthesisState(TypedDict, total=False):
     parents: list[Task]
     cycle: int
     roles: dict[str, str]
+    neighbours: dict[str, list[Neighbour]]  # parent task id -> nearest stored tasks
     judged: Annotated[list[JudgedCandidate], operator.add]
     counts: Annotated[dict[str, int], add_counts]
     rejections: Annotated[list[Rejection], operator.add]
@@ -101,6 +102,7 @@ class BranchState(TypedDict, total=False):
     item: FlaggedTrajectory
     parent: Task
     branch_cycle: int
+    parent_neighbours: list[Neighbour]
     context: SynthesisContext | None
     rounds: list[ExplorationRound]
     proposals: list[CandidateTask]
@@ -127,7 +129,9 @@ def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
         from ..memory.store import TaskStore
 
         env_name = spec.get("env", "world")
-        endpoints = {name: EndpointConfig.model_validate(e) for name, e in spec.get("endpoints", {}).items()}
+        endpoints = {
+            name: EndpointConfig.model_validate(e) for name, e in spec.get("endpoints", {}).items()
+        }
         roles = build_roles(RolesConfig.model_validate(spec.get("roles", {})), endpoints)
         _default_runtimes[key] = SynthesisRuntime(
             roles=roles,
@@ -159,23 +163,43 @@ def _runtime(runtime: Runtime[Any] | None) -> SynthesisRuntime:
 # --------------------------------------------------------------------------- nodes
 
 
-def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
-    """Validate the input (Studio sends JSON) and report which role implementations run."""
+async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
+    """Validate the input (Studio sends JSON), report which role implementations run, and
+    look up every parent's nearest stored tasks in one batch (the abstractor's "do not repeat")."""
     rt = _runtime(runtime)
     flagged = [FlaggedTrajectory.model_validate(item) for item in state.get("flagged", [])]
     parents = [Task.model_validate(task) for task in state.get("parents", [])]
     known = {task.id for task in parents}
     rejections = [
-        Rejection(stage="input", trajectory_id=item.trajectory.id, reason=f"parent task {item.trajectory.task_id} not given")
+        Rejection(
+            stage="input",
+            trajectory_id=item.trajectory.id,
+            reason=f"parent task {item.trajectory.task_id} not given",
+        )
         for item in flagged
         if item.trajectory.task_id not in known
     ]
     roles = rt.roles.names()
     log.info("synthesis roles: %s", ", ".join(f"{k}={v}" for k, v in roles.items()))
     kept = [item for item in flagged if item.trajectory.task_id in known]
+    neighbours: dict[str, list[Neighbour]] = {}
+    wanted = sorted({item.trajectory.task_id for item in kept})
+    if wanted and rt.neighbours > 0:
+        by_id = {task.id: task for task in parents}
+        try:
+            found = await asyncio.to_thread(
+                rt.store.nearest_many, [by_id[i].instruction for i in wanted], rt.neighbours
+            )
+            neighbours = {
+                task_id: [Neighbour(id=n.id, text=n.text, similarity=n.similarity) for n in near]
+                for task_id, near in zip(wanted, found, strict=True)
+            }
+        except Exception as err:  # a store hiccup costs the "do not repeat" list, not the pass
+            log.warning("nearest-task lookup failed: %s", err)
     return {
         "flagged": kept,
         "parents": parents,
+        "neighbours": neighbours,
         "cycle": int(state.get("cycle", 0)),
         "roles": roles,
         "counts": {"flagged": len(flagged)},
@@ -185,18 +209,28 @@ def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 def fan_out(state: SynthesisState) -> list[Send] | str:
     parents = {task.id: task for task in state["parents"]}
+    neighbours = state.get("neighbours", {})
     sends = [
         Send(
             "branch",
-            {"item": item, "parent": parents[item.trajectory.task_id], "branch_cycle": state["cycle"]},
+            {
+                "item": item,
+                "parent": parents[item.trajectory.task_id],
+                "branch_cycle": state["cycle"],
+                "parent_neighbours": neighbours.get(item.trajectory.task_id, []),
+            },
         )
         for item in state["flagged"]
     ]
     return sends or "dedup"
 
 
-def _reject(stage: str, item: FlaggedTrajectory, reason: str, candidate: str | None = None) -> Rejection:
-    return Rejection(stage=stage, trajectory_id=item.trajectory.id, candidate=candidate, reason=reason)
+def _reject(
+    stage: str, item: FlaggedTrajectory, reason: str, candidate: str | None = None
+) -> Rejection:
+    return Rejection(
+        stage=stage, trajectory_id=item.trajectory.id, candidate=candidate, reason=reason
+    )
 
 
 async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -204,7 +238,10 @@ async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]
     try:
         context = await rt.roles.summarizer.summarize(item, state["parent"])
     except Exception as err:  # one bad item must not end the pass
-        return {"context": None, "rejections": [_reject("summarize", item, f"{type(err).__name__}: {err}")]}
+        return {
+            "context": None,
+            "rejections": [_reject("summarize", item, f"{type(err).__name__}: {err}")],
+        }
     return {"context": context}
 
 
@@ -215,7 +252,10 @@ async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     try:
         rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
     except Exception as err:
-        return {"rounds": [], "rejections": [_reject("explore", item, f"{type(err).__name__}: {err}")]}
+        return {
+            "rounds": [],
+            "rejections": [_reject("explore", item, f"{type(err).__name__}: {err}")],
+        }
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
     return {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
@@ -227,22 +267,26 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     if context is None or not rounds:
         return {"proposals": []}
     parent = state["parent"]
+    neighbours = state.get("parent_neighbours", [])
     try:
-        found = await asyncio.to_thread(rt.store.nearest, parent.instruction, rt.neighbours)
-        neighbours = [Neighbour(id=n.id, text=n.text, similarity=n.similarity) for n in found]
-    except Exception as err:  # a store hiccup costs the "do not repeat" list, not the item
-        log.warning("nearest-task lookup failed: %s", err)
-        neighbours = []
-    try:
-        proposals = await rt.roles.abstractor.abstract(item, parent, context, rounds, neighbours, rt.make_env)
+        proposals = await rt.roles.abstractor.abstract(
+            item, parent, context, rounds, neighbours, rt.make_env
+        )
     except Exception as err:
-        return {"proposals": [], "rejections": [_reject("abstract", item, f"{type(err).__name__}: {err}")]}
+        return {
+            "proposals": [],
+            "rejections": [_reject("abstract", item, f"{type(err).__name__}: {err}")],
+        }
     pop = getattr(rt.roles.abstractor, "pop_rejections", None)
     dropped = pop(item.trajectory.id) if pop else []
     rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
     if not proposals and not rejections:
         rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
-    return {"proposals": proposals, "counts": {"candidates": len(proposals)}, "rejections": rejections}
+    return {
+        "proposals": proposals,
+        "counts": {"candidates": len(proposals)},
+        "rejections": rejections,
+    }
 
 
 async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -255,7 +299,14 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
         except Exception as err:
             verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
         if verdict.accepted:
-            judged.append(JudgedCandidate(candidate=candidate, verdict=verdict, parent_id=state["parent"].id, signal=signal))
+            judged.append(
+                JudgedCandidate(
+                    candidate=candidate,
+                    verdict=verdict,
+                    parent_id=state["parent"].id,
+                    signal=signal,
+                )
+            )
         else:
             rejections.append(_reject("judge", item, verdict.reason, candidate.query))
     return {"judged": judged, "counts": {"judged_ok": len(judged)}, "rejections": rejections}
@@ -275,7 +326,11 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
     result = await asyncio.to_thread(rt.store.add_if_novel, tasks)
     rejections = [
-        Rejection(stage="dedup", candidate=d.task.instruction, reason=f"duplicate of {d.matched_id} ({d.against}, similarity {d.similarity:.2f})")
+        Rejection(
+            stage="dedup",
+            candidate=d.task.instruction,
+            reason=f"duplicate of {d.matched_id} ({d.against}, similarity {d.similarity:.2f})",
+        )
         for d in result.duplicates
     ]
     return {
@@ -330,7 +385,9 @@ async def synthesize(
     """Run one synthesis pass with an injected runtime."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
     out = await graph.ainvoke(
-        {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}, config=config, context=runtime
+        {"flagged": list(flagged), "parents": list(parents), "cycle": cycle},
+        config=config,
+        context=runtime,
     )
     counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
     return SynthesisResult(
@@ -339,4 +396,3 @@ async def synthesize(
         rejections=out.get("rejections", []),
         roles=out.get("roles", {}),
     )
-

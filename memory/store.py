@@ -319,35 +319,49 @@ class TaskStore:
         A task (or candidate) is represented by ``task_text``; a string is used
         as it is. ``where`` is a Chroma metadata filter, e.g. ``{"env": "world"}``.
         """
-        if k <= 0:
-            return []
+        return self.nearest_many([query], k, where)[0]
+
+    def nearest_many(
+        self,
+        queries: Sequence[str | Task | CandidateTask],
+        k: int = 5,
+        where: dict[str, Any] | None = None,
+    ) -> list[list[Neighbour]]:
+        """``nearest`` for many queries at once: one embedding pass and one Chroma query."""
+        if k <= 0 or not queries:
+            return [[] for _ in queries]
         total = self.count()
         if total == 0:
-            return []
-        text = query if isinstance(query, str) else self.text_fn(query)
-        vector = self._embed([text])
+            return [[] for _ in queries]
+        texts = [query if isinstance(query, str) else self.text_fn(query) for query in queries]
         found = self._collection.query(
-            query_embeddings=vector,
+            query_embeddings=self._embed(texts),
             n_results=min(k, total),
             where=where,
             include=["documents", "metadatas", "distances"],
         )
-        ids = found["ids"][0]
-        documents: list[Any] = list((found.get("documents") or [[]])[0]) or [""] * len(ids)
-        metadatas: list[Any] = list((found.get("metadatas") or [[]])[0]) or [None] * len(ids)
-        distances = (found.get("distances") or [[]])[0]
-        neighbours = [
-            Neighbour(
-                id=task_id,
-                text=document or "",
-                similarity=1.0 - float(distance),
-                task=_task_from(metadata),
+        results = []
+        for row, ids in enumerate(found["ids"]):
+            documents: list[Any] = list((found.get("documents") or [])[row] or []) or [""] * len(
+                ids
             )
-            for task_id, document, metadata, distance in zip(
-                ids, documents, metadatas, distances, strict=True
+            metadatas: list[Any] = list((found.get("metadatas") or [])[row] or []) or [None] * len(
+                ids
             )
-        ]
-        return sorted(neighbours, key=lambda n: -n.similarity)
+            distances = (found.get("distances") or [])[row] or []
+            neighbours = [
+                Neighbour(
+                    id=task_id,
+                    text=document or "",
+                    similarity=1.0 - float(distance),
+                    task=_task_from(metadata),
+                )
+                for task_id, document, metadata, distance in zip(
+                    ids, documents, metadatas, distances, strict=True
+                )
+            ]
+            results.append(sorted(neighbours, key=lambda n: -n.similarity))
+        return results
 
     def count(self) -> int:
         return int(self._collection.count())
