@@ -173,18 +173,24 @@ async def structured_call(
         raise StructuredOutputError(f"{'; '.join(problems)}; reply was {quoted!r}", raw) from None
 
 
-_RUNNABLES: weakref.WeakKeyDictionary[Any, dict[type, Any]] = weakref.WeakKeyDictionary()
+# By identity: chat models compare equal by their settings, but each holds its own
+# clients (per event loop), so an equal-looking model must not share runnables.
+_RUNNABLES: dict[int, tuple[weakref.ref[Any], dict[type, Any]]] = {}
 
 
 def _structured_runnable(model: Any, schema: type[BaseModel]) -> Any:
     """``with_structured_output`` built once per (model, schema): building it, and the
     JSON schema inside it, cost more CPU than the request itself."""
-    per_model = _RUNNABLES.setdefault(model, {})
-    if schema not in per_model:
-        per_model[schema] = model.with_structured_output(
+    entry = _RUNNABLES.get(id(model))
+    if entry is None or entry[0]() is not model:
+        entry = (weakref.ref(model), {})
+        _RUNNABLES[id(model)] = entry
+    per_schema = entry[1]
+    if schema not in per_schema:
+        per_schema[schema] = model.with_structured_output(
             response_format(schema), method="json_schema", include_raw=True
         )
-    return per_model[schema]
+    return per_schema[schema]
 
 
 @functools.cache
