@@ -25,14 +25,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps bfcl-eval==2026.3.23 mpmath
 	touch $(STAMP)
 
-# The main job. Until `coevolve run` exists this replays every reference
-# solution through both environments and walks through one world episode.
+# The main job. `coevolve run` (the closed loop with training) is not built yet,
+# so this runs every stage that exists, in order.
+DEMO := runs/demo
 demo: $(STAMP)
-	@echo "== coevolve demo: the closed training loop is not built yet; showing the environments =="
-	$(VENV)/bin/coevolve env list
-	$(VENV)/bin/coevolve env show world --split heldout --index 3
+	@echo "== coevolve demo: the training loop (coevolve run) is not built yet; running the stages that exist =="
 	$(VENV)/bin/coevolve env check world
-	$(VENV)/bin/coevolve env check bfcl
+	$(VENV)/bin/coevolve bootstrap
+	$(VENV)/bin/coevolve eval --env world --split heldout --policy bootstrap --save $(DEMO)/heldout.jsonl
+	$(VENV)/bin/coevolve eval --env world --split train --limit 128 --k 4 --temperature 0.9 \
+		--policy bootstrap --save $(DEMO)/rollouts.jsonl
+	$(VENV)/bin/coevolve synthesize $(DEMO)/rollouts.jsonl --store $(DEMO)/task_store --cycle 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -74,9 +74,6 @@ class EnvConfig(Section):
         default="multi_turn_base", description=f"BFCL category: {', '.join(BFCL_CATEGORIES)}."
     )
     seed: int = Field(default=0, description="Seed of the world's task generator.")
-    max_steps: int = Field(
-        default=12, gt=0, description="Most tool calls per episode before it is cut off."
-    )
 
     @model_validator(mode="after")
     def _known_task_set(self) -> EnvConfig:

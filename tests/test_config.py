@@ -83,3 +83,13 @@ def test_api_key_from_environment(monkeypatch):
         config.endpoints["p"].api_key()
     monkeypatch.setenv("MY_KEY", "secret")
     assert config.endpoints["p"].api_key() == "secret"
+
+
+@pytest.mark.parametrize("name", ["offline.yaml", "vllm.yaml"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    import coevolve
+
+    config = load_config(Path(coevolve.__file__).parent / "configs" / name)
+    assert config.run_dir.startswith("runs/")
