@@ -29,6 +29,18 @@ from ..records import ToolCall
 from .policy import AssistantMessage, InvalidToolCall, Message, PolicyError, parse_assistant_text
 
 
+def _http_library() -> Any:
+    """The HTTP library the installed openai SDK is built on (httpx2 from openai 3, else httpx)."""
+    try:
+        import httpx2
+
+        return httpx2
+    except ImportError:
+        import httpx
+
+        return httpx
+
+
 class _Transient(Exception):
     """A failed attempt worth retrying; the message says what went wrong."""
 
@@ -168,7 +180,6 @@ class EndpointPolicy:
 
     async def _post(self, client: Any, request: dict[str, Any]) -> dict[str, Any]:
         """One attempt: the completion as a dict, or _Transient / _Rejected / PolicyError."""
-        import httpx
         import openai
 
         try:
@@ -177,7 +188,9 @@ class EndpointPolicy:
             # third of the client's CPU with 30 tool schemas per request), and lets
             # us read the body ourselves: a 200 whose body is not a chat completion
             # is a transient server fault, not a crash.
-            response = await client.post("/chat/completions", body=request, cast_to=httpx.Response)
+            response = await client.post(
+                "/chat/completions", body=request, cast_to=_http_library().Response
+            )
             text = response.text
         except openai.APITimeoutError:
             raise _Transient(f"timed out after {self.endpoint.timeout_s:g} s") from None
@@ -227,19 +240,18 @@ class EndpointPolicy:
 
             # Clients of closed loops cannot be closed any more; just let them go.
             self._states = {k: v for k, v in self._states.items() if not k.is_closed()}
-            import httpx
-
             concurrency = self.endpoint.concurrency
             shards = max(1, math.ceil(concurrency / CONNECTIONS_PER_CLIENT))
             per_client = math.ceil(concurrency / shards)
-            limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+            http = _http_library()
+            limits = http.Limits(max_connections=per_client, max_keepalive_connections=per_client)
             clients = [
                 openai.AsyncOpenAI(
                     base_url=self.endpoint.base_url,
                     api_key=self._api_key,
                     timeout=self.endpoint.timeout_s,
                     max_retries=0,
-                    http_client=httpx.AsyncClient(limits=limits, timeout=self.endpoint.timeout_s),
+                    http_client=openai.DefaultAsyncHttpxClient(limits=limits),
                 )
                 for _ in range(shards)
             ]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import resource
 import socket
 import subprocess
 import sys
@@ -74,14 +76,18 @@ def bench_endpoint(
             max_steps=replies,
         )
         policy = EndpointPolicy(endpoint)
+        client_cpu = time.process_time()
         started = time.perf_counter()
         trajectories = run_rollouts(
             policy, WorldEnvironment, tasks, progress=False, max_steps=replies
         )
         wall = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu
     finally:
         server.terminate()
         server.wait()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_cpu_s = usage.ru_utime + usage.ru_stime
     errors = sum(t.error is not None for t in trajectories)
     steps = {len(t.steps) for t in trajectories}
     ideal = math.ceil(episodes / concurrency) * replies * delay_s
@@ -91,6 +97,10 @@ def bench_endpoint(
     )
     print(
         f"    wall {wall:.2f} s, ideal {ideal:.2f} s, ratio {ratio:.2f}x (target <= 1.25x)  errors={errors} tool calls/episode={sorted(steps)}"
+    )
+    print(
+        f"    CPU: client {client_cpu:.2f} s ({client_cpu / (episodes * replies) * 1000:.2f} ms/request), "
+        f"server {server_cpu_s:.2f} s (incl. its start-up and the warm-up), {os.cpu_count()} cores"
     )
     return ratio
 
