@@ -65,6 +65,19 @@ def _bfcl_scopes(category: str | None) -> list[str]:
     return [category]
 
 
+def _scopes(env: str, split: str | None, category: str | None) -> tuple[list[str], str]:
+    """The task sets named by --split / --category, and which of the two it was."""
+    if env == "world":
+        if category is not None:
+            raise _fail("--category is for bfcl; the world has --split")
+        return _world_scopes(split), "split"
+    if env == "bfcl":
+        if split is not None:
+            raise _fail("--split is for the world; bfcl has --category")
+        return _bfcl_scopes(category), "category"
+    raise _fail(f"unknown environment {env!r}; allowed: world, bfcl")
+
+
 def load_env_tasks(env: str, scope: str) -> tuple[type[Environment] | Any, list[Task]]:
     """The environment class and the tasks of one split (world) or category (BFCL)."""
     if env == "world":
@@ -139,16 +152,7 @@ def env_check(
     """Replay every reference solution through the environment and its verifier."""
     from .envs.base import check_references
 
-    if env == "world":
-        if category is not None:
-            raise _fail("--category is for bfcl; the world has --split")
-        scopes, key = _world_scopes(split), "split"
-    elif env == "bfcl":
-        if split is not None:
-            raise _fail("--split is for the world; bfcl has --category")
-        scopes, key = _bfcl_scopes(category), "category"
-    else:
-        raise _fail(f"unknown environment {env!r}; allowed: world, bfcl")
+    scopes, key = _scopes(env, split, category)
 
     all_verified = True
     for scope in scopes:
@@ -330,16 +334,7 @@ def eval_command(
     from .agents.rollout import run_rollouts
     from .config import ConfigError
 
-    if env == "world":
-        if category is not None:
-            raise _fail("--category is for bfcl; the world has --split")
-        scopes, key = _world_scopes(split or "heldout"), "split"
-    elif env == "bfcl":
-        if split is not None:
-            raise _fail("--split is for the world; bfcl has --category")
-        scopes, key = _bfcl_scopes(category), "category"
-    else:
-        raise _fail(f"unknown environment {env!r}; allowed: world, bfcl")
+    scopes, key = _scopes(env, split or ("heldout" if env == "world" else None), category)
     tasks = []
     env_class: Any = None
     for scope in scopes:

@@ -20,7 +20,7 @@ import logging
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -384,10 +384,10 @@ async def synthesize(
 ) -> SynthesisResult:
     """Run one synthesis pass with an injected runtime."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
-    out = await graph.ainvoke(
-        {"flagged": list(flagged), "parents": list(parents), "cycle": cycle},
-        config=config,
-        context=runtime,
+    graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
+    # The graph declares no context schema (Studio passes a JSON spec, runners an object).
+    out: Any = await graph.ainvoke(
+        graph_input, config=cast(Any, config), context=cast(Any, runtime)
     )
     counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
     return SynthesisResult(
