@@ -43,6 +43,7 @@ from .chat_template import (
     SPECIAL_TOKENS,
     TAG_TOKENS,
     chat_template,
+    observation_mask,
     tokenize_for_training,
 )
 
@@ -80,6 +81,13 @@ class BootstrapConfig(BaseModel):
         "never seen in training, then split into the same sub-word pieces as training values "
         "instead of into pieces the model never saw.",
     )
+    digits_per_token: int = Field(
+        default=2,
+        ge=1,
+        le=3,
+        description="Numbers are cut into chunks of this many digits, each chunk one token "
+        "(all chunks are learned, so unseen numbers tokenize into trained pieces).",
+    )
     min_frequency: int = Field(
         default=2, ge=1, description="Least count of a pair for the BPE trainer to merge it."
     )
@@ -107,6 +115,12 @@ class BootstrapConfig(BaseModel):
         default=None,
         gt=0,
         description="Use only the first N tasks of the split (None: all). Fewer tasks, weaker agent.",
+    )
+    loss_on_observations: bool = Field(
+        default=False,
+        description="Also train on predicting tool results (not only the assistant turns). "
+        "Results echo the values of the call that caused them, so this multiplies the copying "
+        "examples a small model learns from; generation never writes them.",
     )
     max_length: int = Field(
         default=1024,
@@ -320,7 +334,9 @@ def train_tokenizer(texts: list[str], config: BootstrapConfig) -> PreTrainedToke
             # A space is a token of its own, so a value reads the same after a space (a
             # query, an observation) and after a quote (a call's JSON): copying is exact.
             pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
+            # Numbers in fixed chunks of digits ("555-99|77", "03-28", "15:30"): every chunk is
+            # a trained token, and a copied number is less ambiguous than with single digits.
+            pre_tokenizers.Split(Regex(rf"\d{{1,{config.digits_per_token}}}"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
     )
@@ -401,7 +417,11 @@ def parameter_count(model: PreTrainedModel) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def training_dataset(tokenizer: PreTrainedTokenizerFast, conversations: list[list[Message]]) -> Any:
+def training_dataset(
+    tokenizer: PreTrainedTokenizerFast,
+    conversations: list[list[Message]],
+    loss_on_observations: bool = False,
+) -> Any:
     """A ``datasets.Dataset`` of ``input_ids`` and ``assistant_masks``.
 
     Token ids rather than messages: tool-call argument dicts of different keys
@@ -412,6 +432,12 @@ def training_dataset(tokenizer: PreTrainedTokenizerFast, conversations: list[lis
     from datasets import Dataset
 
     rows = [tokenize_for_training(tokenizer, messages) for messages in conversations]
+    if loss_on_observations:
+        for row in rows:
+            extra = observation_mask(tokenizer, row["input_ids"])
+            row["assistant_masks"] = [
+                a | b for a, b in zip(row["assistant_masks"], extra, strict=True)
+            ]
     return Dataset.from_list(rows)
 
 
@@ -520,13 +546,20 @@ def make_trainer(
         dataloader_num_workers=0,
     )
     transformers.logging.set_verbosity_error()
-    return Trainer(
+    trainer = Trainer(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[Stop()],
     )
+    if not progress:
+        # Without tqdm, transformers prints every log dict to stdout instead; a quiet
+        # build (e.g. `coevolve bootstrap --json`) must print nothing of its own.
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def evaluate_build(
@@ -618,7 +651,7 @@ def _build(config: BootstrapConfig, work: Path, progress: bool) -> dict[str, Any
     conversations = build_corpus(config)
     texts = _template_texts(conversations)
     tokenizer = train_tokenizer(texts, config)
-    dataset = training_dataset(tokenizer, conversations)
+    dataset = training_dataset(tokenizer, conversations, config.loss_on_observations)
     lengths = [len(ids) for ids in dataset["input_ids"]]
     _say(
         progress,

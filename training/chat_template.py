@@ -92,3 +92,19 @@ def tokenize_for_training(
         "input_ids": list(output["input_ids"]),
         "assistant_masks": list(output["assistant_masks"]),
     }
+
+
+def observation_mask(tokenizer: PreTrainedTokenizerBase, input_ids: Sequence[int]) -> list[int]:
+    """1 on the tokens of every tool result, from its text to ``</tool_response>`` included."""
+    opening = tokenizer.convert_tokens_to_ids("<tool_response>")
+    closing = tokenizer.convert_tokens_to_ids("</tool_response>")
+    mask, inside = [], False
+    for token in input_ids:
+        if token == opening:
+            inside = True
+            mask.append(0)
+            continue
+        mask.append(1 if inside else 0)
+        if token == closing:
+            inside = False
+    return mask
