@@ -88,7 +88,7 @@ class LocalPolicy:
             torch.manual_seed(seed)
         self.tokenizer = _load_tokenizer(self.model_path)
         self.base_model = AutoModelForCausalLM.from_pretrained(str(self.model_path))
-        self.base_model.to(device)
+        self.base_model.to(device)  # type: ignore[arg-type]
         self.base_model.eval()
         self.model: Any = self.base_model
         self.adapter_path: Path | None = None
@@ -333,7 +333,7 @@ class LocalPolicy:
 
         with self._lock:
             self.model = None
-            self.base_model = None
+            self.base_model = None  # type: ignore[assignment]
         gc.collect()
 
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+
 from coevolve.envs import bfcl as bfcl_module
 from coevolve.envs.base import Environment, ToolError, replay_reference
 from coevolve.envs.bfcl import (

@@ -1,6 +1,7 @@
 """Config loads from YAML; mistakes name the key and what is allowed."""
 
 import pytest
+
 from coevolve.config import CoevolveConfig, ConfigError, load_config
 
 

@@ -3,11 +3,12 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from coevolve.envs.parsing import ToolCallParseError, check_arguments, parse_tool_calls, render_call
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ToolCall
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def test_python_call_syntax():

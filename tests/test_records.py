@@ -1,6 +1,8 @@
 """Records survive a JSON round-trip and reject bad input."""
 
 import pytest
+from pydantic import ValidationError
+
 from coevolve.records import (
     CandidateTask,
     Observation,
@@ -13,7 +15,6 @@ from coevolve.records import (
     Turn,
     Verdict,
 )
-from pydantic import ValidationError
 
 CALL = ToolCall(
     name="find_contact", arguments={"name": "Ana", "nested": {"a": [1, 2.5, None]}}, id="call_0"

@@ -1,6 +1,7 @@
 """The rollout engine and evaluation, with the oracle and with scripted policies."""
 
 import pytest
+
 from coevolve.agents.evaluation import evaluate
 from coevolve.agents.oracle import OraclePolicy
 from coevolve.agents.policy import AssistantMessage, InvalidToolCall, parse_assistant_text

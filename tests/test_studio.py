@@ -19,7 +19,9 @@ from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.records import Signal
 
-pytest.importorskip("langgraph_api", reason="the studio extra (langgraph-cli[inmem]) is not installed")
+pytest.importorskip(
+    "langgraph_api", reason="the studio extra (langgraph-cli[inmem]) is not installed"
+)
 
 
 def _free_port() -> int:
@@ -76,13 +78,18 @@ def test_a_synthesis_pass_runs_through_the_server(studio):
     trajectories = run_rollouts(OraclePolicy(), WorldEnvironment, tasks, progress=False)
     flagged = [
         FlaggedTrajectory(
-            trajectory=t, signals=[Signal(kind="rare", trajectory_id=t.id, task_id=t.task_id, family=t.family)]
+            trajectory=t,
+            signals=[Signal(kind="rare", trajectory_id=t.id, task_id=t.task_id, family=t.family)],
         ).model_dump(mode="json")
         for t in trajectories
     ]
     body = {
         "assistant_id": "synthesis",
-        "input": {"flagged": flagged, "parents": [t.model_dump(mode="json") for t in tasks], "cycle": 1},
+        "input": {
+            "flagged": flagged,
+            "parents": [t.model_dump(mode="json") for t in tasks],
+            "cycle": 1,
+        },
     }
     out = _request(f"{studio}/runs/wait", body, timeout=300)
     assert out["counts"]["flagged"] == 2 and out["counts"]["accepted"] >= 1

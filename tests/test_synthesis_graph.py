@@ -10,7 +10,12 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 from coevolve.agents.policy import AssistantMessage
-from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
+from coevolve.agents.prompts import (
+    ABSTRACTOR_PROMPT,
+    EXPLORER_PROMPT,
+    JUDGE_PROMPT,
+    SUMMARIZER_PROMPT,
+)
 from coevolve.agents.roles import RolesConfig, build_roles
 from coevolve.agents.rollout import run_rollouts
 from coevolve.config import EndpointConfig
@@ -75,13 +80,20 @@ def test_graph_exposes_builder_and_compiled_graph():
 
 
 def test_offline_pass_on_the_world(flagged, store):
-    runtime = SynthesisRuntime(roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store)
+    runtime = SynthesisRuntime(
+        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
+    )
     result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=3))
     counts = result.counts
     assert counts["flagged"] == len(flagged) == counts["explored"]
     assert counts["candidates"] >= counts["judged_ok"] >= counts["accepted"] > 0
     assert counts["judged_ok"] == counts["accepted"] + counts["duplicates"]
-    assert set(result.roles.values()) == {"summarizer:offline", "explorer:offline", "abstractor:offline", "judge:offline"}
+    assert set(result.roles.values()) == {
+        "summarizer:offline",
+        "explorer:offline",
+        "abstractor:offline",
+        "judge:offline",
+    }
     parents = {t.id for t in TASKS}
     for task in result.accepted:
         assert task.source == "synthesized" and task.cycle == 3 and task.signal == "boundary"
@@ -96,17 +108,25 @@ def test_offline_pass_on_the_world(flagged, store):
 
 
 def test_missing_parent_is_a_rejection_not_a_crash(flagged, store):
-    runtime = SynthesisRuntime(roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store)
+    runtime = SynthesisRuntime(
+        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
+    )
     result = asyncio.run(synthesize(flagged[:1], [], runtime))
     assert result.counts["flagged"] == 1 and result.counts["accepted"] == 0
     assert result.rejections[0].stage == "input"
 
 
 def test_builder_compiles_with_a_checkpointer(flagged):
-    runtime = SynthesisRuntime(roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=TaskStore(None))
+    runtime = SynthesisRuntime(
+        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=TaskStore(None)
+    )
     graph = synthesis.builder.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t1"}}
-    out = asyncio.run(graph.ainvoke({"flagged": flagged[:2], "parents": TASKS, "cycle": 0}, config, context=runtime))
+    out = asyncio.run(
+        graph.ainvoke(
+            {"flagged": flagged[:2], "parents": TASKS, "cycle": 0}, config, context=runtime
+        )
+    )
     assert out["counts"]["flagged"] == 2
     assert graph.get_state(config).values["accepted"] == out["accepted"]
 
@@ -119,7 +139,11 @@ def llm_script(body):
     user = messages[-1]["content"] if isinstance(messages[-1].get("content"), str) else ""
     if system == SUMMARIZER_PROMPT:
         return Reply.json_content(
-            {"summary": "stopped early", "failure_cause": "missing call", "focus_patterns": ["find_contact"]}
+            {
+                "summary": "stopped early",
+                "failure_cause": "missing call",
+                "focus_patterns": ["find_contact"],
+            }
         )
     if system == EXPLORER_PROMPT:
         if not any(m["role"] == "tool" for m in messages):
@@ -131,11 +155,25 @@ def llm_script(body):
         contacts = [m for m in messages if m["role"] == "user"][-1]["content"]
         name = _first_contact(contacts)
         return Reply.json_content(
-            [{"description": "look up", "query": f"What is {name}'s phone number?", "minimal_actions": [{"name": "find_contact", "arguments": {"name": name}}]}]
+            [
+                {
+                    "description": "look up",
+                    "query": f"What is {name}'s phone number?",
+                    "minimal_actions": [{"name": "find_contact", "arguments": {"name": name}}],
+                }
+            ]
         )
     if system == JUDGE_PROMPT:
         return Reply.json_content(
-            {"success": True, "reason": "replays cleanly", "api_match": True, "parameter_usage": True, "logical_flow": True, "final_result": True, "failed_or_skipped_steps": []}
+            {
+                "success": True,
+                "reason": "replays cleanly",
+                "api_match": True,
+                "parameter_usage": True,
+                "logical_flow": True,
+                "final_result": True,
+                "failed_or_skipped_steps": [],
+            }
         )
     return Reply.status(400, f"unexpected request: {user[:40]}")
 
@@ -149,7 +187,9 @@ def _first_contact(text: str) -> str:
 
 def test_llm_pass_against_the_test_server(flagged, scripted_server):
     server = scripted_server(llm_script)
-    endpoint = EndpointConfig(base_url=server.base_url, model=server.model, timeout_s=10, max_retries=0)
+    endpoint = EndpointConfig(
+        base_url=server.base_url, model=server.model, timeout_s=10, max_retries=0
+    )
     roles = build_roles(RolesConfig(default_endpoint="main", llm_concurrency=4), {"main": endpoint})
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
     result = asyncio.run(synthesize(flagged, TASKS, runtime, max_concurrency=8))

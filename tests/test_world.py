@@ -5,6 +5,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from coevolve.envs.base import Environment, check_references, replay_reference
 from coevolve.envs.world import (
     APPS,

@@ -302,7 +302,7 @@ def _template_texts(conversations: list[list[Message]]) -> list[str]:
 
     from .chat_template import prepare_messages
 
-    rendered, _ = render_jinja_template(
+    rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
         conversations=[prepare_messages(messages) for messages in conversations],
         chat_template=chat_template(),
     )
@@ -387,7 +387,7 @@ def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerFast) -> 
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(config.seed)
-    model_config = Qwen2Config(
+    model_config = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -499,22 +499,22 @@ def make_trainer(
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    schedule = schedule or TrainingSchedule(config)
+    active: TrainingSchedule = schedule or TrainingSchedule(config)
 
     class Trainer(SFTTrainer):
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
             if self.lr_scheduler is None:
-                self.lr_scheduler = LambdaLR(optimizer or self.optimizer, schedule.factor)
+                self.lr_scheduler = LambdaLR(optimizer or self.optimizer, active.factor)  # type: ignore[arg-type]
                 self._created_lr_scheduler = True
             return self.lr_scheduler
 
     class Stop(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            schedule.start()
+            active.start()
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if schedule.progress(state.global_step) >= 1.0:
+            if active.progress(state.global_step) >= 1.0:
                 control.should_training_stop = True
             return control
 

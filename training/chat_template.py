@@ -64,7 +64,7 @@ def render(
     training: bool = False,
 ) -> str:
     """One conversation as text (no tool schemas in the prompt)."""
-    return tokenizer.apply_chat_template(
+    return tokenizer.apply_chat_template(  # type: ignore[return-value]
         prepare_messages(messages),
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
@@ -89,8 +89,8 @@ def tokenize_for_training(
         chat_template=training_chat_template(),
     )
     return {
-        "input_ids": list(output["input_ids"]),
-        "assistant_masks": list(output["assistant_masks"]),
+        "input_ids": list(output["input_ids"]),  # type: ignore[call-overload,arg-type,index]
+        "assistant_masks": list(output["assistant_masks"]),  # type: ignore[call-overload,arg-type,index]
     }
 
 
