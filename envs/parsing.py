@@ -53,10 +53,15 @@ def parse_tool_calls(output: str | Mapping[str, Any] | Sequence[Any]) -> list[To
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1).strip()
-    tagged = _TOOL_CALL_TAG.findall(text)
-    if tagged:
-        return [call for body in tagged for call in _parse_text(body.strip())]
-    return _parse_text(text)
+    try:
+        return _parse_text(text)
+    except ToolCallParseError:
+        # Only text that is not itself a call is searched for <tool_call> blocks: an
+        # argument value may contain the tag's characters.
+        tagged = _TOOL_CALL_TAG.findall(text)
+        if not tagged:
+            raise
+    return [call for body in tagged for call in _parse_text(body.strip())]
 
 
 def _parse_text(text: str) -> list[ToolCall]:

@@ -20,6 +20,11 @@ def test_python_call_syntax():
     assert calls[1].arguments == {"source": "a", "destination": ["b", 1]}
 
 
+def test_tag_characters_inside_a_value_are_data():
+    call = ToolCall(name="send_message", arguments={"contact_id": "c1", "text": "<tool_call>"})
+    assert parse_tool_calls(render_call(call)) == [call]
+
+
 def test_openai_shapes_and_tags():
     openai = {
         "id": "call_1",
@@ -142,14 +147,14 @@ identifiers = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(name=identifiers, arguments=st.dictionaries(identifiers, literals, max_size=4))
 def test_render_then_parse_round_trips(name, arguments):
     call = ToolCall(name=name, arguments=json.loads(json.dumps(arguments)))
     assert parse_tool_calls(render_call(call)) == [call]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(text=st.text(max_size=120))
 def test_arbitrary_text_never_raises_anything_else(text):
     try:
@@ -159,7 +164,7 @@ def test_arbitrary_text_never_raises_anything_else(text):
     assert all(isinstance(call, ToolCall) for call in calls)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     text=st.text(max_size=80)
     | st.from_regex(r"[a-z_]{1,12}\((\w+=[^,)]{0,10},? ?){0,3}\)", fullmatch=True)
