@@ -532,6 +532,70 @@ def synthesize_command(
     )
 
 
+@app.command("run")
+def run_command(
+    config_path: Annotated[
+        str | None,
+        typer.Argument(help="YAML config (default: configs/quickstart.yaml, the CPU quickstart)."),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option("--resume", help="Continue the killed run in this run directory."),
+    ] = None,
+    cycles: Annotated[int | None, typer.Option(help="Override the config's cycles.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Override the config's run_dir.")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Delete a finished or killed run in run_dir first.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the per-cycle summaries as JSON at the end.")
+    ] = False,
+) -> None:
+    """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval)."""
+    from pathlib import Path
+
+    from .config import ConfigError, load_config
+    from .report import print_summary
+    from .runner import RunError, run, summary_payload
+    from .runner import resume as resume_run
+
+    quiet = Console(stderr=True) if as_json else console
+    try:
+        if resume is not None:
+            if config_path is not None or cycles is not None or run_dir is not None:
+                raise _fail(
+                    "--resume takes the run's saved config; give no CONFIG, --cycles or --run-dir"
+                )
+            result = resume_run(resume, console=quiet)
+        else:
+            source = config_path or str(
+                Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
+            )
+            config = load_config(source)
+            updates: dict[str, Any] = {}
+            if cycles is not None:
+                updates["cycles"] = cycles
+            if run_dir is not None:
+                updates["run_dir"] = run_dir
+            if updates:
+                config = load_config({**config.model_dump(mode="json"), **updates})
+            quiet.print(
+                f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
+                f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
+                f"training {config.training.algorithm} → {config.run_dir}"
+            )
+            result = run(config, overwrite=overwrite, console=quiet)
+    except (ConfigError, RunError) as err:
+        raise _fail(str(err)) from None
+    print_summary(quiet, result.cycles, result.pool)
+    quiet.print(
+        f"report: {result.report}  metrics: {result.metrics}  tasks: {result.tasks}  "
+        f"({result.elapsed_s / 60:.1f} min)"
+    )
+    if as_json:
+        print(json.dumps(summary_payload(result), indent=2))
+
+
 @app.command("studio")
 def studio(
     port: Annotated[int, typer.Option(help="Port of the local LangGraph server.")] = 2024,

@@ -19,8 +19,10 @@ from .agents.prompts import POLICY_SYSTEM_PROMPT
 from .agents.roles import RolesConfig
 from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
 from .envs.world.families import SPLITS as WORLD_SPLITS
+from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .training.bootstrap import BootstrapConfig
+from .training.config import TrainingConfig
 
 
 class ConfigError(ValueError):
@@ -116,6 +118,11 @@ class PolicyConfig(Section):
     system_prompt: str = Field(
         default=POLICY_SYSTEM_PROMPT, description="System message of every episode."
     )
+    train_model: str | None = Field(
+        default=None,
+        description="endpoint: the local copy of the served base model (a directory) that "
+        "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
+    )
 
     @model_validator(mode="after")
     def _endpoint_matches_kind(self) -> PolicyConfig:
@@ -167,11 +174,38 @@ class SynthesisConfig(Section):
     max_concurrency: int = Field(default=16, gt=0, description="Flagged items synthesized at once.")
 
 
+class EvaluationConfig(Section):
+    """The held-out measurement after every cycle (and before the first)."""
+
+    split: str = Field(
+        default="heldout",
+        description=f"World split evaluated each cycle ({', '.join(WORLD_SPLITS)}); synthesis "
+        "never sees it. BFCL evaluates env.category.",
+    )
+    per_family: int | None = Field(
+        default=None,
+        gt=0,
+        description="Evaluate the first N tasks of every family (None: the whole split).",
+    )
+
+    @model_validator(mode="after")
+    def _known_split(self) -> EvaluationConfig:
+        if self.split not in WORLD_SPLITS:
+            raise ValueError(
+                f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}"
+            )
+        return self
+
+
 class CoevolveConfig(Section):
-    """Everything a run needs. Later sections (synthesis, training) join here."""
+    """Everything a run needs."""
 
     run_dir: str = Field(
         default="runs/default", description="Where the run writes checkpoints, adapters, reports."
+    )
+    cycles: int = Field(default=3, gt=0, description="Training cycles the run makes.")
+    seed: int = Field(
+        default=0, description="Seed of rollout sampling, synthesis and training in every cycle."
     )
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment and task set.")
     policy: PolicyConfig = Field(
@@ -187,6 +221,15 @@ class CoevolveConfig(Section):
     )
     synthesis: SynthesisConfig = Field(
         default_factory=SynthesisConfig, description="Task synthesis and dedup."
+    )
+    pool: PoolConfig = Field(
+        default_factory=PoolConfig, description="The training pool and how cycles sample it."
+    )
+    training: TrainingConfig = Field(
+        default_factory=TrainingConfig, description="The TRL + LoRA step of every cycle."
+    )
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig, description="Held-out evaluation each cycle."
     )
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,

@@ -101,6 +101,7 @@ class EndpointPolicy:
         # The HTTP client's connections and the semaphore belong to the event loop
         # that made them; callers that run asyncio.run() per batch get fresh ones.
         self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._loaded_adapter: str | None = None  # the adapter this policy hot-loaded last
 
     # ------------------------------------------------------------------ public API
 
@@ -131,6 +132,58 @@ class EndpointPolicy:
             if isinstance(result, BaseException):
                 raise result
         return [r for r in results if isinstance(r, AssistantMessage)]
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Serve the LoRA adapter at ``path`` (a directory the *server* can read) as ``name``.
+
+        Uses vLLM's runtime LoRA API (the server needs ``--enable-lora`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``): ``POST /v1/load_lora_adapter``
+        for the new adapter, then requests go to ``name``, then the adapter
+        served before (if it was one this policy loaded) is unloaded with
+        ``POST /v1/unload_lora_adapter``. Loading first means no request ever
+        names an adapter that is gone. Raises PolicyError when the server refuses.
+        """
+        previous = self._loaded_adapter
+        if previous == name:  # vLLM refuses to load a name twice; reload under it
+            await self._lora_request("unload_lora_adapter", {"lora_name": name})
+            previous = None
+        await self._lora_request(
+            "load_lora_adapter", {"lora_name": name, "lora_path": path}, loaded_ok=True
+        )
+        self.endpoint = self.endpoint.model_copy(update={"model": name})
+        self.version = name
+        self._loaded_adapter = name
+        if previous is not None:
+            await self._lora_request("unload_lora_adapter", {"lora_name": previous})
+
+    async def _lora_request(
+        self, route: str, body: dict[str, str], loaded_ok: bool = False
+    ) -> None:
+        """One call of vLLM's LoRA API. With ``loaded_ok``, "already loaded" is success: a
+        resumed run re-loads the adapter of its last cycle, which the server may still hold
+        (an adapter directory never changes once written, so the name means the same weights)."""
+        import openai
+
+        state = self._state()
+        try:
+            response = await state.client.post(
+                f"/{route}", body=body, cast_to=_http_library().Response
+            )
+        except openai.APIStatusError as err:
+            if loaded_ok and err.status_code == 400 and "already" in _error_detail(err):
+                return
+            hint = (
+                " (is vLLM started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)"
+                if err.status_code in (404, 405)
+                else ""
+            )
+            raise PolicyError(
+                f"{self._where()}: {route} refused (HTTP {err.status_code}: "
+                f"{_error_detail(err)}){hint}"
+            ) from None
+        except openai.APIConnectionError as err:
+            raise PolicyError(f"{self._where()}: {route} failed: {err.__cause__ or err}") from None
+        del response
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop; clients made in other loops are dropped."""

@@ -33,3 +33,18 @@ def seed_tasks_by_id(env: str, ids: Iterable[str]) -> dict[str, Task]:
     else:
         raise ValueError(f"unknown environment {env!r}; allowed: world, bfcl")
     return found
+
+
+def load_tasks(
+    env: str, split: str = "train", category: str = "multi_turn_base", seed: int = 0
+) -> list[Task]:
+    """A task set: a world split, or a BFCL category (which has no splits)."""
+    if env == "world":
+        from .world import load_split
+
+        return load_split(split, seed=seed)
+    if env == "bfcl":
+        from .bfcl import load_tasks as load_bfcl
+
+        return load_bfcl(category)
+    raise ValueError(f"unknown environment {env!r}; allowed: world, bfcl")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict, cast
@@ -381,14 +382,20 @@ async def synthesize(
     runtime: SynthesisRuntime,
     cycle: int = 0,
     max_concurrency: int | None = None,
+    compiled: Any = None,
 ) -> SynthesisResult:
-    """Run one synthesis pass with an injected runtime."""
+    """Run one synthesis pass with an injected runtime (on ``compiled``, default ``graph``)."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
     graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
     # The graph declares no context schema (Studio passes a JSON spec, runners an object).
-    out: Any = await graph.ainvoke(
-        graph_input, config=cast(Any, config), context=cast(Any, runtime)
-    )
+    with warnings.catch_warnings():
+        # Inside a checkpointed cycle the pass runs without checkpoints of its own; an
+        # explicit durability keeps it from waiting on the parent's (a langgraph 1.2
+        # subgraph without a checkpointer otherwise fails under durability="sync").
+        warnings.filterwarnings("ignore", message=".*durability.*no effect")
+        out: Any = await (compiled or graph).ainvoke(
+            graph_input, config=cast(Any, config), context=cast(Any, runtime), durability="async"
+        )
     counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
     return SynthesisResult(
         accepted=out.get("accepted", []),

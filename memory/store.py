@@ -363,6 +363,19 @@ class TaskStore:
             results.append(sorted(neighbours, key=lambda n: -n.similarity))
         return results
 
+    def remove(self, where: dict[str, Any]) -> int:
+        """Delete the stored tasks matching a Chroma metadata filter; returns how many.
+
+        A resumed run uses it to undo a synthesis pass that was killed before it
+        finished (``{"$and": [{"source": "synthesized"}, {"cycle": 3}]}``), so the
+        pass can run again from the same store.
+        """
+        found = self._collection.get(where=where, include=[])
+        ids = list(found["ids"])
+        for start in range(0, len(ids), self._max_batch):
+            self._collection.delete(ids=ids[start : start + self._max_batch])
+        return len(ids)
+
     def count(self) -> int:
         return int(self._collection.count())
 

@@ -277,3 +277,62 @@ def test_importing_the_module_does_not_import_openai():
         "assert 'openai' not in sys.modules, 'openai imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_hot_loading_an_adapter_loads_the_new_then_unloads_the_old(scripted_server):
+    server = scripted_server([Reply.text("hi")] * 3)
+    policy = make_policy(server)
+
+    async def cycle():
+        try:
+            await policy.load_adapter("base-coevolve-cycle-1", "/runs/a/adapters/cycle-1")
+            first = await policy.generate([CONVERSATION], [[]])
+            await policy.load_adapter("base-coevolve-cycle-2", "/runs/a/adapters/cycle-2")
+            second = await policy.generate([CONVERSATION], [[]])
+            return first, second
+        finally:
+            await policy.aclose()
+
+    first, second = asyncio.run(cycle())
+    assert first[0].content == second[0].content == "hi"
+    routes = [(r.path, r.body.get("lora_name"), r.body.get("model")) for r in server.requests]
+    assert routes == [
+        ("/v1/load_lora_adapter", "base-coevolve-cycle-1", None),
+        ("/v1/chat/completions", None, "base-coevolve-cycle-1"),
+        ("/v1/load_lora_adapter", "base-coevolve-cycle-2", None),
+        ("/v1/unload_lora_adapter", "base-coevolve-cycle-1", None),
+        ("/v1/chat/completions", None, "base-coevolve-cycle-2"),
+    ]
+    assert server.loaded_adapters == {"base-coevolve-cycle-2": "/runs/a/adapters/cycle-2"}
+    assert policy.version == "base-coevolve-cycle-2"
+
+
+def test_hot_loading_an_adapter_the_server_still_holds_is_fine(scripted_server):
+    server = scripted_server([Reply.text("hi")])
+    first, resumed = make_policy(server), make_policy(server)  # a resumed run: a new process
+
+    async def load(policy):
+        try:
+            await policy.load_adapter("a-cycle-1", "/x")
+        finally:
+            await policy.aclose()
+
+    asyncio.run(load(first))
+    asyncio.run(load(resumed))
+    assert resumed.version == "a-cycle-1"
+    assert server.loaded_adapters == {"a-cycle-1": "/x"}
+
+
+def test_hot_loading_without_a_server_is_a_clear_error():
+    policy = EndpointPolicy(
+        EndpointConfig(base_url="http://127.0.0.1:9/v1", model="m", timeout_s=2)
+    )
+
+    async def load():
+        try:
+            await policy.load_adapter("a", "/x")
+        finally:
+            await policy.aclose()
+
+    with pytest.raises(PolicyError, match="load_lora_adapter failed"):
+        asyncio.run(load())

@@ -1,0 +1,385 @@
+"""The closed loop as a LangGraph StateGraph: one pass per cycle, looping.
+
+    START -> baseline -> rollout -> signals -> synthesize -> update_pool -> train -> evaluate
+                            ^                                                          |
+                            +----------------- (more cycles) --------------------------+-> END
+
+- *baseline* evaluates the starting policy on the held-out split (cycle 0);
+- *rollout* samples the cycle's tasks from the pool and runs K episodes each;
+- *signals* flags failure-prone trajectories (forgetting, boundary, rare);
+- *synthesize* runs the synthesis graph (graph/synthesis.py) as a subgraph;
+- *update_pool* adds the accepted tasks, with provenance, to the training pool;
+- *train* runs the configured TRL step (sft / grpo / dpo) with a LoRA adapter,
+  saves ``adapters/cycle-N`` and swaps it into the policy;
+- *evaluate* measures held-out success per family.
+
+The state stays small and JSON-friendly (figures and file paths): the
+trajectories, flagged items and tasks of a cycle live in files under
+``<run_dir>/cycles/NNN/``, written atomically. The runner (coevolve.runner)
+compiles ``builder`` with a SQLite checkpointer, so a killed run resumes after
+its last finished node. Every node can run again after a kill without doing
+harm: sampling is seeded per (seed, cycle, stage), the history and pattern
+counts record a cycle once, a half-finished synthesis pass is removed from the
+task store before it runs again, the pool adds by task id, and a finished
+adapter is reused.
+
+The heavy objects a node needs (policy, environment factory, pool, store,
+roles) are injected as the graph's runtime context, a ``CycleRuntime``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypedDict, cast
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+
+from ..records import Task, Trajectory
+
+
+@dataclass
+class CycleRuntime:
+    """What the nodes use; built by coevolve.runner from a CoevolveConfig."""
+
+    config: Any  # CoevolveConfig
+    run_dir: Path
+    policy: Any  # Policy: LocalPolicy or EndpointPolicy
+    make_env: Any  # Callable[[], Environment]
+    pool: Any  # memory.pool.TaskPool
+    history: Any  # memory.history.OutcomeHistory
+    patterns: Any  # memory.patterns.PatternCounts
+    store: Any  # memory.store.TaskStore
+    roles: Any  # agents.roles.Roles
+    eval_tasks: list[Task]
+    model_dir: Path | None  # the local base model, for training
+    console: Any = None  # rich Console, or None for silence
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+
+    def cycle_dir(self, cycle: int) -> Path:
+        path = self.run_dir / "cycles" / f"{cycle:03d}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+class CycleState(TypedDict, total=False):
+    cycle: int  # the cycle in progress (1-based); 0 during the baseline
+    cycles: int  # how many cycles the run makes
+    adapter: str | None  # the adapter the policy serves now (None: the base model)
+    current: dict[str, Any]  # the figures of the cycle in progress, stage by stage
+    finished: Annotated[list[dict[str, Any]], operator.add]  # one summary per finished cycle
+
+
+def seed_everything(*parts: object) -> int:
+    """Seed Python, NumPy and torch from the parts; returns the seed (so a rerun samples alike)."""
+    import random
+
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    seed = int.from_bytes(digest[:4], "big")
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+    import torch
+
+    torch.manual_seed(seed)
+    return seed
+
+
+def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
+    context = getattr(runtime, "context", None)
+    if isinstance(context, CycleRuntime):
+        return context
+    # Studio passes a JSON context: {"config": "configs/quickstart.yaml"}.
+    from ..runner import studio_runtime
+
+    return studio_runtime(context if isinstance(context, dict) else None)
+
+
+def _trajectories(path: Path) -> list[Trajectory]:
+    return [
+        Trajectory.model_validate_json(line)
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+
+
+def _success_rate(trajectories: list[Trajectory]) -> float:
+    from ..agents.evaluation import SUCCESS_SCORE
+
+    if not trajectories:
+        return 0.0
+    return sum(t.score >= SUCCESS_SCORE for t in trajectories) / len(trajectories)
+
+
+async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:
+    from ..agents.evaluation import evaluate as summarize
+    from ..agents.rollout import rollout as run
+    from ..memory.pool import dump_jsonl
+
+    config = rt.config
+    seed_everything(config.seed, cycle, "evaluate")
+    started = time.perf_counter()
+    trajectories = await run(
+        rt.policy,
+        rt.make_env,
+        rt.eval_tasks,
+        k=1,
+        temperature=config.rollout.eval_temperature,
+        max_steps=config.rollout.max_steps,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        cycle=cycle,
+        description=f"cycle {cycle} · evaluate",
+    )
+    elapsed = time.perf_counter() - started
+    dump_jsonl(rt.cycle_dir(cycle) / "eval.jsonl", trajectories)
+    report = summarize(
+        trajectories,
+        rt.eval_tasks,
+        env=config.env.name,
+        scope={"split": config.evaluation.split},
+        policy=rt.policy.version,
+    )
+    result = {
+        "success": report.overall.success_rate,
+        "tool_sequence": report.overall.tool_sequence_accuracy,
+        "calls": report.overall.call_accuracy,
+        "episodes": report.overall.episodes,
+        "by_family": {f: s.success_rate for f, s in report.by_family.items()},
+        "tokens": sum(t.completion_tokens for t in trajectories),
+        "time_s": elapsed,
+    }
+    rt.say(
+        f"cycle {cycle} · evaluate: held-out success {result['success']:.1%} "
+        f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
+        f"{result['tool_sequence']:.1%} [{elapsed:.0f} s]"
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt = _runtime(runtime)
+    started = time.perf_counter()
+    evaluation = await _evaluate(rt, 0)
+    summary = {"cycle": 0, "evaluate": evaluation, "time_s": time.perf_counter() - started}
+    return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary]}
+
+
+async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    from ..agents.rollout import rollout as run
+    from ..memory.pool import dump_jsonl
+
+    rt = _runtime(runtime)
+    config = rt.config
+    cycle = state.get("cycle", 0) + 1
+    tasks = rt.pool.sample(cycle, rt.history, config.pool)
+    seed_everything(config.seed, cycle, "rollout")
+    started = time.perf_counter()
+    trajectories = await run(
+        rt.policy,
+        rt.make_env,
+        tasks,
+        k=config.rollout.k,
+        temperature=config.rollout.temperature,
+        max_steps=config.rollout.max_steps,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        cycle=cycle,
+        description=f"cycle {cycle} · rollout",
+    )
+    elapsed = time.perf_counter() - started
+    dump_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", trajectories)
+    sources = Counter(task.source for task in tasks)
+    figures = {
+        "tasks": len(tasks),
+        "seed_tasks": sources.get("seed", 0),
+        "synthesized_tasks": sources.get("synthesized", 0),
+        "episodes": len(trajectories),
+        "success": _success_rate(trajectories),
+        "tokens": sum(t.completion_tokens for t in trajectories),
+        "time_s": elapsed,
+    }
+    rt.say(
+        f"cycle {cycle} · rollout: {len(tasks)} tasks ({figures['synthesized_tasks']} synthesized)"
+        f" × {config.rollout.k} = {len(trajectories)} episodes, success {figures['success']:.1%}"
+        f" [{elapsed:.0f} s]"
+    )
+    return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures}}
+
+
+async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    from ..memory.pool import dump_jsonl
+    from ..memory.signals import apply_budget, detect_signals
+
+    rt = _runtime(runtime)
+    cycle = state["cycle"]
+    started = time.perf_counter()
+    trajectories = _trajectories(rt.cycle_dir(cycle) / "rollouts.jsonl")
+    flagged = detect_signals(trajectories, rt.history, rt.patterns, rt.config.signals, cycle)
+    kept = apply_budget(flagged, rt.config.signals)
+    dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
+    by_kind = Counter(kind for item in flagged for kind in item.kinds)
+    figures = {
+        "flagged": len(flagged),
+        "kept": len(kept),
+        "by_kind": {kind: by_kind.get(kind, 0) for kind in ("forgetting", "boundary", "rare")},
+        "time_s": time.perf_counter() - started,
+    }
+    kinds = ", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())
+    rt.say(f"cycle {cycle} · signals: flagged {len(flagged)} ({kinds}); kept {len(kept)}")
+    return {"current": {**state.get("current", {}), "signals": figures}}
+
+
+async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    from ..graph.synthesis import SynthesisRuntime
+    from ..graph.synthesis import synthesize as run_synthesis
+    from ..memory.pool import dump_jsonl
+    from ..memory.signals import FlaggedTrajectory
+
+    rt = _runtime(runtime)
+    config = rt.config
+    cycle = state["cycle"]
+    started = time.perf_counter()
+    path = rt.cycle_dir(cycle) / "flagged.jsonl"
+    flagged = [
+        FlaggedTrajectory.model_validate_json(line)
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    # A pass killed half-way may have stored some of its tasks: take them out, so
+    # this pass runs against the store as it was and accepts the same tasks.
+    removed = rt.store.remove({"$and": [{"source": "synthesized"}, {"cycle": cycle}]})
+    parent_ids = {item.trajectory.task_id for item in flagged}
+    parents = [task for task in rt.pool.tasks if task.id in parent_ids]
+    seed_everything(config.seed, cycle, "synthesize")
+    result = await run_synthesis(
+        flagged,
+        parents,
+        SynthesisRuntime(
+            roles=rt.roles,
+            make_env=rt.make_env,
+            store=rt.store,
+            neighbours=config.synthesis.neighbours,
+        ),
+        cycle=cycle,
+        max_concurrency=config.synthesis.max_concurrency,
+        compiled=subgraph,
+    )
+    dump_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", result.accepted)
+    reasons = Counter(r.reason for r in result.rejections)
+    figures = {
+        **result.counts,
+        "accepted": len(result.accepted),
+        "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
+        "top_rejections": dict(reasons.most_common(3)),
+        "roles": result.roles,
+        "removed_on_resume": removed,
+        "time_s": time.perf_counter() - started,
+    }
+    rt.say(
+        f"cycle {cycle} · synthesize: {figures.get('candidates', 0)} candidates, "
+        f"{figures.get('duplicates', 0)} duplicates, {len(result.accepted)} accepted "
+        f"[{figures['time_s']:.0f} s]"
+    )
+    return {"current": {**state.get("current", {}), "synthesize": figures}}
+
+
+async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    from ..memory.pool import read_tasks
+
+    rt = _runtime(runtime)
+    cycle = state["cycle"]
+    started = time.perf_counter()
+    accepted = read_tasks(rt.cycle_dir(cycle) / "synthesized.jsonl")
+    added = rt.pool.add(accepted)
+    counts = rt.pool.counts()
+    figures = {
+        "added": added,
+        "seed": counts.get("seed", 0),
+        "synthesized": counts.get("synthesized", 0),
+        "size": len(rt.pool),
+        "time_s": time.perf_counter() - started,
+    }
+    rt.say(f"cycle {cycle} · pool: +{added} tasks, {len(rt.pool)} in all")
+    return {"current": {**state.get("current", {}), "pool": figures}}
+
+
+async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt = _runtime(runtime)
+    cycle = state["cycle"]
+    started = time.perf_counter()
+    from ..runner import train_cycle
+
+    result = await train_cycle(rt, cycle, state.get("adapter"))
+    figures = {**result.model_dump(), "stage_time_s": time.perf_counter() - started}
+    adapter = result.adapter_dir
+    if result.skipped:
+        rt.say(f"cycle {cycle} · train: skipped ({result.skipped})")
+    else:
+        loss = f"{result.final_loss:.3f}" if result.final_loss is not None else "n/a"
+        rt.say(
+            f"cycle {cycle} · train ({result.algorithm}): {result.examples} examples, "
+            f"{result.steps} steps, loss {loss} [{result.train_time_s:.0f} s]"
+        )
+    return {"adapter": adapter, "current": {**state.get("current", {}), "train": figures}}
+
+
+async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    rt = _runtime(runtime)
+    cycle = state["cycle"]
+    evaluation = await _evaluate(rt, cycle)
+    current = {**state.get("current", {}), "evaluate": evaluation}
+    return {"current": {}, "finished": [current]}
+
+
+def next_step(state: CycleState) -> Literal["rollout", "__end__"]:
+    return "rollout" if state.get("cycle", 0) < state.get("cycles", 0) else END
+
+
+builder = StateGraph(CycleState)
+builder.add_node("baseline", baseline)
+builder.add_node("rollout", rollout)
+builder.add_node("signals", signals)
+builder.add_node("synthesize", synthesize)
+builder.add_node("update_pool", update_pool)
+builder.add_node("train", train)
+builder.add_node("evaluate", evaluate)
+builder.add_edge(START, "baseline")
+builder.add_conditional_edges("baseline", next_step, ["rollout", END])
+builder.add_edge("rollout", "signals")
+builder.add_edge("signals", "synthesize")
+builder.add_edge("synthesize", "update_pool")
+builder.add_edge("update_pool", "train")
+builder.add_edge("train", "evaluate")
+builder.add_conditional_edges("evaluate", next_step, ["rollout", END])
+# Studio compiles nothing itself; runners compile `builder` with their own checkpointer.
+graph = builder.compile()
+
+
+def _synthesis_subgraph() -> Any:
+    from .synthesis import builder as synthesis_builder
+
+    # checkpointer=False: the synthesis pass keeps no checkpoints of its own inside
+    # a checkpointed cycle (its state holds whole trajectories); the cycle node is
+    # the unit that resumes.
+    return synthesis_builder.compile(checkpointer=False)
+
+
+subgraph = cast(Any, _synthesis_subgraph())

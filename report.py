@@ -1,0 +1,240 @@
+"""What a finished run leaves for a person: metrics.jsonl, summary.json, report.png, tables.
+
+``cycles`` are the per-cycle summaries the cycle graph accumulates: cycle 0 is
+the starting policy's evaluation; cycle n >= 1 has one entry per stage
+(rollout, signals, synthesize, pool, train, evaluate), each with ``time_s``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SIGNAL_KINDS = ("forgetting", "boundary", "rare")
+GENERATION_STAGES = ("rollout", "evaluate")
+
+
+def stage_times(summary: dict[str, Any]) -> dict[str, float]:
+    """Seconds per stage of one cycle (training counts its whole stage)."""
+    times = {}
+    for stage in ("rollout", "signals", "synthesize", "pool", "train", "evaluate"):
+        figures = summary.get(stage) or {}
+        seconds = figures.get("stage_time_s", figures.get("time_s"))
+        if seconds is not None:
+            times[stage] = float(seconds)
+    return times
+
+
+def overhead_share(summary: dict[str, Any]) -> float | None:
+    """Share of a cycle spent outside generation (rollouts, evaluation) and training steps."""
+    times = stage_times(summary)
+    total = sum(times.values())
+    if not total or "train" not in times:
+        return None
+    train = summary.get("train") or {}
+    busy = sum(times.get(stage, 0.0) for stage in GENERATION_STAGES) + float(
+        train.get("train_time_s") or 0.0
+    )
+    return max(total - busy, 0.0) / total
+
+
+def metrics_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for summary in cycles:
+        evaluation = summary.get("evaluate") or {}
+        signals = summary.get("signals") or {}
+        synthesis = summary.get("synthesize") or {}
+        pool = summary.get("pool") or {}
+        train = summary.get("train") or {}
+        rollout = summary.get("rollout") or {}
+        rows.append(
+            {
+                "cycle": summary.get("cycle", 0),
+                "heldout_success": evaluation.get("success"),
+                "heldout_tool_sequence": evaluation.get("tool_sequence"),
+                "heldout_by_family": evaluation.get("by_family", {}),
+                "rollout_success": rollout.get("success"),
+                "rollout_episodes": rollout.get("episodes"),
+                "signals": signals.get("by_kind", {}),
+                "flagged_kept": signals.get("kept"),
+                "candidates": synthesis.get("candidates"),
+                "duplicates": synthesis.get("duplicates"),
+                "accepted": synthesis.get("accepted"),
+                "pool_size": pool.get("size"),
+                "pool_synthesized": pool.get("synthesized"),
+                "train_examples": train.get("examples"),
+                "train_steps": train.get("steps"),
+                "train_loss": train.get("final_loss"),
+                "stage_time_s": stage_times(summary),
+                "overhead_share": overhead_share(summary),
+            }
+        )
+    return rows
+
+
+def write_report(run_dir: str | Path, cycles: list[dict[str, Any]], pool: Any) -> dict[str, Path]:
+    """metrics.jsonl, summary.json and report.png in the run directory; returns their paths."""
+    run_dir = Path(run_dir)
+    rows = metrics_rows(cycles)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = run_dir / "summary.json"
+    summary.write_text(
+        json.dumps({"cycles": cycles, "pool": pool.counts() if pool else {}}, indent=2)
+    )
+    paths = {"metrics": metrics, "summary": summary}
+    if rows:
+        paths["report"] = plot_report(rows, run_dir / "report.png")
+    return paths
+
+
+def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Four panels: held-out success by cycle (and family), signals by kind, pool growth, loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cycles = [row["cycle"] for row in rows]
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    ax = axes[0][0]
+    families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
+    for family in families:
+        ax.plot(
+            cycles,
+            [100 * (row["heldout_by_family"] or {}).get(family, 0.0) for row in rows],
+            color="0.8",
+            linewidth=0.8,
+        )
+    ax.plot(
+        cycles,
+        [100 * (row["heldout_success"] or 0.0) for row in rows],
+        marker="o",
+        linewidth=2.5,
+        label="overall",
+    )
+    ax.set_title("held-out success by cycle (grey: per family)")
+    ax.set_xlabel("cycle")
+    ax.set_ylabel("success %")
+    ax.set_xticks(cycles)
+    ax.legend()
+
+    ax = axes[0][1]
+    trained = [row for row in rows if row["cycle"] > 0]
+    bottom = [0] * len(trained)
+    for kind in SIGNAL_KINDS:
+        counts = [row["signals"].get(kind, 0) for row in trained]
+        ax.bar([row["cycle"] for row in trained], counts, bottom=bottom, label=kind)
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    ax.set_title("flagged trajectories by signal kind")
+    ax.set_xlabel("cycle")
+    ax.set_xticks([row["cycle"] for row in trained] or [1])
+    ax.legend()
+
+    ax = axes[1][0]
+    ax.plot(
+        [row["cycle"] for row in trained],
+        [row["pool_synthesized"] or 0 for row in trained],
+        marker="o",
+        label="synthesized tasks in pool",
+    )
+    ax.bar(
+        [row["cycle"] for row in trained],
+        [row["duplicates"] or 0 for row in trained],
+        alpha=0.4,
+        label="duplicates this cycle",
+    )
+    ax.set_title("pool growth")
+    ax.set_xlabel("cycle")
+    ax.set_xticks([row["cycle"] for row in trained] or [1])
+    ax.legend()
+
+    ax = axes[1][1]
+    losses = [(row["cycle"], row["train_loss"]) for row in trained if row["train_loss"] is not None]
+    if losses:
+        ax.plot([c for c, _ in losses], [loss for _, loss in losses], marker="o")
+    ax.set_title("training loss (last logged, per cycle)")
+    ax.set_xlabel("cycle")
+    ax.set_xticks([row["cycle"] for row in trained] or [1])
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def print_summary(
+    console: Any, cycles: list[dict[str, Any]], pool: dict[str, int] | None = None
+) -> None:
+    """The tables `coevolve run` ends with."""
+    from rich.table import Table
+
+    rows = metrics_rows(cycles)
+    table = Table(title="coevolve run: per cycle")
+    for column in (
+        "cycle",
+        "held-out",
+        "tool seq",
+        "rollout",
+        "forgetting",
+        "boundary",
+        "rare",
+        "synth / accepted / dup",
+        "pool",
+        "train loss",
+        "overhead",
+    ):
+        table.add_column(column, justify="right")
+    for row in rows:
+        signals = row["signals"] or {}
+        table.add_row(
+            str(row["cycle"]),
+            _pct(row["heldout_success"]),
+            _pct(row["heldout_tool_sequence"]),
+            _pct(row["rollout_success"]),
+            *(str(signals.get(kind, "")) for kind in SIGNAL_KINDS),
+            f"{row['candidates'] or 0} / {row['accepted'] or 0} / {row['duplicates'] or 0}"
+            if row["cycle"]
+            else "",
+            str(row["pool_size"] or ""),
+            f"{row['train_loss']:.3f}" if row["train_loss"] is not None else "",
+            _pct(row["overhead_share"]),
+        )
+    console.print(table)
+
+    families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
+    if families:
+        by_family = Table(title="held-out success per family")
+        by_family.add_column("family")
+        for row in rows:
+            by_family.add_column(f"cycle {row['cycle']}", justify="right")
+        for family in families:
+            by_family.add_row(
+                family, *(_pct((row["heldout_by_family"] or {}).get(family)) for row in rows)
+            )
+        console.print(by_family)
+
+    stages = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
+    times = Table(title="seconds per stage")
+    times.add_column("cycle", justify="right")
+    for stage in (*stages, "total"):
+        times.add_column(stage, justify="right")
+    for row in rows:
+        seconds = row["stage_time_s"]
+        times.add_row(
+            str(row["cycle"]),
+            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in stages),
+            f"{sum(seconds.values()):.1f}",
+        )
+    console.print(times)
+    if pool is not None:
+        counts = pool
+        signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in counts.items() if ":" in k)
+        console.print(
+            f"pool: {counts.get('seed', 0)} seed + {counts.get('synthesized', 0)} synthesized "
+            f"tasks ({signals or 'none'})"
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,341 @@
+"""The closed loop end to end: the cycle graph, the runner, kill-and-resume, the CLI.
+
+Two policies drive it:
+- the tiny bootstrap model in-process (what a laptop runs; it learns nothing in
+  a test's budget, so these tests check the machinery, not the scores);
+- a *reference agent* behind the local OpenAI-compatible test server (real
+  HTTP): it answers each request with the next reference call of the task whose
+  request it recognises, and gets a third of the tasks wrong on purpose. Its
+  answers depend only on the conversation, so runs are reproducible, rollouts
+  succeed and fail, the rare signal fires and synthesis has material; adapters
+  are trained on the tiny model and hot-loaded into the server through vLLM's
+  LoRA API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coevolve.envs.world import load_split
+from coevolve.memory.store import TaskStore
+from coevolve.records import Task
+from coevolve.testing.openai_server import Reply
+from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+
+TINY = BootstrapConfig.tiny()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.getbasetemp() / "coevolve-cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_build(cache_dir):
+    return bootstrap(TINY, cache_dir=cache_dir, progress=False)
+
+
+def broken(task_id: str) -> bool:
+    return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 3 == 0
+
+
+def reference_agent(tasks: list[Task]):
+    """A scripted server reply function: the next reference call, wrong for a third of tasks."""
+    by_query = {turn.query: (task, i) for task in tasks for i, turn in enumerate(task.turns)}
+
+    def reply(body: dict) -> Reply:
+        messages = body["messages"]
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        found = by_query.get(messages[last_user]["content"])
+        if found is None:
+            return Reply.text("Done.")
+        task, turn = found
+        made = sum(1 for m in messages[last_user + 1 :] if m["role"] == "assistant")
+        calls = task.turns[turn].reference_calls
+        if made < len(calls):
+            call = calls[made]
+            arguments = dict(call.arguments)
+            if broken(task.id) and made == len(calls) - 1:
+                key = next((k for k, v in arguments.items() if isinstance(v, str)), None)
+                if key is not None:
+                    arguments[key] = arguments[key] + "x"
+            return Reply.tool_calls([(call.name, arguments)])
+        last = turn == len(task.turns) - 1
+        return Reply.text(task.reference_answer if last and task.reference_answer else "Done.")
+
+    return reply
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory):
+    from coevolve.testing.openai_server import ScriptedOpenAIServer
+
+    tasks = load_split("train") + load_split("heldout")
+    server = ScriptedOpenAIServer(reference_agent(tasks)).start()
+    yield server
+    server.stop()
+
+
+def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> dict:
+    return {
+        "run_dir": str(run_dir),
+        "cycles": cycles,
+        "policy": {"kind": "endpoint", "endpoint": "agent", "train_model": str(model_dir)},
+        "endpoints": {
+            "agent": {
+                "base_url": server.base_url,
+                "model": server.model,
+                "concurrency": 4,
+                "timeout_s": 20,
+            }
+        },
+        "rollout": {"k": 2, "max_steps": 6},
+        "pool": {"rollout_tasks": 24, "replay_demonstrations": 4, "synthesized_weight": 100.0},
+        "signals": {"rare_min_observations": 8, "rare_theta_percent": 10, "budget": 6},
+        "synthesis": {"max_concurrency": 1},
+        "training": {"max_steps": 2, "batch_size": 2},
+        "evaluation": {"per_family": 1},
+    }
+
+
+def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build, monkeypatch):
+    from coevolve.config import CoevolveConfig
+    from coevolve.runner import run
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "cycles": 1,
+            "rollout": {"k": 2, "max_steps": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+            "training": {"max_steps": 2, "batch_size": 2},
+            "evaluation": {"per_family": 1},
+        }
+    ).model_copy(update={"bootstrap": TINY})
+    result = run(config, progress=False)
+
+    run_dir = Path(result.run_dir)
+    assert [c["cycle"] for c in result.cycles] == [0, 1]
+    first = result.cycles[1]
+    assert set(first) >= {"rollout", "signals", "synthesize", "pool", "train", "evaluate"}
+    assert first["rollout"]["episodes"] == 12
+    assert first["evaluate"]["episodes"] == 18  # one held-out task per family
+    assert first["train"]["algorithm"] == "sft" and first["train"]["steps"] == 2
+    assert result.adapter == str(run_dir / "adapters" / "cycle-1")
+    assert (run_dir / "adapters" / "cycle-1" / "adapter_config.json").exists()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["cycle"] for row in rows] == [0, 1]
+    assert rows[1]["stage_time_s"].keys() >= {"rollout", "train", "evaluate"}
+    assert Path(result.report).stat().st_size > 10_000  # a real PNG with four panels
+    trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()
+    assert {json.loads(t)["policy_version"] for t in trajectories} != {"bootstrap"}
+
+
+def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
+    tmp_path, agent_server, tiny_build
+):
+    from coevolve.runner import run
+
+    result = run(endpoint_config(tmp_path / "run", agent_server, tiny_build), progress=False)
+
+    first, second = result.cycles[1], result.cycles[2]
+    # The reference agent gets two thirds of the tasks right: the cycle has both outcomes.
+    assert 0.3 < first["rollout"]["success"] < 0.95
+    assert first["signals"]["by_kind"]["rare"] > 0
+    assert first["synthesize"]["accepted"] > 0
+    assert result.pool["synthesized"] == first["pool"]["added"] + second["pool"]["added"]
+    assert second["rollout"]["synthesized_tasks"] > 0  # cycle 2 rolls out synthesized tasks
+    # Both adapters were trained on the local model and served by name through vLLM's API.
+    routes = [(r.path, r.body.get("lora_name")) for r in agent_server.requests if "lora" in r.path]
+    model = agent_server.model
+    assert routes[-3:] == [
+        ("/v1/load_lora_adapter", f"{model}-coevolve-cycle-1"),
+        ("/v1/load_lora_adapter", f"{model}-coevolve-cycle-2"),
+        ("/v1/unload_lora_adapter", f"{model}-coevolve-cycle-1"),
+    ]
+    evaluated = [
+        r.body.get("model") for r in agent_server.requests if r.path.endswith("/completions")
+    ]
+    assert evaluated[-1] == f"{model}-coevolve-cycle-2"
+    tasks = [json.loads(line) for line in Path(result.tasks).read_text().splitlines()]
+    assert tasks and all(t["source"] == "synthesized" and t["parent_task_id"] for t in tasks)
+    assert {t["cycle"] for t in tasks} <= {1, 2} and all(t["signal"] for t in tasks)
+
+    # A synthesis pass that runs again (after a kill between its store writes and its
+    # checkpoint) first takes its cycle's tasks out of the store: same tasks, no duplicates.
+    import asyncio
+
+    from coevolve.config import load_config
+    from coevolve.graph.cycle import synthesize
+    from coevolve.runner import build_runtime
+
+    rt = build_runtime(load_config(Path(result.run_dir) / "config.yaml"), progress=False)
+    try:
+        stored = rt.store.count()
+        again = asyncio.run(synthesize({"cycle": 1}, type("R", (), {"context": rt})()))
+        assert again["current"]["synthesize"]["removed_on_resume"] == first["pool"]["added"]
+        assert again["current"]["synthesize"]["accepted"] == first["synthesize"]["accepted"]
+        assert rt.store.count() == stored
+    finally:
+        rt.store.close()
+
+
+RUNNER = textwrap.dedent(
+    """
+    import sys
+    from coevolve.runner import resume, run
+    from rich.console import Console
+
+    console = Console(force_terminal=False, width=200)
+    if sys.argv[1] == "resume":
+        resume(sys.argv[2], progress=False, console=console)
+    else:
+        run(sys.argv[2], progress=False, console=console)
+    print("RUN FINISHED", flush=True)
+    """
+)
+
+
+def _final_state(run_dir: Path) -> tuple[list[str], list[str], list[dict]]:
+    pool = [
+        json.loads(line)["id"]
+        for line in (run_dir / "synthesized_tasks.jsonl").read_text().splitlines()
+    ]
+    with TaskStore(str(run_dir / "task_store")) as store:
+        stored = [t.id for t in store.all_tasks() if t.source == "synthesized"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return pool, stored, metrics
+
+
+def test_a_killed_run_resumes_without_redoing_or_duplicating(tmp_path, agent_server, tiny_build):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+
+    def config_file(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(endpoint_config(tmp_path / name, agent_server, tiny_build)))
+        return path
+
+    straight = subprocess.run(
+        [sys.executable, str(script), "run", str(config_file("straight"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "RUN FINISHED" in straight.stdout, straight.stderr[-3000:]
+
+    # Kill the second run in cycle 2, once cycle 2's synthesis has started.
+    process = subprocess.Popen(
+        [sys.executable, str(script), "run", str(config_file("killed"))],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("cycle 2 · signals"):
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+    killed_dir = tmp_path / "killed"
+    assert not (killed_dir / "metrics.jsonl").exists()
+
+    resumed = subprocess.run(
+        [sys.executable, str(script), "resume", str(killed_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "RUN FINISHED" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # It continues in cycle 2 after the rollout (signals, if the kill beat their
+    # checkpoint); nothing finished is run again.
+    assert "resuming" in resumed.stdout and "cycle 2, next stage" in resumed.stdout
+    assert "cycle 1 ·" not in resumed.stdout
+    assert "cycle 2 · rollout" not in resumed.stdout
+
+    pool, stored, metrics = _final_state(killed_dir)
+    straight_pool, _straight_stored, straight_metrics = _final_state(tmp_path / "straight")
+    assert len(pool) == len(set(pool)) and len(stored) == len(set(stored))
+    assert sorted(pool) == sorted(stored)
+    assert sorted(pool) == sorted(straight_pool)
+    assert [m["heldout_success"] for m in metrics] == [
+        m["heldout_success"] for m in straight_metrics
+    ]
+
+
+def test_resuming_a_finished_run_only_reports(tmp_path, agent_server, tiny_build):
+    from coevolve.runner import RunError, resume, run
+
+    config = endpoint_config(tmp_path / "run", agent_server, tiny_build, cycles=1)
+    config["pool"]["rollout_tasks"] = 6
+    first = run(config, progress=False)
+    requests = len(agent_server.requests)
+    again = resume(tmp_path / "run", progress=False)
+    assert again.cycles == first.cycles
+    assert len(agent_server.requests) == requests
+    with pytest.raises(RunError, match=r"already holds a run.*--resume"):
+        run(config, progress=False)
+
+
+def test_cli_run_reports_bad_configs_clearly(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cycles: 2\ntraining:\n  algoritm: sft\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "run", str(bad)], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert "training.algoritm" in out.stderr and "did you mean 'algorithm'" in out.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "coevolve", "run", "--resume", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "holds no run to resume" in missing.stderr
+    endpoint_without_model = tmp_path / "endpoint.yaml"
+    endpoint_without_model.write_text(
+        "policy:\n  kind: endpoint\n  endpoint: {base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+        f"run_dir: {tmp_path / 'e'}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "run", str(endpoint_without_model)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "policy.train_model" in out.stderr
+
+
+def test_the_cycle_graph_is_exported_for_studio():
+    from coevolve.graph.cycle import builder, graph
+
+    assert set(graph.get_graph().nodes) >= {
+        "baseline",
+        "rollout",
+        "signals",
+        "synthesize",
+        "update_pool",
+        "train",
+        "evaluate",
+    }
+    assert graph.checkpointer is None and builder.compile().checkpointer is None
+    spec = json.loads((ROOT / "langgraph.json").read_text())
+    assert spec["graphs"]["cycle"] == "coevolve.graph.cycle:graph"
