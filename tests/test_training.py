@@ -1,0 +1,396 @@
+"""The training step: config checks, dataset builders, and one LoRA step per TRL trainer.
+
+Uses the tiny bootstrap build (same cache directory as the other tests) and
+2-step trainings; nothing depends on what the model learns. GRPO's reward
+comes from a stub environment whose score varies with the answer's length, so
+every group has reward spread and the adapter must move.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from coevolve.agents.conversation import reference_conversation
+from coevolve.agents.local_policy import LocalPolicy
+from coevolve.envs.base import tool_schema
+from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.records import Observation, Task, Trajectory, Turn
+from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+from coevolve.training.config import LoraSettings, TrainingConfig
+from coevolve.training.datasets import (
+    demonstrations,
+    preference_pairs,
+    split_opening,
+    successful_conversations,
+)
+from coevolve.training.grpo import environment_class, environment_score
+from coevolve.training.trainers import (
+    ADAPTER_MARKER,
+    is_adapter_complete,
+    load_train_result,
+    load_trainable_model,
+    train_adapter,
+)
+
+TINY = BootstrapConfig.tiny()
+
+
+@pytest.fixture(scope="session")
+def bootstrap_model(tmp_path_factory):
+    return bootstrap(
+        TINY, cache_dir=tmp_path_factory.getbasetemp() / "coevolve-cache", progress=False
+    )
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return load_split("train")[:6]
+
+
+def _trajectory(task: Task, messages, score: float, index: int = 0, **extra) -> Trajectory:
+    return Trajectory(
+        id=f"{task.id}-{index}",
+        task_id=task.id,
+        env="world",
+        family=task.family,
+        messages=messages,
+        score=score,
+        rollout_index=index,
+        **extra,
+    )
+
+
+def _failed(messages):
+    """The reference conversation with its final answer replaced: a failure of the same task."""
+    return [*messages[:-1], {"role": "assistant", "content": "I could not do it."}]
+
+
+@pytest.fixture(scope="module")
+def trajectories(tasks):
+    out = []
+    for task in tasks:
+        messages, score = reference_conversation(WorldEnvironment(), task)
+        assert score == 1.0
+        out += [
+            _trajectory(task, messages, 1.0, 0),
+            _trajectory(task, messages, 1.0, 1),  # duplicate success
+            _trajectory(task, _failed(messages), 0.0, 2),
+            _trajectory(task, messages[:3], 0.0, 3, finished=False),  # cut off
+        ]
+    return out
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_defaults_and_peft():
+    config = TrainingConfig()
+    assert config.algorithm == "sft"
+    lora = config.lora.to_peft()
+    assert lora.r == 16 and lora.lora_alpha == 32
+    assert set(lora.target_modules) >= {"q_proj", "v_proj", "down_proj"}
+    for name, field in TrainingConfig.model_fields.items():
+        assert field.description, f"{name} has no description"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"algorithm": "grpo", "batch_size": 5}, "batch_size (5) must divide"),
+        ({"grpo_epsilon": 0.3, "grpo_epsilon_high": 0.2}, "grpo_epsilon_high >= grpo_epsilon"),
+        (
+            {"algorithm": "grpo", "lora": {"target_modules": ["q_proj", "lm_head"]}},
+            "remove 'lm_head'",
+        ),
+        (
+            {"algorithm": "grpo", "max_length": 256, "grpo_max_completion_length": 300},
+            "lower it or raise max_length",
+        ),
+        ({"learning_rat": 1e-4}, "Extra inputs are not permitted"),
+    ],
+)
+def test_config_rejects_bad_combinations(values, message):
+    with pytest.raises(ValidationError) as info:
+        TrainingConfig.model_validate(values)
+    assert message in str(info.value)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def test_successful_conversations_cap_dedup_and_filter(tasks, trajectories):
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    # the duplicate success counts once, failures and cut-off episodes never
+    assert len(conversations) == len(tasks)
+    assert all(c[-1]["content"] != "I could not do it." for c in conversations)
+    different = [
+        _trajectory(
+            tasks[0],
+            [*_failed(trajectories[0].messages)[:-1], {"role": "assistant", "content": "ok"}],
+            1.0,
+            9,
+        )
+    ]
+    assert len(successful_conversations(trajectories + different, max_per_task=1)) == len(tasks)
+    assert len(successful_conversations(trajectories + different, max_per_task=2)) == len(tasks) + 1
+    errored = [t.model_copy(update={"error": "endpoint failed"}) for t in trajectories]
+    assert successful_conversations(errored, max_per_task=2) == []
+
+
+def test_preference_pairs_are_same_task_success_vs_failure(tasks, trajectories):
+    pairs = preference_pairs(trajectories, max_per_task=2)
+    assert len(pairs) == len(tasks)  # one distinct success, one distinct failure each
+    by_id = {t.id: t for t in trajectories}
+    for pair in pairs:
+        success = by_id[f"{pair.task_id}-0"]
+        opening, rest = split_opening(success.messages)
+        assert pair.prompt == opening and pair.chosen == rest
+        assert pair.rejected[-1]["content"] == "I could not do it."
+        assert pair.prompt[-1]["role"] == "user"
+        for message in pair.chosen + pair.rejected:
+            for call in message.get("tool_calls", []):
+                assert isinstance(call["function"]["arguments"], str)  # JSON strings, not dicts
+    # no pairs across tasks: successes of one task, failures of another
+    mixed = [trajectories[0], trajectories[6]]
+    assert trajectories[0].task_id != trajectories[6].task_id
+    assert preference_pairs(mixed, max_per_task=2) == []
+
+
+def test_demonstrations_keep_only_verified(tasks):
+    class Sabotaged(WorldEnvironment):
+        """Every call on task 'broken' fails, so its replay does not verify."""
+
+        def reset(self, task):
+            self.broken = task.id == "broken"
+            return super().reset(task)
+
+        def step(self, action):
+            return (
+                Observation(text="error: down", error="tool_error")
+                if self.broken
+                else super().step(action)
+            )
+
+    acting = next(t for t in tasks if t.reference_answer is None and t.reference_calls)
+    broken = acting.model_copy(update={"id": "broken"})
+    conversations = demonstrations([*tasks[:3], broken], Sabotaged, system_prompt="sys")
+    assert len(conversations) == 3
+    assert all(c[0] == {"role": "system", "content": "sys"} for c in conversations)
+    for conversation, task in zip(conversations, tasks, strict=False):
+        env = WorldEnvironment()
+        env.reset(task)
+        assert conversation[1]["content"] == task.instruction
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _lora_tensors(adapter: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter / "adapter_model.safetensors"))
+
+
+def _assert_trained(bootstrap_model, result, output: Path, algorithm: str):
+    import torch
+    from safetensors.torch import load_file
+
+    assert result.skipped is None and result.algorithm == algorithm
+    assert result.steps == 2 and result.adapter_dir == str(output)
+    assert is_adapter_complete(output)
+    assert load_train_result(output).steps == 2
+    assert not list(output.parent.glob(".*partial*"))
+    tensors = _lora_tensors(output)
+    lora_b = [value for key, value in tensors.items() if "lora_B" in key]
+    assert lora_b, "no LoRA weights saved"
+    # LoRA B starts at zero: a non-zero B is a weight the step changed
+    assert any(value.abs().max() > 0 for value in lora_b)
+    # base weights are untouched: the adapter holds only LoRA tensors, the model file is unchanged
+    assert all("lora_" in key for key in tensors)
+    base = load_file(str(bootstrap_model / "model.safetensors"))
+    state = load_trainable_model(bootstrap_model, output).get_base_model().state_dict()
+    for key, value in base.items():
+        stem, _, kind = key.rpartition(".")
+        name = key if key in state else f"{stem}.base_layer.{kind}"
+        assert torch.equal(state[name], value), key
+    # the adapter loads in the in-process policy and generates
+    policy = LocalPolicy(bootstrap_model, max_new_tokens=4)
+    policy.reload_adapter(output)
+    messages, _ = reference_conversation(WorldEnvironment(), load_split("validation")[0])
+    reply = policy.generate_sync([messages[:2]])[0]
+    assert reply.error is None and policy.version.endswith(output.name)
+
+
+# --------------------------------------------------------------------------- trainers
+
+
+def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path):
+    import torch
+
+    config = TrainingConfig.tiny()
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    first = tmp_path / "adapters" / "cycle-1"
+    result = train_adapter(
+        config,
+        model_dir=bootstrap_model,
+        output_dir=first,
+        conversations=conversations,
+        progress=False,
+    )
+    assert result.examples == len(conversations) and result.final_loss is not None
+    _assert_trained(bootstrap_model, result, first, "sft")
+
+    # cycle 2 starts from cycle 1's weights
+    model = load_trainable_model(bootstrap_model, first)
+    state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    saved = _lora_tensors(first)
+    assert len(state) == len(saved)
+    for key, value in saved.items():
+        match = [v for k, v in state.items() if k.replace(".default", "") == key]
+        assert match and torch.equal(match[0], value), key
+    second = tmp_path / "adapters" / "cycle-2"
+    result = train_adapter(
+        config,
+        model_dir=bootstrap_model,
+        output_dir=second,
+        previous_adapter=first,
+        conversations=conversations,
+        progress=False,
+    )
+    assert result.previous_adapter == str(first) and is_adapter_complete(second)
+    changed = _lora_tensors(second)
+    assert any(not torch.equal(changed[key], saved[key]) for key in saved)
+
+    # nothing to train on: skipped, the previous adapter stays the policy, nothing written
+    third = tmp_path / "adapters" / "cycle-3"
+    result = train_adapter(
+        config, model_dir=bootstrap_model, output_dir=third, previous_adapter=second, progress=False
+    )
+    assert result.skipped and result.adapter_dir == str(second) and result.steps == 0
+    assert not third.exists()
+
+
+def test_dpo_trains(bootstrap_model, trajectories, tmp_path):
+    pairs = preference_pairs(trajectories, max_per_task=1)
+    output = tmp_path / "dpo"
+    result = train_adapter(
+        TrainingConfig.tiny(algorithm="dpo"),
+        model_dir=bootstrap_model,
+        output_dir=output,
+        pairs=pairs,
+        progress=False,
+    )
+    assert result.examples == len(pairs)
+    _assert_trained(bootstrap_model, result, output, "dpo")
+    skipped = train_adapter(
+        TrainingConfig.tiny(algorithm="dpo"),
+        model_dir=bootstrap_model,
+        output_dir=tmp_path / "none",
+        progress=False,
+    )
+    assert skipped.skipped and skipped.adapter_dir is None
+
+
+class LengthEnvironment:
+    """A stub environment: one tool, and a score that grows with the final answer's length."""
+
+    name = "stub"
+
+    def tools(self):
+        return [
+            tool_schema(
+                "ping", "Ping.", {"text": {"type": "string", "description": "Text."}}, ["text"]
+            )
+        ]
+
+    def reset(self, task):
+        self.answer = None
+        return task.instruction
+
+    def step(self, action):
+        return Observation(text="pong")
+
+    def end_turn(self, answer=None):
+        self.answer = answer
+        return None
+
+    def score(self):
+        return len(self.answer) / (len(self.answer) + 20) if self.answer else 0.0
+
+    def action_pattern(self, steps):
+        return ""
+
+
+def test_grpo_trains_with_environment_reward(bootstrap_model, tmp_path):
+    tasks = [
+        Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
+    ]
+    output = tmp_path / "grpo"
+    result = train_adapter(
+        TrainingConfig.tiny(algorithm="grpo"),
+        model_dir=bootstrap_model,
+        output_dir=output,
+        tasks=tasks,
+        make_env=LengthEnvironment,
+        progress=False,
+    )
+    assert result.examples == 2 and result.mean_reward is not None
+    _assert_trained(bootstrap_model, result, output, "grpo")
+    with pytest.raises(ValueError, match="make_env"):
+        train_adapter(
+            TrainingConfig.tiny(algorithm="grpo"),
+            model_dir=bootstrap_model,
+            output_dir=tmp_path / "x",
+            tasks=tasks,
+        )
+    skipped = train_adapter(
+        TrainingConfig.tiny(algorithm="grpo"),
+        model_dir=bootstrap_model,
+        output_dir=tmp_path / "y",
+        make_env=LengthEnvironment,
+        progress=False,
+    )
+    assert skipped.skipped
+
+
+def test_grpo_environment_wraps_the_world(tasks):
+    """TRL's view of the world: one documented method per tool; the reference solution scores 1."""
+    from transformers.utils import get_json_schema
+
+    env = WorldEnvironment()
+    episode_class = environment_class(env.tools())
+    schema = get_json_schema(episode_class.find_contact)
+    assert schema["function"]["parameters"]["required"] == ["name"]
+    task = next(t for t in tasks if t.reference_answer is None)
+    episode = episode_class(WorldEnvironment())
+    assert episode.reset(task=task.model_dump_json(), prompt=[]) is None
+    completion = []
+    for call in task.reference_calls:
+        text = getattr(episode, call.name)(**call.arguments)
+        assert not text.startswith("error"), text
+        completion.append({"role": "tool", "name": call.name, "content": text})
+    completion.append({"role": "assistant", "content": "Done."})
+    assert environment_score([completion], [episode]) == [1.0]
+    # a wrong argument is the environment's own error observation, not an exception
+    episode.reset(task=task.model_dump_json())
+    assert episode.find_contact(nme="x").startswith("error")
+    assert environment_score([[{"role": "assistant", "content": "Done."}]], [episode]) == [0.0]
+
+
+def test_adapter_marker_is_written_last(bootstrap_model, trajectories, tmp_path):
+    """An unfinished adapter directory (no marker) is not complete."""
+    output = tmp_path / "partial"
+    output.mkdir()
+    (output / "adapter_config.json").write_text(json.dumps({}))
+    assert not is_adapter_complete(output)
+    (output / ADAPTER_MARKER).write_text("{")
+    assert not is_adapter_complete(output)
+
+
+def test_lora_settings_forbid_extra():
+    with pytest.raises(ValidationError):
+        LoraSettings(rank=4)

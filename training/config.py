@@ -1,0 +1,235 @@
+"""Configuration of the training step of a cycle: algorithm, LoRA shape, optimiser, per-algorithm knobs.
+
+One config serves CPU and GPU (``device``); LoRA is always on (``lora``), and
+each cycle's adapter continues from the previous cycle's. See docs/training.md
+for why the defaults are what they are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from peft import LoraConfig
+
+Algorithm = Literal["sft", "grpo", "dpo"]
+ALGORITHMS: tuple[Algorithm, ...] = ("sft", "grpo", "dpo")
+Device = Literal["auto", "cpu", "cuda"]
+LrScheduler = Literal["cosine", "linear", "constant"]
+
+# Attention and MLP projections of Qwen2 (and of most Llama-style decoders).
+QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(BaseModel):
+    """Shape of the LoRA adapter trained each cycle (ignored when continuing: the previous
+    adapter keeps its own shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(default=16, gt=0, description="Rank of the low-rank update matrices.")
+    alpha: int = Field(
+        default=32,
+        gt=0,
+        description="LoRA scaling numerator: the update is scaled by alpha / r (2 is the usual ratio).",
+    )
+    dropout: float = Field(
+        default=0.05, ge=0.0, lt=1.0, description="Dropout on the adapter's input during training."
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(QWEN2_PROJECTIONS),
+        min_length=1,
+        description="Names of the linear layers that get an adapter (default: every attention "
+        "and MLP projection of Qwen2). 'lm_head' is refused for GRPO, which reads the head's "
+        "weight directly.",
+    )
+
+    def to_peft(self) -> LoraConfig:
+        """The ``peft.LoraConfig`` handed to TRL as ``peft_config``."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+
+class TrainingConfig(BaseModel):
+    """How one cycle trains its LoRA adapter (TRL SFT, DPO or GRPO)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Algorithm = Field(
+        default="sft",
+        description="sft: rejection-sampling fine-tuning on verified successes and reference "
+        "demonstrations; dpo: preference optimisation on (success, failure) pairs of the same task; "
+        "grpo: group-relative policy optimisation with the environment's verifier as reward.",
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="Shape of a new adapter.")
+    device: Device = Field(
+        default="auto",
+        description="Where to train: cuda when available (auto), or forced. On CPU training "
+        "runs in float32 without activation checkpointing; on a GPU in bf16 where supported.",
+    )
+    # ------------------------------------------------------------------ optimiser
+    learning_rate: float = Field(
+        default=5e-4,
+        gt=0,
+        description="Peak learning rate (AdamW). LoRA wants a higher rate than full fine-tuning; "
+        "small models tolerate more than 7B ones (1e-4 to 2e-4 there).",
+    )
+    lr_scheduler: LrScheduler = Field(
+        default="cosine", description="Decay after warm-up (cosine matters for small models)."
+    )
+    warmup_ratio: float = Field(
+        default=0.05, ge=0.0, lt=1.0, description="Fraction of max_steps spent warming up."
+    )
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    max_steps: int = Field(
+        default=50,
+        gt=0,
+        description="Optimisation steps per cycle. Size it from measured steps/s (docs/training.md).",
+    )
+    batch_size: int = Field(
+        default=8,
+        gt=0,
+        description="Sequences per micro-batch (SFT: conversations; DPO: pairs; GRPO: completions).",
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1, gt=0, description="Micro-batches per optimisation step."
+    )
+    max_length: int = Field(
+        default=1024,
+        gt=0,
+        description="Longest training sequence in tokens (SFT conversation; DPO prompt + completion); "
+        "longer ones are cut.",
+    )
+    seed: int = Field(
+        default=0, description="Seed of adapter initialisation, data order, sampling."
+    )
+    # ------------------------------------------------------------------ sft
+    sft_max_per_task: int = Field(
+        default=2,
+        gt=0,
+        description="At most this many successful trajectories per task enter SFT, so easy tasks "
+        "with K successes do not crowd out the rest.",
+    )
+    sft_min_score: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="A trajectory counts as a success for SFT from this verifier score on.",
+    )
+    # ------------------------------------------------------------------ dpo
+    dpo_beta: float = Field(
+        default=0.1,
+        gt=0,
+        description="DPO temperature: how far the policy may move from the reference (the base "
+        "model with the adapter disabled). Larger stays closer.",
+    )
+    dpo_max_pairs_per_task: int = Field(
+        default=2, gt=0, description="At most this many (success, failure) pairs per task."
+    )
+    # ------------------------------------------------------------------ grpo
+    grpo_num_generations: int = Field(
+        default=8,
+        ge=2,
+        description="Group size G: episodes per prompt whose rewards are compared (K = 8 in the paper).",
+    )
+    grpo_prompts_per_step: int = Field(
+        default=4,
+        gt=0,
+        description="Tasks per generation round; the round has grpo_prompts_per_step x "
+        "grpo_num_generations episodes and feeds that many / (batch_size x "
+        "gradient_accumulation_steps) optimisation steps. More tasks per round: more groups with "
+        "reward spread (a group whose episodes all score the same teaches nothing).",
+    )
+    grpo_beta: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="KL coefficient towards the reference (the base model, adapter disabled). 0 "
+        "skips the reference forward pass (TRL's default); the clipped ratio still bounds each update.",
+    )
+    grpo_epsilon: float = Field(
+        default=0.2, gt=0, lt=1, description="Lower clip range of the probability ratio."
+    )
+    grpo_epsilon_high: float = Field(
+        default=0.28,
+        gt=0,
+        lt=1,
+        description="Upper clip range (DAPO's clip-higher: above epsilon, so rare good tokens can grow).",
+    )
+    grpo_max_completion_length: int = Field(
+        default=384,
+        gt=0,
+        description="Tokens of one episode after the prompt: the model's calls and answer plus the "
+        "tool results in between (a world episode takes 60-400).",
+    )
+    grpo_max_tool_calls: int = Field(
+        default=12, gt=0, description="Most tool-calling rounds per episode."
+    )
+    grpo_temperature: float = Field(
+        default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingConfig:
+        problems = []
+        if self.grpo_epsilon_high < self.grpo_epsilon:
+            problems.append(
+                f"grpo_epsilon_high ({self.grpo_epsilon_high}) is below grpo_epsilon "
+                f"({self.grpo_epsilon}); set grpo_epsilon_high >= grpo_epsilon (equal: symmetric clipping)"
+            )
+        if self.algorithm == "grpo":
+            episodes = self.grpo_prompts_per_step * self.grpo_num_generations
+            if episodes % self.batch_size:
+                problems.append(
+                    f"a GRPO round has grpo_prompts_per_step x grpo_num_generations = {episodes} "
+                    f"episodes, which batch_size ({self.batch_size}) must divide; e.g. batch_size="
+                    f"{self.grpo_num_generations} or grpo_prompts_per_step a multiple of "
+                    f"{self.batch_size}"
+                )
+            elif (episodes // self.batch_size) % self.gradient_accumulation_steps:
+                problems.append(
+                    f"a GRPO round has {episodes // self.batch_size} micro-batches, which "
+                    f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide; "
+                    "lower gradient_accumulation_steps or change grpo_prompts_per_step"
+                )
+            if "lm_head" in self.lora.target_modules:
+                problems.append(
+                    "GRPO cannot train a LoRA on lm_head (TRL computes log-probabilities from "
+                    "lm_head.weight directly); remove 'lm_head' from lora.target_modules"
+                )
+            if self.grpo_max_completion_length >= self.max_length:
+                problems.append(
+                    f"grpo_max_completion_length ({self.grpo_max_completion_length}) leaves no room "
+                    f"for the prompt within max_length ({self.max_length}); lower it or raise max_length"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @classmethod
+    def tiny(cls, **overrides: object) -> TrainingConfig:
+        """A few steps on small batches: for tests with the tiny bootstrap model."""
+        values: dict[str, object] = {
+            "lora": LoraSettings(r=4, alpha=8, dropout=0.0),
+            "learning_rate": 1e-2,
+            "max_steps": 2,
+            "batch_size": 4,
+            "max_length": 512,
+            "warmup_ratio": 0.0,
+            "grpo_num_generations": 2,
+            "grpo_prompts_per_step": 2,
+            "grpo_max_completion_length": 24,
+            "grpo_max_tool_calls": 2,
+            "grpo_temperature": 1.0,
+        }
+        values.update(overrides)
+        return cls.model_validate(values)

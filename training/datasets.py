@@ -1,0 +1,194 @@
+"""Training data from a cycle's records: verified conversations, demonstrations, preference pairs.
+
+Everything here is plain messages (OpenAI format, tool-call arguments as JSON
+strings): the trainers turn them into token ids or rendered text, so Arrow
+never sees argument dicts (it would merge differently-keyed dicts into
+null-filled structs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..agents.conversation import reference_conversation
+from ..agents.policy import Message
+from ..agents.prompts import POLICY_SYSTEM_PROMPT
+from ..envs.base import Environment
+from ..records import Task, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def json_arguments(messages: Sequence[Message]) -> list[Message]:
+    """Copies of the messages with every tool-call argument a JSON string (the OpenAI form)."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = dict(call.get("function", {}))
+                if not isinstance(function.get("arguments", ""), str):
+                    function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
+                calls.append({**call, "function": function})
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def split_opening(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """(system and first user message, everything after): the prompt and the model's part."""
+    for index, message in enumerate(messages):
+        if message.get("role") == "user":
+            return list(messages[: index + 1]), list(messages[index + 1 :])
+    return [], list(messages)
+
+
+def _usable(trajectory: Trajectory) -> bool:
+    """A complete episode whose conversation has an assistant turn after the request."""
+    if trajectory.error is not None or not trajectory.finished:
+        return False
+    opening, rest = split_opening(trajectory.messages)
+    return bool(opening) and any(message.get("role") == "assistant" for message in rest)
+
+
+def _key(messages: Sequence[Message]) -> str:
+    return json.dumps(json_arguments(messages), sort_keys=True, ensure_ascii=False)
+
+
+def successful_conversations(
+    trajectories: Sequence[Trajectory], max_per_task: int, min_score: float = 1.0
+) -> list[list[Message]]:
+    """Rejection sampling: verified successes (score >= ``min_score``), at most ``max_per_task`` each.
+
+    Identical conversations of a task count once; shorter ones (fewer messages)
+    are preferred, then the order given. Unfinished or errored episodes never count.
+    """
+    if max_per_task < 1:
+        raise ValueError(f"max_per_task must be >= 1, got {max_per_task}")
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        if trajectory.score >= min_score and _usable(trajectory):
+            by_task[trajectory.task_id].append(trajectory)
+    conversations = []
+    for task_trajectories in by_task.values():
+        seen: set[str] = set()
+        for trajectory in sorted(task_trajectories, key=lambda t: len(t.messages)):
+            key = _key(trajectory.messages)
+            if key in seen:
+                continue
+            seen.add(key)
+            conversations.append(json_arguments(trajectory.messages))
+            if len(seen) >= max_per_task:
+                break
+    return conversations
+
+
+def demonstrations(
+    tasks: Sequence[Task],
+    make_env: Callable[[], Environment],
+    system_prompt: str | None = POLICY_SYSTEM_PROMPT,
+) -> list[list[Message]]:
+    """Each task's reference solution replayed as a conversation, kept only when it verifies.
+
+    A task whose replay fails (score < 1, or the environment raised) is left out
+    and logged: a synthesized task with a broken reference must not teach.
+    """
+    conversations = []
+    for task in tasks:
+        try:
+            messages, score = reference_conversation(make_env(), task, system_prompt)
+        except Exception as err:  # one broken task must not end the cycle
+            logger.warning("demonstration of %s failed: %s: %s", task.id, type(err).__name__, err)
+            continue
+        if score >= 1.0:
+            conversations.append(messages)
+        else:
+            logger.info(
+                "demonstration of %s does not verify (score %.2f); left out", task.id, score
+            )
+    return conversations
+
+
+class PreferencePair(BaseModel):
+    """A successful and a failed episode of one task, split after the shared opening."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    prompt: list[dict[str, Any]]
+    chosen: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+
+
+def preference_pairs(
+    trajectories: Sequence[Trajectory],
+    max_per_task: int,
+    min_success: float = 1.0,
+    max_failure: float = 0.5,
+) -> list[PreferencePair]:
+    """(success, failure) pairs of the same task for DPO.
+
+    Successes score >= ``min_success``, failures < ``max_failure``; both must be
+    finished episodes with the same opening (system prompt and request). Distinct
+    successes and failures are paired in order (shortest success first, lowest
+    failure first), each used at most once, up to ``max_per_task`` pairs per task.
+    """
+    if max_per_task < 1:
+        raise ValueError(f"max_per_task must be >= 1, got {max_per_task}")
+    if max_failure > min_success:
+        raise ValueError(
+            f"max_failure ({max_failure}) must not exceed min_success ({min_success}): "
+            "an episode would be both chosen and rejected"
+        )
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        if _usable(trajectory):
+            by_task[trajectory.task_id].append(trajectory)
+    pairs = []
+    for task_id, task_trajectories in by_task.items():
+        successes = _distinct(
+            sorted(
+                (t for t in task_trajectories if t.score >= min_success),
+                key=lambda t: len(t.messages),
+            )
+        )
+        failures = _distinct(
+            sorted((t for t in task_trajectories if t.score < max_failure), key=lambda t: t.score)
+        )
+        used: set[int] = set()
+        for success in successes:
+            if len(used) >= max_per_task:
+                break
+            opening, chosen = split_opening(json_arguments(success.messages))
+            for index, failure in enumerate(failures):
+                if index in used:
+                    continue
+                failure_opening, rejected = split_opening(json_arguments(failure.messages))
+                if failure_opening != opening:
+                    continue
+                used.add(index)
+                pairs.append(
+                    PreferencePair(
+                        task_id=task_id, prompt=opening, chosen=chosen, rejected=rejected
+                    )
+                )
+                break
+    return pairs
+
+
+def _distinct(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    seen: set[str] = set()
+    out = []
+    for trajectory in trajectories:
+        key = _key(trajectory.messages)
+        if key not in seen:
+            seen.add(key)
+            out.append(trajectory)
+    return out
