@@ -25,17 +25,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps bfcl-eval==2026.3.23 mpmath
 	touch $(STAMP)
 
-# The main job. `coevolve run` (the closed loop with training) is not built yet,
-# so this runs every stage that exists, in order.
-DEMO := runs/demo
+# The main job: the closed loop on the CPU quickstart (configs/quickstart.yaml):
+# bootstrap model (built and cached on first use), rollouts, signals, synthesis,
+# pool update, LoRA SFT through TRL, held-out evaluation, three cycles, then the
+# summary tables and runs/quickstart/report.png. --overwrite: `make demo` twice
+# starts over; `coevolve run --resume runs/quickstart` continues a killed one.
 demo: $(STAMP)
-	@echo "== coevolve demo: the training loop (coevolve run) is not built yet; running the stages that exist =="
-	$(VENV)/bin/coevolve env check world
-	$(VENV)/bin/coevolve bootstrap
-	$(VENV)/bin/coevolve eval --env world --split heldout --policy bootstrap --save $(DEMO)/heldout.jsonl
-	$(VENV)/bin/coevolve eval --env world --split train --limit 128 --k 4 --temperature 0.9 \
-		--policy bootstrap --save $(DEMO)/rollouts.jsonl
-	$(VENV)/bin/coevolve synthesize $(DEMO)/rollouts.jsonl --store $(DEMO)/task_store --cycle 1
+	$(VENV)/bin/coevolve run --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -13,6 +13,8 @@ from .records import (
     Verdict,
 )
 
+from .runner import RunResult, resume, run
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -25,6 +27,9 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "Turn",
+    "RunResult",
     "Verdict",
     "__version__",
+    "resume",
+    "run",
 ]

@@ -239,26 +239,9 @@ def _load_policy(spec: str, config_path: str | None = None) -> Any:
         config = config.model_copy(
             update={"policy": config.policy.model_copy(update={"model": spec})}
         )
-    policy = config.policy
-    if policy.kind == "endpoint":
-        from .agents.endpoint_policy import EndpointPolicy
+    from .runner import build_policy
 
-        assert policy.endpoint is not None  # the config validator guarantees it
-        return EndpointPolicy(config.endpoint(policy.endpoint))
-    from .agents.local_policy import LocalPolicy
-
-    model_path = policy.model
-    if model_path == "bootstrap":
-        from .training.bootstrap import bootstrap
-
-        model_path = str(bootstrap(config.bootstrap))
-    return LocalPolicy(
-        model_path,
-        adapter_path=policy.adapter,
-        device=policy.device,
-        max_new_tokens=policy.max_new_tokens,
-        batch_size=policy.batch_size,
-    )
+    return build_policy(config)
 
 
 @app.command("bootstrap")

@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
@@ -61,7 +61,9 @@ class RunResult(BaseModel):
 # --------------------------------------------------------------------------- building
 
 
-def build_policy(config: CoevolveConfig, progress: bool = True) -> Any:
+def build_policy(
+    config: CoevolveConfig, progress: bool = True, model_dir: Path | None = None
+) -> Any:
     """The policy a config names: an endpoint, or a local model (the bootstrap built if missing)."""
     policy = config.policy
     if policy.kind == "endpoint":
@@ -71,8 +73,10 @@ def build_policy(config: CoevolveConfig, progress: bool = True) -> Any:
         return EndpointPolicy(config.endpoint(policy.endpoint))
     from .agents.local_policy import LocalPolicy
 
+    model_dir = model_dir or local_model_dir(config, progress)
+    assert model_dir is not None  # a local policy always has a model directory
     return LocalPolicy(
-        local_model_dir(config, progress),
+        model_dir,
         adapter_path=policy.adapter,
         device=policy.device,
         max_new_tokens=policy.max_new_tokens,
@@ -127,7 +131,7 @@ def build_runtime(
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir = local_model_dir(config, progress)
-    policy = build_policy(config, progress)
+    policy = build_policy(config, progress, model_dir)
     seeds = load_tasks(
         config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
     )
@@ -343,7 +347,7 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[dict[str, Any]]
                 return list(snapshot.values.get("finished", [])), adapter
         # durability="sync": a node's checkpoint is on disk before the next node starts,
         # so a kill never loses a finished stage.
-        await compiled.ainvoke(graph_input, thread, context=rt, durability="sync")
+        await compiled.ainvoke(graph_input, thread, context=cast(Any, rt), durability="sync")
         final = await compiled.aget_state(thread)
     if hasattr(rt.policy, "aclose"):
         await rt.policy.aclose()

@@ -236,13 +236,14 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     kept = apply_budget(flagged, rt.config.signals)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
     by_kind = Counter(kind for item in flagged for kind in item.kinds)
+    counts = {kind: by_kind.get(kind, 0) for kind in ("forgetting", "boundary", "rare")}
     figures = {
         "flagged": len(flagged),
         "kept": len(kept),
-        "by_kind": {kind: by_kind.get(kind, 0) for kind in ("forgetting", "boundary", "rare")},
+        "by_kind": counts,
         "time_s": time.perf_counter() - started,
     }
-    kinds = ", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())
+    kinds = ", ".join(f"{k} {n}" for k, n in counts.items())
     rt.say(f"cycle {cycle} · signals: flagged {len(flagged)} ({kinds}); kept {len(kept)}")
     return {"current": {**state.get("current", {}), "signals": figures}}
 
@@ -350,7 +351,7 @@ async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 
 def next_step(state: CycleState) -> Literal["rollout", "__end__"]:
-    return "rollout" if state.get("cycle", 0) < state.get("cycles", 0) else END
+    return "rollout" if state.get("cycle", 0) < state.get("cycles", 0) else "__end__"
 
 
 builder = StateGraph(CycleState)
