@@ -27,8 +27,10 @@ app = typer.Typer(
 )
 env_app = typer.Typer(help="Inspect and check environments.", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks of the method itself.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
+app.add_typer(bench_app, name="bench")
 
 # Piped output (CI logs, `| tee`) would otherwise wrap tables at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=120)
@@ -577,6 +579,92 @@ def run_command(
     )
     if as_json:
         print(json.dumps(summary_payload(result), indent=2))
+
+
+@bench_app.command("learning")
+def bench_learning(
+    config_path: Annotated[
+        str | None,
+        typer.Option("--config", help="Base config (default: configs/bench-learning.yaml)."),
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per arm (0..N-1).")] = 3,
+    arms: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated arms (default: all): static, random, coevolve, "
+            "no-forgetting, no-boundary, no-rare."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Seconds-long settings (the tiny test model, one cycle, a few tasks): checks "
+            "the bench runs end to end; its numbers mean nothing.",
+        ),
+    ] = False,
+    out: Annotated[
+        str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
+    from pathlib import Path
+
+    import yaml
+
+    from .ablation import ARMS, print_report, run_ablation
+    from .config import ConfigError, load_config
+
+    source = config_path or str(Path(__file__).resolve().parent / "configs" / "bench-learning.yaml")
+    try:
+        base = load_config(source).model_dump(mode="json")
+    except ConfigError as err:
+        raise _fail(str(err)) from None
+    if quick:
+        from .training.bootstrap import BootstrapConfig
+
+        base.update(QUICK_BENCH)
+        base["bootstrap"] = BootstrapConfig.tiny().model_dump(mode="json")
+        source += " (--quick)"
+    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown:
+        raise _fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    if seeds < 1:
+        raise _fail("--seeds must be at least 1 (2 or more for intervals)")
+    out_dir = Path(out or ("runs/bench-learning-quick" if quick else "runs/bench-learning"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "base-config.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+    quiet = Console(stderr=True) if as_json else console
+    try:
+        report = run_ablation(
+            base,
+            seeds=list(range(seeds)),
+            arms=chosen,
+            out_dir=out_dir,
+            config_name=source,
+            console=quiet,
+        )
+    except ConfigError as err:
+        raise _fail(str(err)) from None
+    print_report(quiet, report)
+    quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")
+    if as_json:
+        print(report.model_dump_json(indent=2))
+
+
+# The --quick bench: everything small enough for the test suite.
+QUICK_BENCH: dict[str, Any] = {
+    "cycles": 1,
+    "rollout": {"k": 2, "temperature": 0.9, "eval_temperature": 0.0, "max_steps": 2},
+    "policy": {"kind": "local", "model": "bootstrap", "max_new_tokens": 16},
+    "pool": {"rollout_tasks": 6, "seed_tasks": 60, "replay_demonstrations": 2},
+    "signals": {"rare_min_observations": 4, "budget": 4},
+    "synthesis": {"max_accepted": 2, "max_concurrency": 2},
+    "training": {"max_steps": 1, "batch_size": 2},
+    "evaluation": {"split": "heldout", "per_family": 1},
+}
 
 
 @app.command("studio")

@@ -172,6 +172,17 @@ class SynthesisConfig(Section):
         default=5, ge=0, description="Nearest stored tasks shown to the abstractor."
     )
     max_concurrency: int = Field(default=16, gt=0, description="Flagged items synthesized at once.")
+    enabled: bool = Field(
+        default=True,
+        description="False: no synthesis; the pool stays the seed tasks (the 'static' arm of "
+        "the learning ablation).",
+    )
+    max_accepted: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most synthesized tasks a cycle accepts (None: every novel one); the "
+        "learning ablation fixes it so that every arm gets the same amount of new data.",
+    )
 
 
 class EvaluationConfig(Section):

@@ -12,8 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SignalKind = Literal["forgetting", "boundary", "rare"]
-SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")
+# "random" marks trajectories picked at random instead of by a detector: the
+# control arm of the learning ablation (coevolve bench learning).
+SignalKind = Literal["forgetting", "boundary", "rare", "random"]
+SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")  # the detectors
 
 
 class Record(BaseModel):

@@ -135,6 +135,8 @@ def build_runtime(
     seeds = load_tasks(
         config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
     )
+    if config.pool.seed_tasks is not None:
+        seeds = seeds[: config.pool.seed_tasks]
     store = TaskStore(
         None if config.synthesis.store_url else config.store_path(),
         server_url=config.synthesis.store_url,

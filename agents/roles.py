@@ -106,7 +106,7 @@ class Judge(Protocol):
 
 # The order in which an item's signals name the candidates it produces (the
 # default budget priority of memory.signals.SignalConfig).
-SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("forgetting", "rare", "boundary")
+SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("forgetting", "rare", "boundary", "random")
 
 
 def primary_signal(item: FlaggedTrajectory) -> SignalKind | None:

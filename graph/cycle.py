@@ -226,14 +226,17 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..memory.pool import dump_jsonl
-    from ..memory.signals import apply_budget, detect_signals
+    from ..memory.signals import apply_budget, detect_signals, select_random
 
     rt = _runtime(runtime)
     cycle = state["cycle"]
     started = time.perf_counter()
     trajectories = _trajectories(rt.cycle_dir(cycle) / "rollouts.jsonl")
     flagged = detect_signals(trajectories, rt.history, rt.patterns, rt.config.signals, cycle)
-    kept = apply_budget(flagged, rt.config.signals)
+    if rt.config.signals.selection == "random":
+        kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
+    else:
+        kept = apply_budget(flagged, rt.config.signals)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
     by_kind = Counter(kind for item in flagged for kind in item.kinds)
     counts = {kind: by_kind.get(kind, 0) for kind in ("forgetting", "boundary", "rare")}
@@ -264,6 +267,8 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
         for line in path.read_text(encoding="utf-8").splitlines()
         if line.strip()
     ]
+    if not config.synthesis.enabled:
+        flagged = []  # the static arm: the pool stays the seed tasks
     # A pass killed half-way may have stored some of its tasks: take them out, so
     # this pass runs against the store as it was and accepts the same tasks.
     removed = rt.store.remove({"$and": [{"source": "synthesized"}, {"cycle": cycle}]})
@@ -278,6 +283,7 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
             make_env=rt.make_env,
             store=rt.store,
             neighbours=config.synthesis.neighbours,
+            max_accepted=config.synthesis.max_accepted,
         ),
         cycle=cycle,
         max_concurrency=config.synthesis.max_concurrency,

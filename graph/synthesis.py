@@ -69,6 +69,7 @@ class SynthesisRuntime:
     make_env: Any  # Callable[[], Environment]
     store: Any  # memory.store.TaskStore
     neighbours: int = 5
+    max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -325,7 +326,7 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
         tasks.append(candidate_to_task(candidate, parents[judged.parent_id], state.get("cycle", 0)))
     if not tasks:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
-    result = await asyncio.to_thread(rt.store.add_if_novel, tasks)
+    result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted)
     rejections = [
         Rejection(
             stage="dedup",
@@ -339,6 +340,23 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
         "counts": {"duplicates": len(result.duplicates), "accepted": len(result.accepted)},
         "rejections": rejections,
     }
+
+
+def _add_novel(store: Any, tasks: list[Task], cap: int | None) -> Any:
+    """``store.add_if_novel``, stopping once ``cap`` tasks are stored (in the judged order)."""
+    if cap is None:
+        return store.add_if_novel(tasks)
+    from ..memory.store import DedupResult
+
+    result = DedupResult()
+    start = 0
+    while start < len(tasks) and len(result.accepted) < cap:
+        chunk = tasks[start : start + cap - len(result.accepted)]
+        start += len(chunk)
+        found = store.add_if_novel(chunk)
+        result.accepted.extend(found.accepted)
+        result.duplicates.extend(found.duplicates)
+    return result
 
 
 # --------------------------------------------------------------------------- graphs

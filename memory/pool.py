@@ -65,6 +65,11 @@ class PoolConfig(BaseModel):
         "into each cycle's SFT data besides the new tasks', against forgetting.",
     )
     seed: int = Field(default=0, description="Seed of the per-cycle sampling.")
+    seed_tasks: int | None = Field(
+        default=None,
+        gt=0,
+        description="Start the pool from the first N tasks of the training split (None: all).",
+    )
 
 
 class TaskPool:

@@ -66,6 +66,12 @@ class SignalConfig(BaseModel):
         default=["forgetting", "rare", "boundary"],
         description="Order in which kinds claim the budget; an item counts by its best kind.",
     )
+    selection: Literal["signals", "random"] = Field(
+        default="signals",
+        description="signals: synthesize from the flagged trajectories; random: from `budget` "
+        "trajectories picked at random (the control arm of the learning ablation; the "
+        "detectors still run, for the record).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SignalConfig:
@@ -73,6 +79,12 @@ class SignalConfig(BaseModel):
             raise ValueError(f"priority must list each of {', '.join(SIGNAL_KINDS)} exactly once")
         if len(set(self.kinds)) != len(self.kinds):
             raise ValueError("kinds lists a detector twice")
+        unknown = [kind for kind in self.kinds if kind not in SIGNAL_KINDS]
+        if unknown:
+            raise ValueError(
+                f"kinds {unknown} are not detectors; allowed: {', '.join(SIGNAL_KINDS)} "
+                "(for random selection set selection: random)"
+            )
         return self
 
 
@@ -205,4 +217,36 @@ def apply_budget(
             continue
         per_task[item.trajectory.task_id] += 1
         kept.append(item)
+    return kept
+
+
+def select_random(
+    trajectories: Sequence[Trajectory], config: SignalConfig, cycle: int, seed: int
+) -> list[FlaggedTrajectory]:
+    """``budget`` trajectories picked at random (``per_task_limit`` per task), reproducibly.
+
+    The control of the learning ablation: synthesis from trajectories no
+    detector chose. Each carries one signal of kind "random".
+    """
+    import random
+
+    order = sorted(trajectories, key=lambda t: t.id)
+    random.Random(f"random-selection:{seed}:{cycle}").shuffle(order)
+    kept: list[FlaggedTrajectory] = []
+    per_task: dict[str, int] = defaultdict(int)
+    for trajectory in order:
+        if len(kept) == config.budget:
+            break
+        if per_task[trajectory.task_id] >= config.per_task_limit:
+            continue
+        per_task[trajectory.task_id] += 1
+        signal = Signal(
+            kind="random",
+            trajectory_id=trajectory.id,
+            task_id=trajectory.task_id,
+            family=trajectory.family,
+            cycle=cycle,
+            evidence={"selected": "at random (ablation control)", "score": trajectory.score},
+        )
+        kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
     return kept

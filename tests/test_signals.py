@@ -152,3 +152,26 @@ def test_pattern_extractors():
 def test_config_rejects_bad_priority():
     with pytest.raises(ValidationError, match="exactly once"):
         SignalConfig(priority=["rare", "rare", "boundary"])
+
+
+def test_random_selection_is_reproducible_and_bounded():
+    from coevolve.memory.signals import select_random
+
+    trajectories = [traj(f"t{i % 5}", 0.0, index=i) for i in range(40)]
+    config = SignalConfig(budget=6, per_task_limit=2, selection="random")
+    picked = select_random(trajectories, config, cycle=2, seed=0)
+    assert len(picked) == 6
+    assert all(item.kinds == ["random"] for item in picked)
+    per_task = {}
+    for item in picked:
+        per_task[item.trajectory.task_id] = per_task.get(item.trajectory.task_id, 0) + 1
+    assert max(per_task.values()) <= 2
+    again = select_random(trajectories, config, cycle=2, seed=0)
+    assert [i.trajectory.id for i in again] == [i.trajectory.id for i in picked]
+    other = select_random(trajectories, config, cycle=3, seed=0)
+    assert [i.trajectory.id for i in other] != [i.trajectory.id for i in picked]
+
+
+def test_random_is_not_a_detector():
+    with pytest.raises(ValidationError, match=r"not detectors.*selection: random"):
+        SignalConfig(kinds=["rare", "random"])

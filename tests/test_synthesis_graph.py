@@ -199,3 +199,30 @@ def test_llm_pass_against_the_test_server(flagged, scripted_server):
     assert server.max_in_flight <= 4
     for task in result.accepted:
         assert replay_reference(WorldEnvironment(), task)[0] == 1.0
+
+
+def test_max_accepted_caps_what_a_pass_stores(flagged):
+    capped_store = TaskStore(None)
+    runtime = SynthesisRuntime(
+        roles=build_roles(RolesConfig(), {}),
+        make_env=WorldEnvironment,
+        store=capped_store,
+        max_accepted=2,
+    )
+    result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+    assert len(result.accepted) == 2 == capped_store.count()
+    free = asyncio.run(
+        synthesize(
+            flagged,
+            TASKS,
+            SynthesisRuntime(
+                roles=build_roles(RolesConfig(), {}),
+                make_env=WorldEnvironment,
+                store=TaskStore(None),
+            ),
+            cycle=1,
+        )
+    )
+    assert len(free.accepted) > 2
+    # the cap keeps the first novel tasks in the judged order
+    assert [t.id for t in result.accepted] == [t.id for t in free.accepted[:2]]

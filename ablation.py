@@ -1,0 +1,286 @@
+"""The learning-efficiency ablation: does signal-guided synthesis beat static or random data?
+
+``coevolve bench learning`` runs the closed loop once per (arm, seed) from the
+same bootstrap model with the same compute: the same cycles, the same gradient
+steps per cycle (``training.max_steps``) and, for every arm that synthesizes,
+the same number of accepted synthetic tasks per cycle (``synthesis.max_accepted``).
+The arms differ only in where the new data comes from:
+
+- ``static``: no synthesis; the pool stays the seed tasks;
+- ``random``: synthesis from trajectories picked at random;
+- ``coevolve``: synthesis from the trajectories the three detectors flag;
+- ``no-forgetting`` / ``no-boundary`` / ``no-rare``: coevolve without one detector.
+
+Each run is evaluated on the held-out split after every cycle. The report
+gives, per arm, the mean final held-out success with a 95% t-interval over
+seeds (and per family), paired differences between arms (paired by seed: the
+same seed means the same rollout sampling and training order), and learning
+curves (learning_curves.png).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+ARMS: dict[str, dict[str, Any]] = {
+    "static": {"synthesis": {"enabled": False}},
+    "random": {"signals": {"selection": "random"}},
+    "coevolve": {},
+    "no-forgetting": {"signals": {"kinds": ["boundary", "rare"]}},
+    "no-boundary": {"signals": {"kinds": ["forgetting", "rare"]}},
+    "no-rare": {"signals": {"kinds": ["forgetting", "boundary"]}},
+}
+# Differences a reader asks about first: each arm against static and random.
+BASELINES = ("static", "random")
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
+_T95 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+    16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
+}  # fmt: skip
+
+
+class ArmRun(BaseModel):
+    arm: str
+    seed: int
+    success_by_cycle: list[float]  # held-out success, cycle 0 first
+    by_family: dict[str, float]  # held-out success per family after the last cycle
+    accepted_by_cycle: list[int]
+    run_dir: str
+    elapsed_s: float
+
+
+class Interval(BaseModel):
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+class AblationReport(BaseModel):
+    config: str
+    seeds: list[int]
+    arms: list[str]
+    runs: list[ArmRun]
+    final: dict[str, Interval]  # arm -> final held-out success
+    by_family: dict[str, dict[str, Interval]]  # arm -> family -> success
+    curves: dict[str, list[Interval]]  # arm -> success per cycle
+    paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
+    plot: str | None = None
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return math.nan
+    if df in _T95:
+        return _T95[df]
+    known = [d for d in _T95 if d < df]
+    return _T95[max(known)] if df <= 30 else 1.96
+
+
+def interval(values: list[float]) -> Interval:
+    """Mean and 95% t-interval (a single value has an unbounded interval: nan)."""
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    if n < 2:
+        return Interval(mean=mean, low=math.nan, high=math.nan, n=n)
+    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    half = t95(n - 1) * math.sqrt(variance / n)
+    return Interval(mean=mean, low=mean - half, high=mean + half, n=n)
+
+
+def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str) -> AblationReport:
+    by_arm = {arm: {run.seed: run for run in runs if run.arm == arm} for arm in arms}
+    final = {arm: interval([r.success_by_cycle[-1] for r in by_arm[arm].values()]) for arm in arms}
+    families = sorted({f for run in runs for f in run.by_family})
+    by_family = {
+        arm: {
+            family: interval([r.by_family.get(family, 0.0) for r in by_arm[arm].values()])
+            for family in families
+        }
+        for arm in arms
+    }
+    cycles = max((len(run.success_by_cycle) for run in runs), default=0)
+    curves = {
+        arm: [
+            interval(
+                [r.success_by_cycle[c] for r in by_arm[arm].values() if c < len(r.success_by_cycle)]
+            )
+            for c in range(cycles)
+        ]
+        for arm in arms
+    }
+    paired: dict[str, Interval] = {}
+    for arm in arms:
+        for base in BASELINES:
+            if base == arm or arm == "static" or base not in by_arm:
+                continue
+            common = sorted(set(by_arm[arm]) & set(by_arm[base]))
+            if common:
+                paired[f"{arm} - {base}"] = interval(
+                    [
+                        by_arm[arm][s].success_by_cycle[-1] - by_arm[base][s].success_by_cycle[-1]
+                        for s in common
+                    ]
+                )
+    return AblationReport(
+        config=config,
+        seeds=seeds,
+        arms=arms,
+        runs=runs,
+        final=final,
+        by_family=by_family,
+        curves=curves,
+        paired=paired,
+    )
+
+
+def arm_config(base: dict[str, Any], arm: str, seed: int, out_dir: Path) -> dict[str, Any]:
+    """The base config with the arm's changes, the seed and its own run directory."""
+    config = json.loads(json.dumps(base))
+    for section, changes in ARMS[arm].items():
+        config[section] = {**config.get(section, {}), **changes}
+    config["seed"] = seed
+    config["pool"] = {**config.get("pool", {}), "seed": seed}
+    config["training"] = {**config.get("training", {}), "seed": seed}
+    config["run_dir"] = str(out_dir / f"{arm}-seed{seed}")
+    return config
+
+
+def run_ablation(
+    base: dict[str, Any],
+    *,
+    seeds: list[int],
+    arms: list[str],
+    out_dir: Path,
+    config_name: str,
+    console: Any = None,
+) -> AblationReport:
+    from .config import load_config
+    from .runner import run
+
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    runs: list[ArmRun] = []
+    total = len(arms) * len(seeds)
+    for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
+        for arm in arms:
+            config = load_config(arm_config(base, arm, seed, out_dir))
+            if console is not None:
+                console.print(
+                    f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}"
+                )
+            result = run(config, overwrite=True, progress=False, console=None)
+            last = result.cycles[-1]
+            runs.append(
+                ArmRun(
+                    arm=arm,
+                    seed=seed,
+                    success_by_cycle=result.success_by_cycle(),
+                    by_family=last["evaluate"]["by_family"],
+                    accepted_by_cycle=[
+                        (c.get("synthesize") or {}).get("accepted", 0) for c in result.cycles[1:]
+                    ],
+                    run_dir=result.run_dir,
+                    elapsed_s=result.elapsed_s,
+                )
+            )
+            if console is not None:
+                curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
+                console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
+    report = summarize(runs, arms, seeds, config_name)
+    report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
+    return report
+
+
+def plot_curves(report: AblationReport, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curves, bars) = plt.subplots(1, 2, figsize=(13, 5))
+    for arm in report.arms:
+        points = report.curves[arm]
+        xs = list(range(len(points)))
+        curves.plot(xs, [100 * p.mean for p in points], marker="o", label=arm)
+        lows = [100 * p.low for p in points]
+        if not any(math.isnan(v) for v in lows):
+            curves.fill_between(xs, lows, [100 * p.high for p in points], alpha=0.12)
+    curves.set_title(f"held-out success by cycle (mean, 95% CI over {len(report.seeds)} seeds)")
+    curves.set_xlabel("cycle")
+    curves.set_xticks(range(max((len(report.curves[a]) for a in report.arms), default=1)))
+    curves.set_ylabel("success %")
+    curves.legend()
+    names = list(report.paired)
+    means = [100 * report.paired[n].mean for n in names]
+    errors = [
+        0.0
+        if math.isnan(report.paired[n].low)
+        else 100 * (report.paired[n].mean - report.paired[n].low)
+        for n in names
+    ]
+    bars.barh(names, means, xerr=errors, color="tab:blue", alpha=0.7)
+    bars.axvline(0, color="black", linewidth=0.8)
+    bars.set_title("paired difference of final held-out success (points, 95% CI)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def print_report(console: Any, report: AblationReport) -> None:
+    from rich.table import Table
+
+    def fmt(i: Interval) -> str:
+        if math.isnan(i.low):
+            return f"{100 * i.mean:.1f}%"
+        return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
+
+    table = Table(title=f"final held-out success, mean [95% CI] over seeds {report.seeds}")
+    table.add_column("arm")
+    table.add_column("final", justify="right")
+    table.add_column("by cycle (means)", justify="right")
+    for seed in report.seeds:
+        table.add_column(f"seed {seed}", justify="right")
+    for arm in report.arms:
+        runs = {r.seed: r for r in report.runs if r.arm == arm}
+        table.add_row(
+            arm,
+            fmt(report.final[arm]),
+            " → ".join(f"{100 * p.mean:.1f}" for p in report.curves[arm]),
+            *(
+                f"{100 * runs[s].success_by_cycle[-1]:.1f}%" if s in runs else ""
+                for s in report.seeds
+            ),
+        )
+    console.print(table)
+    paired = Table(title="paired differences (arm - baseline), points of held-out success")
+    paired.add_column("difference")
+    paired.add_column("mean [95% CI]", justify="right")
+    for name, value in report.paired.items():
+        if math.isnan(value.low):
+            text = f"{100 * value.mean:+.1f}"
+        else:
+            text = f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
+        paired.add_row(name, text)
+    console.print(paired)
+    families = sorted({f for arm in report.arms for f in report.by_family[arm]})
+    if families:
+        table = Table(title="final held-out success per family (mean over seeds)")
+        table.add_column("family")
+        for arm in report.arms:
+            table.add_column(arm, justify="right")
+        for family in families:
+            table.add_row(
+                family, *(f"{100 * report.by_family[arm][family].mean:.0f}%" for arm in report.arms)
+            )
+        console.print(table)

@@ -1,0 +1,121 @@
+"""The learning ablation: its statistics, its arms, and the bench end to end (--quick)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from coevolve.ablation import ARMS, ArmRun, arm_config, interval, summarize
+from coevolve.config import load_config
+
+
+def test_interval_is_a_t_interval():
+    exact = interval([0.1, 0.2, 0.3])
+    assert exact.mean == pytest.approx(0.2)
+    # sd 0.1, n 3: half width = t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.0577
+    assert exact.high - exact.mean == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+    single = interval([0.4])
+    assert single.mean == 0.4 and math.isnan(single.low)
+
+
+def _run(arm: str, seed: int, final: float) -> ArmRun:
+    return ArmRun(
+        arm=arm,
+        seed=seed,
+        success_by_cycle=[0.1, final],
+        by_family={"a": final},
+        accepted_by_cycle=[4],
+        run_dir="x",
+        elapsed_s=1.0,
+    )
+
+
+def test_paired_differences_pair_by_seed():
+    runs = [
+        _run("static", 0, 0.10),
+        _run("static", 1, 0.30),
+        _run("static", 2, 0.50),
+        _run("coevolve", 0, 0.15),
+        _run("coevolve", 1, 0.36),
+        _run("coevolve", 2, 0.55),
+        _run("random", 0, 0.12),
+    ]
+    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2], "test")
+    # Unpaired the arms' intervals overlap; paired by seed coevolve is ahead by 5-6 points.
+    assert report.final["coevolve"].low < report.final["static"].high
+    assert report.paired["coevolve - static"].mean == pytest.approx(0.0533, abs=1e-3)
+    assert report.paired["coevolve - static"].low > 0
+    assert report.paired["coevolve - random"].n == 1  # random has seed 0 only
+    assert "static - random" not in report.paired
+    assert report.final["coevolve"].mean == pytest.approx(0.3533, abs=1e-3)
+    assert report.curves["static"][0].mean == pytest.approx(0.1)
+
+
+def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
+    base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
+    configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
+    assert not configs["static"].synthesis.enabled
+    assert configs["random"].signals.selection == "random"
+    assert configs["no-rare"].signals.kinds == ["forgetting", "boundary"]
+    for config in configs.values():
+        assert config.seed == config.pool.seed == config.training.seed == 2
+        # same compute in every arm
+        assert config.training.max_steps == base["training"]["max_steps"]
+        assert config.synthesis.max_accepted == base["synthesis"]["max_accepted"]
+        assert config.bootstrap == configs["coevolve"].bootstrap
+    assert len({c.run_dir for c in configs.values()}) == len(ARMS)
+
+
+def test_quick_bench_runs_end_to_end(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coevolve",
+            "bench",
+            "learning",
+            "--quick",
+            "--seeds",
+            "2",
+            "--arms",
+            "static,random,coevolve",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert [(r["arm"], r["seed"]) for r in report["runs"]] == [
+        ("static", 0),
+        ("random", 0),
+        ("coevolve", 0),
+        ("static", 1),
+        ("random", 1),
+        ("coevolve", 1),
+    ]
+    for run in report["runs"]:
+        assert len(run["success_by_cycle"]) == 2  # cycle 0 and the one cycle
+        if run["arm"] == "static":
+            assert run["accepted_by_cycle"] == [0]
+        else:
+            assert run["accepted_by_cycle"][0] <= 2  # synthesis.max_accepted of --quick
+    assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
+    assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
+    assert "paired differences" in out.stderr
+
+
+def test_unknown_arm_is_a_clear_error():
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", "static,best"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "unknown arms ['best']" in out.stderr
