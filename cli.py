@@ -312,6 +312,9 @@ def eval_command(
         str | None, typer.Option(help="Write the trajectories to this JSONL file.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    report_path: Annotated[
+        str | None, typer.Option("--report", help="Also write the JSON report to this file.")
+    ] = None,
 ) -> None:
     """Roll out a policy on a task set and report success overall and per family/category."""
     from .agents.evaluation import evaluate
@@ -353,6 +356,11 @@ def eval_command(
             for trajectory in trajectories:
                 handle.write(trajectory.model_dump_json() + "\n")
     report = evaluate(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
+    if report_path:
+        from pathlib import Path
+
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(json.dumps(report.as_json(), indent=2) + "\n")
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
         return

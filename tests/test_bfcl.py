@@ -333,3 +333,62 @@ def test_every_reference_scores_one(tasks: dict[str, list[Task]], category: str)
     ]
     assert failed == [], failed
     assert time.perf_counter() - started < 30
+
+
+def test_endpoint_eval_per_category_against_the_test_server(tmp_path: Any) -> None:
+    """`coevolve eval --env bfcl --policy CONFIG` over real HTTP, scored by the official checker.
+
+    The server plays the reference solution (coevolve.testing.reference_agent),
+    wrong on every other task: the report must say exactly which succeeded.
+    """
+    pytest.importorskip("bfcl_eval")
+    import json
+    import subprocess
+
+    import yaml
+
+    from coevolve.testing.openai_server import ScriptedOpenAIServer
+    from coevolve.testing.reference_agent import reference_replies
+
+    categories = ("multi_turn_base", "multi_turn_miss_param")
+    tasks = [t for c in categories for t in load_tasks(c)[:4]]
+    wrong = {t.id for t in tasks[1::2]}
+    server = ScriptedOpenAIServer(reference_replies(tasks, wrong=wrong.__contains__)).start()
+    try:
+        config = tmp_path / "bfcl.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "endpoints": {
+                        "local": {
+                            "base_url": server.base_url,
+                            "model": server.model,
+                            "temperature": 0.0,
+                        }
+                    },
+                    "policy": {"kind": "endpoint", "endpoint": "local"},
+                }
+            )
+        )
+        reports = {}
+        for category in categories:
+            report_path = tmp_path / f"{category}.json"
+            out = subprocess.run(
+                [
+                    sys.executable, "-m", "coevolve", "eval", "--env", "bfcl", "--category", category,
+                    "--policy", str(config), "--limit", "4", "--report", str(report_path),
+                ],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+            assert category in out.stdout and "overall" in out.stdout
+            reports[category] = json.loads(report_path.read_text())
+    finally:
+        server.stop()
+    for category, report in reports.items():
+        expected = sum(t.id not in wrong for t in tasks if t.family == category)
+        assert report["category"] == category
+        assert report["overall"]["episodes"] == 4
+        assert report["overall"]["successes"] == expected
+        assert report["by_family"][category]["success_rate"] == expected / 4
+        assert report["overall"]["errors"] == 0

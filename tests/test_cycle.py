@@ -28,8 +28,7 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.memory.store import TaskStore
-from coevolve.records import Task
-from coevolve.testing.openai_server import Reply
+from coevolve.testing.reference_agent import reference_replies
 from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
 TINY = BootstrapConfig.tiny()
@@ -50,39 +49,12 @@ def broken(task_id: str) -> bool:
     return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 3 == 0
 
 
-def reference_agent(tasks: list[Task]):
-    """A scripted server reply function: the next reference call, wrong for a third of tasks."""
-    by_query = {turn.query: (task, i) for task in tasks for i, turn in enumerate(task.turns)}
-
-    def reply(body: dict) -> Reply:
-        messages = body["messages"]
-        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-        found = by_query.get(messages[last_user]["content"])
-        if found is None:
-            return Reply.text("Done.")
-        task, turn = found
-        made = sum(1 for m in messages[last_user + 1 :] if m["role"] == "assistant")
-        calls = task.turns[turn].reference_calls
-        if made < len(calls):
-            call = calls[made]
-            arguments = dict(call.arguments)
-            if broken(task.id) and made == len(calls) - 1:
-                key = next((k for k, v in arguments.items() if isinstance(v, str)), None)
-                if key is not None:
-                    arguments[key] = arguments[key] + "x"
-            return Reply.tool_calls([(call.name, arguments)])
-        last = turn == len(task.turns) - 1
-        return Reply.text(task.reference_answer if last and task.reference_answer else "Done.")
-
-    return reply
-
-
 @pytest.fixture(scope="module")
 def agent_server(tmp_path_factory):
     from coevolve.testing.openai_server import ScriptedOpenAIServer
 
     tasks = load_split("train") + load_split("heldout")
-    server = ScriptedOpenAIServer(reference_agent(tasks)).start()
+    server = ScriptedOpenAIServer(reference_replies(tasks, wrong=broken)).start()
     yield server
     server.stop()
 
