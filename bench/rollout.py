@@ -105,7 +105,9 @@ def bench_endpoint(
     return ratio
 
 
-def bench_inprocess(episodes: int = 64, max_new_tokens: int = 64) -> float:
+def bench_inprocess(
+    episodes: int = 64, max_new_tokens: int = 64, model: str | None = None
+) -> float:
     import asyncio
 
     import torch
@@ -118,7 +120,7 @@ def bench_inprocess(episodes: int = 64, max_new_tokens: int = 64) -> float:
     from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
     torch.manual_seed(0)
-    model_dir = bootstrap(BootstrapConfig())
+    model_dir = model or bootstrap(BootstrapConfig())
     policy = LocalPolicy(str(model_dir), max_new_tokens=max_new_tokens, batch_size=episodes)
     tasks = load_split("validation", size=episodes)
     env = WorldEnvironment()
@@ -177,9 +179,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--part", choices=["both", "endpoint", "inprocess"], default="both")
+    parser.add_argument(
+        "--model", help="(a): a model directory instead of the default bootstrap model"
+    )
     args = parser.parse_args()
     if args.part in ("both", "inprocess"):
-        bench_inprocess()
+        bench_inprocess(model=args.model)
     if args.part in ("both", "endpoint"):
         bench_endpoint()
 
