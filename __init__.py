@@ -12,7 +12,6 @@ from .records import (
     Turn,
     Verdict,
 )
-
 from .runner import RunResult, resume, run
 
 __version__ = "0.1.0"
@@ -20,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CandidateTask",
     "Observation",
+    "RunResult",
     "Signal",
     "Step",
     "SynthesisContext",
@@ -27,7 +27,6 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "Turn",
-    "RunResult",
     "Verdict",
     "__version__",
     "resume",

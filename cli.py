@@ -305,7 +305,7 @@ def eval_command(
     k: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
     max_steps: Annotated[
-        int | None, typer.Option(help="Tool calls per user turn (world 12, bfcl 20).")
+        int | None, typer.Option(help="Steps per user turn (world 12, bfcl 20 as BFCL).")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks of each set.")] = None,
     save: Annotated[

@@ -148,7 +148,10 @@ class RolloutConfig(Section):
         default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
     )
     max_steps: int = Field(
-        default=12, gt=0, description="Most tool calls per user turn before it is cut off."
+        default=12,
+        gt=0,
+        description="Most steps (assistant messages with tool calls) per user turn before the "
+        "episode is cut off.",
     )
 
 

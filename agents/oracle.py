@@ -13,6 +13,8 @@ from ..records import Task
 from .conversation import DONE_ANSWER, final_answer
 from .policy import AssistantMessage, Message
 
+PARALLEL_STEPS = 10
+
 
 class OraclePolicy:
     """Knows the task of each conversation (``needs_tasks``) and plays its reference."""
@@ -41,9 +43,16 @@ class OraclePolicy:
         done_calls = sum(m["role"] == "tool" for m in conversation[last_user:])
         reference = task.turns[turn].reference_calls
         if done_calls < len(reference):
-            call = reference[done_calls]
+            # One call per message, except in turns longer than any step limit (BFCL's
+            # long-context turns reach 34 calls): those go out as parallel calls, at most
+            # PARALLEL_STEPS messages per turn, as a model within BFCL's 20 steps would.
+            per_message = max(1, -(-len(reference) // PARALLEL_STEPS))
+            calls = reference[done_calls : done_calls + per_message]
             return AssistantMessage(
-                tool_calls=[call.model_copy(update={"id": f"call_{turn}_{done_calls}"})]
+                tool_calls=[
+                    call.model_copy(update={"id": f"call_{turn}_{done_calls + i}"})
+                    for i, call in enumerate(calls)
+                ]
             )
         is_last = turn == len(task.turns) - 1
         return AssistantMessage(content=final_answer(task) if is_last else DONE_ANSWER)

@@ -30,7 +30,7 @@ class _Episode:
     messages: list[Message] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     turn: int = 0
-    calls: int = 0  # in the current user turn
+    calls: int = 0  # assistant messages with calls in the current user turn (steps)
     done: bool = False
     finished: bool = True
     error: str | None = None
@@ -63,14 +63,13 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
         episode.messages.append(
             {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
         )
-        episode.calls += 1
     for bad in reply.invalid_tool_calls:
         observation = Observation(text=f"error: {bad.message}", error=bad.error)
         episode.steps.append(Step(turn=episode.turn, raw=bad.raw, observation=observation))
         episode.messages.append(
             {"role": "tool", "tool_call_id": bad.id, "content": observation.text}
         )
-        episode.calls += 1
+    episode.calls += 1  # one step, however many calls it makes (BFCL's counting)
     if episode.calls >= max_steps:
         episode.finished, episode.done = False, True
 
@@ -114,7 +113,8 @@ async def rollout(
 ) -> list[Trajectory]:
     """Run ``k`` episodes of every task; return their trajectories in task order.
 
-    ``max_steps`` bounds the tool calls in one user turn (BFCL allows 20).
+    ``max_steps`` bounds the steps (assistant messages that call tools, each with
+    one or more calls) in one user turn; BFCL allows 20.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")

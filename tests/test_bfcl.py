@@ -392,3 +392,21 @@ def test_endpoint_eval_per_category_against_the_test_server(tmp_path: Any) -> No
         assert report["overall"]["successes"] == expected
         assert report["by_family"][category]["success_rate"] == expected / 4
         assert report["overall"]["errors"] == 0
+
+
+def test_oracle_fits_long_turns_into_the_step_limit(tasks: dict[str, list[Task]]) -> None:
+    """34 calls in one turn: the oracle sends them as parallel calls within BFCL's 20 steps."""
+    from coevolve.agents.oracle import OraclePolicy
+    from coevolve.agents.rollout import run_rollouts
+
+    long_turns = [
+        t
+        for t in tasks["multi_turn_long_context"]
+        if max(len(u.reference_calls) for u in t.turns) > 20
+    ]
+    assert long_turns, "BFCL's long-context category has turns of more than 20 calls"
+    trajectories = run_rollouts(
+        OraclePolicy(), BfclEnvironment, long_turns, max_steps=20, progress=False
+    )
+    assert [t.score for t in trajectories] == [1.0] * len(long_turns)
+    assert all(t.finished for t in trajectories)
