@@ -1,7 +1,7 @@
 """The closed loop from Python: the same run as `coevolve run`, with a config edited in code.
 
-    python examples/closed_loop.py            # two quick cycles into runs/example
-    python examples/closed_loop.py --resume   # continue it after Ctrl-C / a kill
+`python examples/closed_loop.py` makes two quick cycles into runs/example;
+`python examples/closed_loop.py --resume` continues them after Ctrl-C or a kill.
 """
 
 import sys
