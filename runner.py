@@ -161,13 +161,17 @@ def build_runtime(
     )
 
 
-async def use_adapter(rt: CycleRuntime, adapter: str | None, cycle: int) -> None:
-    """Make the policy serve ``adapter``: reload in-process, or hot-load into vLLM."""
+async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
+    """Make the policy serve ``adapter``: reload in-process, or hot-load into vLLM.
+
+    vLLM serves it as ``<model>-coevolve-<adapter directory>``, e.g. ``...-coevolve-cycle-2``.
+    """
     if adapter is None:
         return
     if rt.config.policy.kind == "endpoint":
         base = rt.config.endpoint(rt.config.policy.endpoint).model
-        await rt.policy.load_adapter(f"{base}-coevolve-cycle-{cycle}", str(Path(adapter).resolve()))
+        path = Path(adapter).resolve()
+        await rt.policy.load_adapter(f"{base}-coevolve-{path.name}", str(path))
     else:
         rt.policy.reload_adapter(adapter)
 
@@ -220,7 +224,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         temporary = record.with_suffix(".tmp")
         temporary.write_text(result.model_dump_json(indent=2))
         temporary.replace(record)
-    await use_adapter(rt, result.adapter_dir, cycle)
+    await use_adapter(rt, result.adapter_dir)
     return result
 
 
@@ -342,7 +346,7 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[dict[str, Any]]
                     f"resuming {rt.run_dir}: cycle {cycle}, next stage {', '.join(snapshot.next)}"
                 )
                 if adapter is not None and adapter != config.policy.adapter:
-                    await use_adapter(rt, adapter, cycle)
+                    await use_adapter(rt, adapter)
                 graph_input = None
             else:
                 rt.say(f"{rt.run_dir} finished already; reporting")
