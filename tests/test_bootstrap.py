@@ -139,14 +139,16 @@ def test_assistant_mask_covers_exactly_the_assistant_turns_with_end_of_turn(toke
     end_id = tokenizer.convert_tokens_to_ids(IM_END)
     starts = [i for i, token in enumerate(ids) if token == start_id] + [len(ids)]
     roles = []
+    newline = tokenizer.convert_tokens_to_ids("Ċ")
     for begin, stop in itertools.pairwise(starts):
-        role = tokenizer.decode(ids[begin + 1 : begin + 2])
+        header = ids[begin:stop].index(newline)  # <|im_start|>role (a token or a few)
+        role = tokenizer.decode(ids[begin + 1 : begin + header])
         roles.append(role)
         segment = mask[begin:stop]
         if role == "assistant":
             # <|im_start|>assistant is the prompt; everything after it, <|im_end|> included, is learned.
-            assert segment[:2] == [0, 0]
-            assert all(segment[2:]), tokenizer.decode(ids[begin:stop])
+            assert not any(segment[:header])
+            assert all(segment[header:]), tokenizer.decode(ids[begin:stop])
             assert end_id in [ids[i] for i in range(begin, stop) if mask[i]]
         else:
             assert not any(segment), (role, tokenizer.decode(ids[begin:stop]))
@@ -216,7 +218,8 @@ def test_bootstrap_builds_a_loadable_model_with_metadata(tiny_build):
     assert metadata["cache_key"] == TINY.cache_key()
     assert metadata["steps"] == TINY.max_steps
     assert metadata["parameters"] > 0
-    assert metadata["train_examples"] == TINY.num_train_tasks
+    assert metadata["train_demonstrations"] == TINY.num_train_tasks
+    assert metadata["train_examples"] == TINY.num_train_tasks * (1 + TINY.augment_copies)
     assert metadata["final_loss"] > 0
     assert metadata["eval"] is None
     model = AutoModelForCausalLM.from_pretrained(str(tiny_build))
@@ -250,10 +253,13 @@ def test_an_unfinished_build_is_not_reused(tiny_build, tmp_path):
     (path / METADATA_FILE).unlink()  # as if the build was killed before its last write
     (path / "sentinel").write_text("partial")
     assert not is_complete(path)
+    stale = path.parent / f"{path.name}.partial-999999999"  # left by a killed process
+    stale.mkdir()
 
     assert bootstrap(TINY, cache_dir=cache, progress=False) == path
     assert is_complete(path)
     assert not (path / "sentinel").exists()
+    assert not stale.exists()
 
 
 def test_cache_location_and_key(monkeypatch, tmp_path):
@@ -315,3 +321,61 @@ def test_tokenizer_learns_no_merges_from_training_values(corpus):
     single_whole = sum(len(whole.tokenize(n)) == 1 for n in names)
     single_skipping = sum(len(skipping.tokenize(n)) == 1 for n in names)
     assert single_skipping < single_whole
+
+
+def test_value_augmentation_replaces_pool_values_consistently(corpus):
+    import re
+
+    from coevolve.envs.world import pools_for
+    from coevolve.training.bootstrap import ValueAugmenter, augment_corpus
+
+    augmenter = ValueAugmenter("train", seed=0)
+    train = pools_for("train")
+    pool_values = {*train.names, *train.products, *train.titles, *train.messages}
+    others = {
+        value.lower()
+        for split in ("validation", "heldout")
+        for pools in [pools_for(split)]
+        for value in (*pools.names, *pools.products, *pools.titles, *pools.messages)
+    }
+    for original in corpus:
+        copy = augmenter(original)
+        assert [m["role"] for m in copy] == [m["role"] for m in original]
+        for old, new in zip(original, copy, strict=True):
+            if old.get("tool_calls"):
+                old_call, new_call = old["tool_calls"][0], new["tool_calls"][0]
+                assert new_call["function"]["name"] == old_call["function"]["name"]
+                old_args = json.loads(old_call["function"]["arguments"])
+                new_args = json.loads(new_call["function"]["arguments"])
+                assert new_args.keys() == old_args.keys()
+                for key, value in new_args.items():
+                    copied = key in ("name", "title", "query", "date", "time", "phone")
+                    if copied and value != old_args[key]:
+                        # a replaced value reads the same wherever the conversation uses it
+                        assert value.lower() not in others
+                        mentions = [m.get("content") or "" for m in copy]
+                        assert any(value in text for text in mentions), (key, value)
+        text = json.dumps(copy)
+        for value in pool_values:
+            assert not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text), value
+    config = TINY.model_copy(update={"augment_copies": 2})
+    assert len(augment_corpus(corpus, config)) == 3 * len(corpus)
+    assert augment_corpus(corpus, TINY.model_copy(update={"augment_copies": 0})) == corpus
+
+
+def test_phrase_tokens_are_single_tokens_and_shorten_demonstrations(tokenizer, corpus):
+    from coevolve.training.bootstrap import phrase_tokens
+
+    assert TINY.phrase_tokens
+    for phrase in phrase_tokens():
+        ids = tokenizer(phrase, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, phrase
+    text = render(tokenizer, corpus[0])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert corpus[0][0]["content"] in tokenizer.convert_ids_to_tokens(ids)  # the system prompt
+    plain = train_tokenizer(
+        [render(tokenizer, messages) for messages in corpus],
+        TINY.model_copy(update={"phrase_tokens": False}),
+    )
+    assert len(plain(text, add_special_tokens=False)["input_ids"]) > 1.5 * len(ids)
