@@ -106,7 +106,7 @@ def bench_endpoint(
 
 
 def bench_inprocess(
-    episodes: int = 64, max_new_tokens: int = 64, model: str | None = None
+    episodes: int = 64, max_new_tokens: int = 64, model_path: str | None = None
 ) -> float:
     import asyncio
 
@@ -120,7 +120,7 @@ def bench_inprocess(
     from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
     torch.manual_seed(0)
-    model_dir = model or bootstrap(BootstrapConfig())
+    model_dir = model_path or bootstrap(BootstrapConfig())
     policy = LocalPolicy(str(model_dir), max_new_tokens=max_new_tokens, batch_size=episodes)
     tasks = load_split("validation", size=episodes)
     env = WorldEnvironment()
@@ -184,7 +184,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.part in ("both", "inprocess"):
-        bench_inprocess(model=args.model)
+        bench_inprocess(model_path=args.model)
     if args.part in ("both", "endpoint"):
         bench_endpoint()
 
