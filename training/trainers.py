@@ -204,6 +204,30 @@ def common_arguments(
     }
 
 
+class _ProgressBars:
+    """Turns off datasets' and transformers' progress bars for a quiet step, and back on."""
+
+    def __init__(self, progress: bool):
+        import datasets
+        from transformers.utils import logging as transformers_logging
+
+        self.progress = progress
+        self.datasets_were_on = datasets.is_progress_bar_enabled()
+        self.transformers_were_on = transformers_logging.is_progress_bar_enabled()
+        if not progress:
+            datasets.disable_progress_bars()
+            transformers_logging.disable_progress_bar()
+
+    def restore(self) -> None:
+        import datasets
+        from transformers.utils import logging as transformers_logging
+
+        if self.datasets_were_on:
+            datasets.enable_progress_bars()
+        if self.transformers_were_on:
+            transformers_logging.enable_progress_bar()
+
+
 def _quiet(trainer: Any, progress: bool) -> None:
     if not progress:
         # Without tqdm, transformers prints every log dict to stdout instead.
@@ -326,6 +350,7 @@ def train_adapter(
     device = resolve_device(config)
     tokenizer = load_tokenizer(model_dir)
     work = Path(tempfile.mkdtemp(prefix="coevolve-train-"))
+    bars = _ProgressBars(progress)
     try:
         if config.algorithm == "grpo":
             from .grpo import make_grpo_trainer
@@ -376,6 +401,7 @@ def train_adapter(
         _save_adapter(trainer.model, output, result, config)
         return result
     finally:
+        bars.restore()
         shutil.rmtree(work, ignore_errors=True)
 
 
