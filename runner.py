@@ -311,6 +311,8 @@ def _execute(config: CoevolveConfig, *, resuming: bool, progress: bool, console:
         rt.store.close()
     from .report import write_report
 
+    assert rt.pool.path is not None
+    rt.pool.path.touch()  # the synthesized tasks' file exists even when a run accepted none
     paths = write_report(rt.run_dir, summaries, rt.pool)
     return RunResult(
         run_dir=str(rt.run_dir),
