@@ -23,8 +23,10 @@ Builds are cached under ``<cache>/bootstrap/<config hash>`` (cache: the
 
 The default config is meant to give a *weak* agent (a middling held-out success
 rate, rare families weaker still) in under ten minutes on two CPU cores. It is
-not there yet: it picks tools fairly well but copies argument values (names,
-titles, numbers) poorly, so held-out success is a few percent. The ``tiny()``
+short of the 15-50% aimed at: it picks tools fairly well but copies argument
+values (names, titles, numbers) poorly. Training is bounded in seconds, so the
+result depends on load: on two idle cores 3129 steps give 10.6% held-out
+success, on two busy ones 1127 steps give 3.7% (docs/benchmarks.md). The ``tiny()``
 preset builds in seconds for tests and learns nothing useful.
 """
 
