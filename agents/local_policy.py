@@ -79,6 +79,7 @@ class LocalPolicy:
         self.batch_size = batch_size
         self.tools_in_prompt = tools_in_prompt
         self._fixed_version = version
+        self._base_version: str | None = None
         self._lock = threading.Lock()
 
         import torch
@@ -123,13 +124,16 @@ class LocalPolicy:
     def version(self) -> str:
         if self._fixed_version is not None:
             return self._fixed_version
-        base = self.model_path.name
-        metadata = self.model_path / "bootstrap.json"
-        if metadata.exists():
-            try:
-                base = f"bootstrap-{json.loads(metadata.read_text())['cache_key'][:8]}"
-            except (ValueError, KeyError, OSError):
-                pass
+        if self._base_version is None:  # read once: rollouts ask for it per trajectory
+            self._base_version = self.model_path.name
+            metadata = self.model_path / "bootstrap.json"
+            if metadata.exists():
+                try:
+                    key = json.loads(metadata.read_text())["cache_key"][:8]
+                    self._base_version = f"bootstrap-{key}"
+                except (ValueError, KeyError, OSError):
+                    pass
+        base = self._base_version
         if self.adapter_path is not None:
             return f"{base}+{self.adapter_path.name}"
         return base

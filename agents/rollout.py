@@ -144,7 +144,8 @@ async def rollout(
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
             live = still_live
-    return [_trajectory(e, policy.version, cycle) for e in episodes]
+    version = policy.version
+    return [_trajectory(e, version, cycle) for e in episodes]
 
 
 def run_rollouts(*args: Any, **kwargs: Any) -> list[Trajectory]:
