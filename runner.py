@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -181,7 +180,12 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     from .graph.cycle import _trajectories, seed_everything
     from .memory.pool import read_tasks
     from .training.datasets import demonstrations, preference_pairs, successful_conversations
-    from .training.trainers import TrainResult, train_adapter
+    from .training.trainers import (
+        TrainResult,
+        is_adapter_complete,
+        load_train_result,
+        train_adapter,
+    )
 
     config = rt.config
     cycle_dir = rt.cycle_dir(cycle)
@@ -189,6 +193,9 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     output_dir = rt.run_dir / "adapters" / f"cycle-{cycle}"
     if record.exists():  # trained before a kill; the adapter is complete (saved atomically)
         result = TrainResult.model_validate_json(record.read_text())
+    elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
+        result = load_train_result(output_dir)
+        _write_atomically(record, result.model_dump_json(indent=2))
     else:
         if rt.model_dir is None:
             raise RunError(
@@ -221,11 +228,15 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             system_prompt=config.policy.system_prompt,
             progress=rt.progress,
         )
-        temporary = record.with_suffix(".tmp")
-        temporary.write_text(result.model_dump_json(indent=2))
-        temporary.replace(record)
+        _write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def studio_runtime(context: dict[str, Any] | None) -> CycleRuntime:
@@ -251,7 +262,6 @@ def run(
     overwrite: bool = False,
     progress: bool = True,
     console: Any = None,
-    on_stage: Callable[[str, int], None] | None = None,
 ) -> RunResult:
     """Run the closed loop from a config (a CoevolveConfig, a YAML path, a dict or None).
 

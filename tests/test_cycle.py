@@ -161,6 +161,17 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         assert again["current"]["synthesize"]["removed_on_resume"] == first["pool"]["added"]
         assert again["current"]["synthesize"]["accepted"] == first["synthesize"]["accepted"]
         assert rt.store.count() == stored
+
+        # Killed after the adapter was saved but before the cycle's record: not trained again.
+        from coevolve.runner import train_cycle
+
+        record = Path(result.run_dir) / "cycles" / "001" / "train.json"
+        weights = Path(result.run_dir) / "adapters" / "cycle-1" / "adapter_model.safetensors"
+        before = (record.read_text(), weights.stat().st_mtime_ns)
+        record.unlink()
+        again_trained = asyncio.run(train_cycle(rt, 1, None))
+        assert again_trained.steps == first["train"]["steps"]
+        assert (record.read_text(), weights.stat().st_mtime_ns) == before
     finally:
         rt.store.close()
 
