@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 SIGNAL_KINDS = ("forgetting", "boundary", "rare")
+# The keys of a cycle summary, in the order the cycle graph runs them.
+STAGES = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
 GENERATION_STAGES = ("rollout", "evaluate")
 
 
 def stage_times(summary: dict[str, Any]) -> dict[str, float]:
     """Seconds per stage of one cycle (training counts its whole stage)."""
     times = {}
-    for stage in ("rollout", "signals", "synthesize", "pool", "train", "evaluate"):
+    for stage in STAGES:
         figures = summary.get(stage) or {}
         seconds = figures.get("stage_time_s", figures.get("time_s"))
         if seconds is not None:
@@ -214,16 +216,15 @@ def print_summary(
             )
         console.print(by_family)
 
-    stages = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
     times = Table(title="seconds per stage")
     times.add_column("cycle", justify="right")
-    for stage in (*stages, "total"):
+    for stage in (*STAGES, "total"):
         times.add_column(stage, justify="right")
     for row in rows:
         seconds = row["stage_time_s"]
         times.add_row(
             str(row["cycle"]),
-            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in stages),
+            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in STAGES),
             f"{sum(seconds.values()):.1f}",
         )
     console.print(times)

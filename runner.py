@@ -177,8 +177,9 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
     """The cycle's training data, the TRL step, and the policy update."""
-    from .graph.cycle import _trajectories, seed_everything
-    from .memory.pool import read_tasks
+    from .graph.cycle import seed_everything
+    from .memory.pool import load_jsonl, write_atomically
+    from .records import Task, Trajectory
     from .training.datasets import demonstrations, preference_pairs, successful_conversations
     from .training.trainers import (
         TrainResult,
@@ -195,15 +196,15 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         result = TrainResult.model_validate_json(record.read_text())
     elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
         result = load_train_result(output_dir)
-        _write_atomically(record, result.model_dump_json(indent=2))
+        write_atomically(record, result.model_dump_json(indent=2))
     else:
         if rt.model_dir is None:
             raise RunError(
                 "training needs the base model locally: set policy.train_model to the "
                 "directory of the model the endpoint serves"
             )
-        trajectories = _trajectories(cycle_dir / "rollouts.jsonl")
-        accepted = read_tasks(cycle_dir / "synthesized.jsonl")
+        trajectories = load_jsonl(cycle_dir / "rollouts.jsonl", Trajectory)
+        accepted = load_jsonl(cycle_dir / "synthesized.jsonl", Task)
         replay = rt.pool.replay_sample(
             cycle, config.pool.replay_demonstrations, {t.id for t in accepted}, config.pool.seed
         )
@@ -228,15 +229,9 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             system_prompt=config.policy.system_prompt,
             progress=rt.progress,
         )
-        _write_atomically(record, result.model_dump_json(indent=2))
+        write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def studio_runtime(context: dict[str, Any] | None) -> CycleRuntime:

@@ -166,9 +166,7 @@ class EndpointPolicy:
 
         state = self._state()
         try:
-            response = await state.client.post(
-                f"/{route}", body=body, cast_to=_http_library().Response
-            )
+            await state.client.post(f"/{route}", body=body, cast_to=_http_library().Response)
         except openai.APIStatusError as err:
             if loaded_ok and err.status_code == 400 and "already" in _error_detail(err):
                 return
@@ -183,7 +181,6 @@ class EndpointPolicy:
             ) from None
         except openai.APIConnectionError as err:
             raise PolicyError(f"{self._where()}: {route} failed: {err.__cause__ or err}") from None
-        del response
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop; clients made in other loops are dropped."""

@@ -87,13 +87,10 @@ def seed_everything(*parts: object) -> int:
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     seed = int.from_bytes(digest[:4], "big")
     random.seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:  # pragma: no cover
-        pass
+    import numpy as np
     import torch
+
+    np.random.seed(seed)
 
     torch.manual_seed(seed)
     return seed
@@ -107,14 +104,6 @@ def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
     from ..runner import studio_runtime
 
     return studio_runtime(context if isinstance(context, dict) else None)
-
-
-def _trajectories(path: Path) -> list[Trajectory]:
-    return [
-        Trajectory.model_validate_json(line)
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
 
 
 def _success_rate(trajectories: list[Trajectory]) -> float:
@@ -225,13 +214,13 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    from ..memory.pool import dump_jsonl
+    from ..memory.pool import dump_jsonl, load_jsonl
     from ..memory.signals import apply_budget, detect_signals, select_random
 
     rt = _runtime(runtime)
     cycle = state["cycle"]
     started = time.perf_counter()
-    trajectories = _trajectories(rt.cycle_dir(cycle) / "rollouts.jsonl")
+    trajectories = load_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", Trajectory)
     flagged = detect_signals(trajectories, rt.history, rt.patterns, rt.config.signals, cycle)
     if rt.config.signals.selection == "random":
         kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
@@ -254,19 +243,14 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..graph.synthesis import SynthesisRuntime
     from ..graph.synthesis import synthesize as run_synthesis
-    from ..memory.pool import dump_jsonl
+    from ..memory.pool import dump_jsonl, load_jsonl
     from ..memory.signals import FlaggedTrajectory
 
     rt = _runtime(runtime)
     config = rt.config
     cycle = state["cycle"]
     started = time.perf_counter()
-    path = rt.cycle_dir(cycle) / "flagged.jsonl"
-    flagged = [
-        FlaggedTrajectory.model_validate_json(line)
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
+    flagged = load_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", FlaggedTrajectory)
     if not config.synthesis.enabled:
         flagged = []  # the static arm: the pool stays the seed tasks
     # A pass killed half-way may have stored some of its tasks: take them out, so
@@ -309,12 +293,12 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
 
 
 async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    from ..memory.pool import read_tasks
+    from ..memory.pool import load_jsonl
 
     rt = _runtime(runtime)
     cycle = state["cycle"]
     started = time.perf_counter()
-    accepted = read_tasks(rt.cycle_dir(cycle) / "synthesized.jsonl")
+    accepted = load_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", Task)
     added = rt.pool.add(accepted)
     counts = rt.pool.counts()
     figures = {

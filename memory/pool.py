@@ -23,11 +23,14 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..records import Task
 from .history import OutcomeHistory
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
 
 class PoolConfig(BaseModel):
@@ -164,21 +167,30 @@ class TaskPool:
         return rng.sample(candidates, min(count, len(candidates)))
 
 
-def read_tasks(path: str | Path) -> list[Task]:
+def load_jsonl(path: str | Path, record: type[RecordT]) -> list[RecordT]:
+    """Records of one type from a JSON-lines file (blank lines skipped)."""
     return [
-        Task.model_validate_json(line)
+        record.model_validate_json(line)
         for line in Path(path).read_text(encoding="utf-8").splitlines()
         if line.strip()
     ]
 
 
-def dump_jsonl(path: str | Path, rows: Iterable[BaseModel | dict]) -> None:
-    """Write records or dicts as JSON lines, atomically."""
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write a file so that a reader (or a resumed run) never sees half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(path.suffix + ".tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            text = row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)
-            handle.write(text + "\n")
+    temporary.write_text(text, encoding="utf-8")
     temporary.replace(path)
+
+
+def dump_jsonl(path: str | Path, rows: Iterable[BaseModel | dict]) -> None:
+    """Write records or dicts as JSON lines, atomically."""
+    write_atomically(
+        path,
+        "".join(
+            (row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)) + "\n"
+            for row in rows
+        ),
+    )

@@ -6,8 +6,8 @@ import pytest
 
 from coevolve.envs.world import load_split
 from coevolve.memory.history import OutcomeHistory
-from coevolve.memory.pool import PoolConfig, TaskPool, read_tasks
-from coevolve.records import Trajectory
+from coevolve.memory.pool import PoolConfig, TaskPool, load_jsonl
+from coevolve.records import Task, Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_adding_is_idempotent_and_persisted(seeds, tmp_path):
     new = [synthesized(seeds[i], 1, i) for i in range(5)]
     assert pool.add(new) == 5
     assert pool.add([*new, synthesized(seeds[9], 1, 9)]) == 1  # a resumed cycle re-adds
-    assert [t.id for t in read_tasks(path)] == [t.id for t in pool.synthesized()]
+    assert [t.id for t in load_jsonl(path, Task)] == [t.id for t in pool.synthesized()]
     with path.open("a") as handle:
         handle.write('{"id": "cut sho')  # a line cut short by a kill
     reopened = TaskPool(seeds, path)
