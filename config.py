@@ -25,6 +25,10 @@ from .training.bootstrap import BootstrapConfig
 from .training.config import TrainingConfig
 
 
+# Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
+CHARS_PER_TOKEN = 16
+
+
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message says what to change."""
 
@@ -53,6 +57,18 @@ class EndpointConfig(Section):
         default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
+    max_reply_chars: int | None = Field(
+        default=None,
+        gt=0,
+        description="Longest reply (text plus tool-call arguments, in characters) that is read; "
+        f"a longer one is rejected unparsed as 'reply too long'. None: {CHARS_PER_TOKEN} × "
+        "max_tokens, far above real text (3-5 characters a token), so only a server that "
+        "ignores max_tokens (a proxy, a misconfigured or hostile server) reaches it.",
+    )
+
+    def reply_limit(self) -> int:
+        """The longest reply, in characters, that a role reads from this endpoint."""
+        return self.max_reply_chars or CHARS_PER_TOKEN * self.max_tokens
 
     def api_key(self) -> str:
         if self.api_key_env is None:

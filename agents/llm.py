@@ -10,6 +10,14 @@ was asked for, unknown top-level keys. Model text is data: it is read with
 
 One ``asyncio.Semaphore`` (the ``limiter``) bounds the LLM requests in flight
 across every role of a run; each request holds it only while it is on the wire.
+
+Replies are bounded before anything reads them: a chat model from
+``chat_model`` rejects a reply whose text (content plus tool-call arguments)
+is longer than ``EndpointConfig.reply_limit()`` with ``ReplyTooLongError``
+("reply too long"), so a server that ignores ``max_tokens`` cannot stall a
+pass. JSON is extracted from a reply in linear time (``iter_json_values``):
+one scan finds the balanced ``{...}``/``[...]`` spans, and each is handed to
+``json.loads`` once.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -39,6 +48,36 @@ SchemaT = TypeVar("SchemaT", bound=BaseModel)
 
 # How much of an unreadable reply an error message quotes.
 _RAW_QUOTE = 500
+
+
+class ReplyTooLongError(ValueError):
+    """A reply longer than the endpoint's limit; it is rejected unread."""
+
+    def __init__(self, length: int, limit: int, model: str):
+        super().__init__(
+            f"reply too long: {length} characters from {model}, limit {limit} "
+            "(raise endpoints.<name>.max_reply_chars or max_tokens if such replies are expected)"
+        )
+        self.length = length
+        self.limit = limit
+
+
+def reply_length(response: Any) -> int:
+    """Characters of reply text in a chat completion (an SDK object or a dict): every
+    choice's content plus its tool calls' arguments."""
+    total = 0
+    for choice in _field(response, "choices") or []:
+        message = _field(choice, "message")
+        content = _field(message, "content")
+        total += len(content) if isinstance(content, str) else 0
+        for call in _field(message, "tool_calls") or []:
+            arguments = _field(_field(call, "function"), "arguments")
+            total += len(arguments) if isinstance(arguments, str) else 0
+    return total
+
+
+def _field(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
 
 class StructuredOutputError(RuntimeError):
@@ -87,17 +126,42 @@ class _PerLoopTransport(httpx.AsyncBaseTransport):
             await pool.aclose()
 
 
-def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> ChatOpenAI:
-    """A ``ChatOpenAI`` for one endpoint; ``temperature`` overrides the endpoint's."""
+@functools.cache
+def _bounded_chat_class() -> type[ChatOpenAI]:
+    """``ChatOpenAI`` that refuses a reply longer than ``max_reply_chars`` before reading it.
+
+    The check runs on the SDK's response object, before langchain builds a
+    message (and parses tool-call arguments) from it; every role gets it,
+    tool-calling ones included.
+    """
     from langchain_openai import ChatOpenAI
 
+    class BoundedChatOpenAI(ChatOpenAI):
+        max_reply_chars: int | None = None
+
+        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
+            if self.max_reply_chars is not None:
+                length = reply_length(response)
+                if length > self.max_reply_chars:
+                    raise ReplyTooLongError(length, self.max_reply_chars, self.model_name)
+            return super()._create_chat_result(response, generation_info)
+
+    return BoundedChatOpenAI
+
+
+def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> ChatOpenAI:
+    """A ``ChatOpenAI`` for one endpoint; ``temperature`` overrides the endpoint's.
+
+    Replies longer than ``endpoint.reply_limit()`` characters raise ``ReplyTooLongError``.
+    """
     client = httpx.AsyncClient(
         transport=_PerLoopTransport(
             limits=httpx.Limits(max_connections=max(endpoint.concurrency, 1) * 2)
         ),
         timeout=endpoint.timeout_s,
     )
-    return ChatOpenAI(
+    return _bounded_chat_class()(
+        max_reply_chars=endpoint.reply_limit(),
         base_url=endpoint.base_url,
         model=endpoint.model,
         api_key=SecretStr(endpoint.api_key()),
@@ -130,11 +194,15 @@ async def structured_call(
 ) -> SchemaT:
     """Ask ``model`` for an instance of ``schema``; raise StructuredOutputError if none comes.
 
-    1. ``with_structured_output(..., method="json_schema")``: the server is
-       told the schema. A reply that does not parse as-is is read tolerantly.
+    1. A request with ``response_format`` (a JSON schema): the server is told
+       the schema. The reply's text is read tolerantly (``parse_json_reply``).
     2. If the server refused that request, or its reply held no valid object, a
        plain request that asks for JSON (the schema in the message), read
        tolerantly.
+
+    A reply longer than the model's limit (``ReplyTooLongError``) ends the call
+    at once with "reply too long": it is not parsed, and no second request is
+    made of a server that ignores ``max_tokens``.
     """
     problems: list[str] = []
     raw: str | None = None
@@ -142,16 +210,12 @@ async def structured_call(
         runnable = _structured_runnable(model, schema)
         async with limited(limiter):
             result = await runnable.ainvoke(list(messages))
+    except ReplyTooLongError as err:
+        raise StructuredOutputError(str(err)) from None
     except Exception as err:  # the server refused response_format, or the body was broken
         problems.append(f"structured request failed: {_describe_error(err)}")
     else:
-        parsed = result.get("parsed")
-        if parsed is not None:
-            try:
-                return schema.model_validate(_fit(parsed, schema))
-            except ValidationError as err:
-                problems.append(f"structured reply does not fit: {_short_validation(err)}")
-        raw = _content_text(result.get("raw"))
+        raw = _content_text(result)
         try:
             return parse_json_reply(raw, schema)
         except ValueError as err:
@@ -161,6 +225,9 @@ async def structured_call(
     try:
         async with limited(limiter):
             reply = await model.ainvoke(fallback)
+    except ReplyTooLongError as err:
+        problems.append(str(err))
+        raise StructuredOutputError("; ".join(problems), raw) from None
     except Exception as err:
         problems.append(f"JSON request failed: {_describe_error(err)}")
         raise StructuredOutputError("; ".join(problems), raw) from err
@@ -179,23 +246,27 @@ _RUNNABLES: dict[int, tuple[weakref.ref[Any], dict[type, Any]]] = {}
 
 
 def _structured_runnable(model: Any, schema: type[BaseModel]) -> Any:
-    """``with_structured_output`` built once per (model, schema): building it, and the
-    JSON schema inside it, cost more CPU than the request itself."""
+    """The model bound to the schema's ``response_format``, built once per (model, schema).
+
+    A plain ``bind`` rather than ``with_structured_output``: the latter parses
+    the reply with langchain-core's partial-JSON parser, whose time grows with
+    the square of the reply's length; the text is read here instead.
+    """
     entry = _RUNNABLES.get(id(model))
     if entry is None or entry[0]() is not model:
         entry = (weakref.ref(model), {})
         _RUNNABLES[id(model)] = entry
     per_schema = entry[1]
     if schema not in per_schema:
-        per_schema[schema] = model.with_structured_output(
-            response_format(schema), method="json_schema", include_raw=True
+        per_schema[schema] = model.bind(
+            response_format={"type": "json_schema", "json_schema": response_format(schema)}
         )
     return per_schema[schema]
 
 
 @functools.cache
 def response_format(schema: type[BaseModel]) -> dict[str, Any]:
-    """The schema as an OpenAI ``json_schema`` response format.
+    """The schema as the ``json_schema`` of an OpenAI ``response_format``.
 
     Given as a plain JSON schema rather than the pydantic class: with the class,
     the openai SDK parses the reply inside the request and a reply that is not
@@ -232,28 +303,128 @@ def parse_json_reply(text: str, schema: type[SchemaT]) -> SchemaT:
 
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
+_CLOSERS = {"{": "}", "[": "]"}
+# How many values iter_json_values returns at most.
+_MAX_VALUES = 8
+# How many nested objects and lists of one parsed value are offered.
+_NESTED_VISITS = 64
+
+
+@dataclass
+class _Span:
+    """A balanced ``{...}`` or ``[...]`` in the text, and the balanced spans directly inside."""
+
+    start: int
+    end: int = -1
+    children: list[_Span] = field(default_factory=list)
+
+
+def balanced_spans(text: str) -> list[_Span]:
+    """The outermost balanced bracket spans of ``text``, in order, in one pass.
+
+    Brackets inside JSON strings (with escapes) do not count; quotes outside
+    any bracket are prose and do not start strings. A closing bracket that
+    does not match, or the end of the text, abandons the open brackets and
+    promotes their finished inner spans to outermost ones, so JSON after prose
+    such as "{ not json" is still found.
+    """
+    top: list[_Span] = []
+    stack: list[tuple[str, _Span]] = []  # (expected closer, span)
+
+    def abandon_open() -> None:
+        for _closer, span in stack:  # bottom first: their finished children are in order
+            top.extend(span.children)
+        stack.clear()
+
+    in_string = escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char in _CLOSERS:
+            stack.append((_CLOSERS[char], _Span(index)))
+        elif not stack:
+            continue
+        elif char == '"':
+            in_string = True
+        elif char in "}]":
+            closer, span = stack[-1]
+            if char != closer:
+                abandon_open()
+                continue
+            stack.pop()
+            span.end = index + 1
+            (stack[-1][1].children if stack else top).append(span)
+    abandon_open()
+    return top
 
 
 def iter_json_values(text: str) -> list[Any]:
-    """JSON objects (and lists) found in text: fenced blocks first, then the text from each brace."""
-    decoder = json.JSONDecoder()
-    sources = [block.strip() for block in _FENCE.findall(text)] + [text]
+    """JSON objects and lists found in model text, in linear time: fenced blocks first, then
+    the text; for each, its outermost balanced spans in order.
+
+    A span that parses gives its value and then the objects and lists nested in
+    it (without parsing again); a span that does not gives what its inner spans
+    hold. The characters handed to ``json.loads`` are bounded by a small
+    multiple of the text's length, so a long reply costs time in proportion to
+    its length (langchain-core's partial-JSON parser takes time in its square).
+    """
+    sources = [block for block in _FENCE.findall(text) if block.strip()] + [text]
     found: list[Any] = []
     seen: set[str] = set()
-    for source in sources:
-        for match in re.finditer(r"[\[{]", source):
-            try:
-                value, _end = decoder.raw_decode(source, match.start())
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(value, dict | list):
-                continue
+    budget = 4 * sum(len(source) for source in sources)
+
+    def add(value: Any) -> bool:
+        """Record a value; True when enough were found."""
+        try:
             key = json.dumps(value, sort_keys=True, default=str)
-            if key not in seen:
-                seen.add(key)
-                found.append(value)
-            if len(found) >= 8:
-                return found
+        except (ValueError, RecursionError):
+            return False
+        if key not in seen:
+            seen.add(key)
+            found.append(value)
+        return len(found) >= _MAX_VALUES
+
+    def add_nested(value: Any) -> bool:
+        # Depth first, in text order, as the spans would be; two levels deep and
+        # _NESTED_VISITS values at most, so the serialising in add() stays linear.
+        pending = [(value, 0)]
+        visits = 0
+        while pending and visits < _NESTED_VISITS:
+            item, depth = pending.pop()
+            visits += 1
+            if add(item):
+                return True
+            if depth < 2:
+                children = list(item.values() if isinstance(item, dict) else item)
+                pending += [
+                    (c, depth + 1) for c in reversed(children) if isinstance(c, dict | list)
+                ]
+        return False
+
+    def visit(source: str, spans: list[_Span]) -> bool:
+        nonlocal budget
+        for span in spans:
+            if budget <= 0:
+                return True
+            budget -= span.end - span.start
+            try:
+                value = json.loads(source[span.start : span.end])
+            except (ValueError, RecursionError):
+                if visit(source, span.children):
+                    return True
+                continue
+            if add_nested(value):
+                return True
+        return False
+
+    for source in sources:
+        if visit(source, balanced_spans(source)):
+            break
     return found
 
 
