@@ -117,6 +117,18 @@ class Trajectory(Record):
         default=None,
         description="Why the episode stopped early (e.g. the endpoint failed after retries).",
     )
+    diagnosis: list[str] = Field(
+        default_factory=list,
+        description="SEAL failure labels, one per BFCL user turn or per world step plus one "
+        "outcome label (coevolve.envs.diagnosis); empty when not diagnosed.",
+    )
+    progress: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Graded progress beside the binary score (passed turns / scorable turns on "
+        "BFCL, achieved expected state changes on the world); None when not computed.",
+    )
 
     @property
     def calls(self) -> list[ToolCall]:

@@ -33,9 +33,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..records import Observation, Task, ToolCall, Turn
+from ..records import Observation, Step, Task, ToolCall, Trajectory, Turn
 from .base import ToolEnvironment, ToolError
-from .parsing import parse_tool_calls
+from .parsing import ToolCallParseError, parse_tool_calls
 
 CATEGORIES = (
     "multi_turn_base",
@@ -363,6 +363,7 @@ class BfclEnvironment(ToolEnvironment):
         self._schemas: dict[str, dict[str, Any]] = {}
         self._current_calls: list[str] = []
         self._closed_turns: list[list[str]] = []
+        self._steps: list[Step] = []  # this episode's steps, for diagnose() and progress()
 
     # -- protocol
 
@@ -393,6 +394,7 @@ class BfclEnvironment(ToolEnvironment):
         self._done = False
         self._current_calls = []
         self._closed_turns = []
+        self._steps = []
         self._add_tools(task.turns[0].added_tools)
         return task.turns[0].query
 
@@ -402,7 +404,10 @@ class BfclEnvironment(ToolEnvironment):
                 text="error: no open turn; the episode has not started or has ended",
                 error="episode_over",
             )
-        return super().step(action)
+        observation = super().step(action)
+        call = action if isinstance(action, ToolCall) else _parsed_or_none(action)
+        self._steps.append(Step(turn=self._turn, call=call, observation=observation))
+        return observation
 
     def end_turn(self, answer: str | None = None) -> str | None:
         if self._task is None or self._done:
@@ -451,7 +456,28 @@ class BfclEnvironment(ToolEnvironment):
             _forget_instances(model_name)
         return 1.0 if result.get("valid") else 0.0
 
+    def diagnose(self, trajectory: Trajectory | None = None) -> list[str]:
+        """SEAL's label per ground-truth user turn (coevolve.envs.diagnosis) of a trajectory of
+        the current task, or of the episode played so far."""
+        from .diagnosis import bfcl_model_turns, diagnose_bfcl
+
+        task = self._require_task()
+        steps = self._steps if trajectory is None else trajectory.steps
+        return diagnose_bfcl(task, bfcl_model_turns(task, steps)).labels
+
+    def progress(self) -> float:
+        """Graded progress of the episode so far: passed turns / scorable turns (SEAL)."""
+        from .diagnosis import bfcl_model_turns, diagnose_bfcl
+
+        task = self._require_task()
+        return diagnose_bfcl(task, bfcl_model_turns(task, self._steps)).progress
+
     # -- internals
+
+    def _require_task(self) -> Task:
+        if self._task is None:
+            raise RuntimeError("no task: call reset(task) first")
+        return self._task
 
     def _execute(self, call: ToolCall) -> str:
         owner = self._owners.get(call.name)
@@ -471,6 +497,15 @@ class BfclEnvironment(ToolEnvironment):
         for name in names:
             if name in self._schemas and name in self._owners and name not in self._available:
                 self._available.append(name)
+
+
+def _parsed_or_none(action: str | Mapping[str, Any]) -> ToolCall | None:
+    """The single call the dispatcher parsed from model output, or None when it did not parse."""
+    try:
+        calls = parse_tool_calls(action)
+    except ToolCallParseError:
+        return None
+    return calls[0] if len(calls) == 1 else None
 
 
 def _fresh_instances(

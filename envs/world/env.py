@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...records import Task, ToolCall
+from ...records import Task, ToolCall, Trajectory
 from ..base import ToolEnvironment, ToolError
 from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
 from .families import clock, date, phone, pools_for
@@ -143,6 +143,23 @@ class WorldEnvironment(ToolEnvironment):
         if self.task is None or self.world is None:
             raise RuntimeError("score() before reset()")
         return verify(self.task, self.world.state, self.answer)
+
+    def progress(self) -> float:
+        """Graded progress: the fraction of expected state changes (and answer) achieved."""
+        from ..diagnosis import world_progress
+
+        if self.task is None or self.world is None:
+            raise RuntimeError("progress() before reset()")
+        return world_progress(self.task, self.world.state, self.answer)
+
+    def diagnose(self, trajectory: Trajectory) -> list[str]:
+        """SEAL-style labels of a trajectory of the current task: one per step plus an
+        outcome label (coevolve.envs.diagnosis documents the mapping)."""
+        from ..diagnosis import diagnose_world
+
+        if self.task is None:
+            raise RuntimeError("diagnose() before reset()")
+        return diagnose_world(self.task, trajectory.steps, trajectory.final_answer)
 
     # ------------------------------------------------------------ offline synthesis helpers
 
