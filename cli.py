@@ -42,8 +42,22 @@ ENV_DESCRIPTIONS = {
 }
 
 
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override one config value, e.g. --set training.max_steps=10 --set rollout.k=8 "
+        "(repeatable; the value is YAML: 10, 0.5, true, [tensorboard]).",
+    ),
+]
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}")
+    """Print ``error: message`` on one line (not wrapped, not read as markup); the exit to raise."""
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -543,6 +557,7 @@ def run_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the per-cycle summaries as JSON at the end.")
     ] = False,
+    overrides: SetOption = None,
 ) -> None:
     """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval)."""
     from pathlib import Path
@@ -555,29 +570,28 @@ def run_command(
     quiet = Console(stderr=True) if as_json else console
     try:
         if resume is not None:
-            if config_path is not None or cycles is not None or run_dir is not None:
+            if config_path is not None or cycles is not None or run_dir is not None or overrides:
                 raise _fail(
-                    "--resume takes the run's saved config; give no CONFIG, --cycles or --run-dir"
+                    "--resume takes the run's saved config; give no CONFIG, --cycles, --run-dir "
+                    "or --set"
                 )
             result = resume_run(resume, console=quiet)
         else:
             source = config_path or str(
                 Path(__file__).resolve().parent / "configs" / "quickstart.yaml"
             )
-            config = load_config(source)
-            updates: dict[str, Any] = {}
+            sets = list(overrides or [])
             if cycles is not None:
-                updates["cycles"] = cycles
+                sets.append(f"cycles={cycles}")
             if run_dir is not None:
-                updates["run_dir"] = run_dir
-            if updates:
-                config = load_config({**config.model_dump(mode="json"), **updates})
+                sets.append(f"run_dir={json.dumps(run_dir)}")
+            config = load_config(source, sets)
             quiet.print(
                 f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
                 f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
                 f"training {config.training.algorithm} → {config.run_dir}"
             )
-            result = run(config, overwrite=overwrite, console=quiet)
+            result = run(config, overwrite=overwrite, console=quiet, overrides=sets)
     except (ConfigError, RunError) as err:
         raise _fail(str(err)) from None
     print_summary(quiet, result.cycles, result.pool)
@@ -615,6 +629,7 @@ def bench_learning(
         str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    overrides: SetOption = None,
 ) -> None:
     """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
     from pathlib import Path
@@ -635,6 +650,12 @@ def bench_learning(
         base.update(QUICK_BENCH)
         base["bootstrap"] = BootstrapConfig.tiny().model_dump(mode="json")
         source += " (--quick)"
+    if overrides:  # after --quick: what the command line sets wins
+        try:
+            base = load_config(base, overrides).model_dump(mode="json")
+        except ConfigError as err:
+            raise _fail(str(err)) from None
+        source += "".join(f" --set {item}" for item in overrides)
     chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
@@ -720,14 +741,15 @@ def config_show(
     path: Annotated[
         str | None, typer.Argument(help="YAML config (default: built-in defaults).")
     ] = None,
+    overrides: SetOption = None,
 ) -> None:
-    """Validate a config and print it with every default filled in."""
+    """Validate a config and print it with every default filled in (and --set applied)."""
     import yaml
 
     from .config import ConfigError, load_config
 
     try:
-        config = load_config(path)
+        config = load_config(path, overrides or [])
     except ConfigError as err:
         raise _fail(str(err)) from None
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")

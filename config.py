@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,6 @@ from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .training.bootstrap import BootstrapConfig
 from .training.config import TrainingConfig
-
 
 # Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
 CHARS_PER_TOKEN = 16
@@ -290,11 +290,18 @@ class CoevolveConfig(Section):
         return self.endpoints[ref] if isinstance(ref, str) else ref
 
 
-def load_config(source: str | Path | dict[str, Any] | None = None) -> CoevolveConfig:
-    """Load a config from a YAML file (or a dict); None gives the defaults."""
+def load_config(
+    source: str | Path | dict[str, Any] | None = None, overrides: Sequence[str] = ()
+) -> CoevolveConfig:
+    """Load a config from a YAML file (or a dict); None gives the defaults.
+
+    ``overrides`` are ``key.path=value`` settings (``--set`` on the command line)
+    applied on top, in order; see ``apply_overrides``.
+    """
     if source is None:
-        return CoevolveConfig()
-    if isinstance(source, dict):
+        data: Any = {}
+        origin = "defaults"
+    elif isinstance(source, dict):
         data, origin = source, "config"
     else:
         path = Path(source)
@@ -309,10 +316,105 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> CoevolveCo
         raise ConfigError(
             f"{origin}: the top level must be a mapping of keys, got {type(data).__name__}"
         )
+    if overrides:
+        data = apply_overrides(data, overrides)
+        origin += " with " + " ".join(f"--set {item}" for item in overrides)
     try:
         return CoevolveConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"{origin}: " + "; ".join(_explain(e) for e in err.errors())) from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"training.max_steps=10"`` -> (["training", "max_steps"], 10).
+
+    The value is read as YAML (``10``, ``0.5``, ``true``, ``null``, ``[tensorboard]``,
+    ``{a: 1}``, or a plain string); the config schema then types it.
+    """
+    key, sep, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(part.strip() for part in parts):
+        raise ConfigError(
+            f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. --set training.max_steps=10"
+        )
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        problem = str(err).splitlines()[0]
+        raise ConfigError(
+            f"--set {text!r}: the value is not valid YAML ({problem}); quote it, "
+            "e.g. --set 'run_dir=\"runs/a b\"'"
+        ) from None
+    return [part.strip() for part in parts], parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``data`` with each ``key.path=value`` set; an unknown key is a ConfigError
+    naming the allowed keys and a likely spelling, as in YAML."""
+    import copy
+
+    result = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        _check_key_path(parts, text)
+        target = result
+        for depth, part in enumerate(parts[:-1]):
+            child = target.get(part)
+            if not isinstance(child, dict):
+                if child is not None and not isinstance(child, dict):
+                    where = ".".join(parts[: depth + 1])
+                    raise ConfigError(
+                        f"--set {text}: {where} is {child!r}, not a section; set {where} itself "
+                        "or write the section in the YAML"
+                    )
+                child = {}
+                target[part] = child
+            target = child
+        target[parts[-1]] = value
+    return result
+
+
+def _check_key_path(parts: list[str], text: str) -> None:
+    """Walk the config models along ``parts``; an unknown key raises ConfigError with a hint."""
+    model: type[BaseModel] | None = CoevolveConfig
+    depth = 0
+    while depth < len(parts):
+        if model is None:
+            parent = ".".join(parts[:depth])
+            raise ConfigError(f"--set {text}: {parent} is a value, not a section; set {parent}=...")
+        part = parts[depth]
+        field = model.model_fields.get(part)
+        if field is None:
+            allowed = list(model.model_fields)
+            hint = difflib.get_close_matches(part, allowed, n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            where = ".".join(parts[: depth + 1])
+            raise ConfigError(
+                f"--set {text}: unknown key {where!r}{suggestion}; allowed keys: {', '.join(allowed)}"
+            )
+        model, keyed = _section_of(field.annotation)
+        depth += 2 if keyed else 1  # a dict of sections (endpoints): any entry name is allowed
+
+
+def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the config model a field holds, whether it is a dict of them by name)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        _key, value = typing.get_args(annotation)
+        section, _ = _section_of(value)
+        return section, section is not None
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            section, keyed = _section_of(arg)
+            if section is not None:
+                return section, keyed
+        return None, False
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    return None, False
 
 
 def _explain(error: Any) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -257,11 +258,13 @@ def run(
     overwrite: bool = False,
     progress: bool = True,
     console: Any = None,
+    overrides: Sequence[str] = (),
 ) -> RunResult:
     """Run the closed loop from a config (a CoevolveConfig, a YAML path, a dict or None).
 
     Refuses a run directory that already holds a run unless ``overwrite``; use
-    ``resume(run_dir)`` to continue one.
+    ``resume(run_dir)`` to continue one. ``overrides`` (``--set`` settings already
+    applied to ``config``) are listed at the top of the saved config.yaml.
     """
     from .config import CoevolveConfig, load_config
 
@@ -283,7 +286,8 @@ def run(
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(_yaml(config))
+    header = "".join(f"# --set {item}\n" for item in overrides)
+    (run_dir / "config.yaml").write_text(header + _yaml(config))
     return _execute(config, resuming=False, progress=progress, console=console)
 
 
