@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .seal import SealSettings
+
 if TYPE_CHECKING:  # pragma: no cover
     from peft import LoraConfig
 
@@ -177,6 +179,12 @@ class TrainingConfig(BaseModel):
     grpo_temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
     )
+    # ------------------------------------------------------------------ seal
+    seal: SealSettings = Field(
+        default_factory=SealSettings,
+        description="SEAL: diagnosis-guided GRPO advantage weights and the training-only "
+        "interface of GRPO episodes; all off by default (coevolve.training.seal).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:
@@ -185,6 +193,12 @@ class TrainingConfig(BaseModel):
             problems.append(
                 f"grpo_epsilon_high ({self.grpo_epsilon_high}) is below grpo_epsilon "
                 f"({self.grpo_epsilon}); set grpo_epsilon_high >= grpo_epsilon (equal: symmetric clipping)"
+            )
+        if self.seal.reweight.enable and self.algorithm != "grpo":
+            problems.append(
+                f"seal.reweight multiplies GRPO advantages, but algorithm is {self.algorithm!r}; "
+                "set algorithm: grpo, or seal.reweight.enable: false (for SFT, per-example "
+                "weights come from coevolve.training.seal.example_weights)"
             )
         if self.algorithm == "grpo":
             episodes = self.grpo_prompts_per_step * self.grpo_num_generations

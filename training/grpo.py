@@ -44,14 +44,23 @@ import keyword
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..agents.conversation import opening_messages
 from ..agents.policy import Message
+from ..envs.adaptation import adapt, adapt_system_prompt
 from ..envs.base import Environment
-from ..records import Task, ToolCall
+from ..records import Step, Task, ToolCall, Trajectory
 from .config import TrainingConfig
+from .seal import (
+    CapabilityState,
+    ReweightSettings,
+    label_counts,
+    reweight_step,
+    scale_advantages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +80,18 @@ _RESERVED = frozenset({"reset", "get_reward"})
 
 
 class EpisodeEnvironment:
-    """A coevolve environment as TRL's ``environment_factory`` wants it (tools added by subclassing)."""
+    """A coevolve environment as TRL's ``environment_factory`` wants it (tools added by subclassing).
+
+    It records the episode's steps, answer and score, so the episode can be
+    diagnosed (SEAL's labels) after the reward is computed.
+    """
 
     def __init__(self, env: Environment) -> None:
         self._env = env
         self._task: Task | None = None
+        self._steps: list[Step] = []
+        self._answer: str | None = None
+        self._score: float | None = None
 
     def reset(self, task: str | None = None, **_: Any) -> None:
         """Start the episode of the row's task (``task``: the Task as JSON)."""
@@ -83,16 +99,43 @@ class EpisodeEnvironment:
             raise ValueError("GRPO dataset rows need a 'task' column (the Task as JSON)")
         self._task = Task.model_validate_json(task)
         self._env.reset(self._task)
+        self._steps, self._answer, self._score = [], None, None
         return None  # the query is already the prompt's user message
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
-        return self._env.step(ToolCall(name=name, arguments=arguments)).text
+        call = ToolCall(name=name, arguments=arguments)
+        observation = self._env.step(call)
+        self._steps.append(Step(turn=0, call=call, observation=observation))
+        return observation.text
 
     def _finish(self, answer: str | None) -> float:
         """Close the turn with the final answer (None: cut off) and return the verifier's score."""
         if answer is not None:
             self._env.end_turn(answer)
-        return float(self._env.score())
+        self._answer = answer
+        self._score = float(self._env.score())
+        return self._score
+
+    def _trajectory(self) -> Trajectory:
+        if self._task is None:
+            raise RuntimeError("no episode: reset() first")
+        return Trajectory(
+            id=f"{self._task.id}/grpo",
+            task_id=self._task.id,
+            env=self._task.env,
+            family=self._task.family,
+            steps=list(self._steps),
+            final_answer=self._answer,
+            score=min(max(self._score or 0.0, 0.0), 1.0),
+            finished=self._answer is not None,
+        )
+
+    def _diagnosis(self) -> list[str]:
+        """SEAL's labels of the finished episode; [] when the environment cannot diagnose."""
+        diagnose = getattr(self._env, "diagnose", None)
+        if diagnose is None or self._task is None:
+            return []
+        return list(diagnose(self._trajectory()))
 
 
 def _tool_method(name: str, function: dict[str, Any]) -> Callable[..., str]:
@@ -189,9 +232,8 @@ def grpo_rows(
             if name not in names:
                 names.add(name)
                 schemas.append(schema)
-        rows.append(
-            {"prompt": opening_messages(query or "", system_prompt), "task": task.model_dump_json()}
-        )
+        prompt = opening_messages(query or "", adapt_system_prompt(env, system_prompt))
+        rows.append({"prompt": prompt, "task": task.model_dump_json()})
     if rows and len(rows) < minimum:
         rows = [rows[index % len(rows)] for index in range(minimum)]
     return rows, schemas
@@ -227,15 +269,29 @@ def make_grpo_trainer(
     make_env: Callable[[], Environment],
     system_prompt: str | None,
     arguments: dict[str, Any],
+    capability_state: CapabilityState | None = None,
 ) -> tuple[Any, int, str | None]:
-    """(GRPOTrainer, tasks used, None) or (None, 0, reason) when no task can be played."""
+    """(GRPOTrainer, tasks used, None) or (None, 0, reason) when no task can be played.
+
+    With ``config.seal.adaptation.enable`` the episodes run in SEAL's training
+    interface (``coevolve.envs.adaptation``); with ``config.seal.reweight.enable``
+    the trainer is a ``SealGRPOTrainer`` whose ``capability_state`` (given, or a
+    fresh one) the caller may save after training.
+    """
     import transformers
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from .trainers import load_trainable_model
 
-    rows, schemas = grpo_rows(tasks, make_env, system_prompt, minimum=config.grpo_prompts_per_step)
+    seal = config.seal
+
+    def training_env() -> Any:
+        return adapt(make_env(), "train", seal.adaptation)
+
+    rows, schemas = grpo_rows(
+        tasks, training_env, system_prompt, minimum=config.grpo_prompts_per_step
+    )
     if not rows:
         return None, 0, "no single-turn task to roll out (TRL's tool loop plays one user turn)"
     examples = len({row["task"] for row in rows})
@@ -243,7 +299,7 @@ def make_grpo_trainer(
     episode_class = environment_class(schemas)
 
     def factory() -> EpisodeEnvironment:
-        return episode_class(make_env())
+        return episode_class(training_env())
 
     args = GRPOConfig(
         **arguments,
@@ -261,9 +317,17 @@ def make_grpo_trainer(
     model = load_trainable_model(model_dir, previous_adapter)
     reward_funcs: list[Any] = [environment_score]
     transformers.logging.set_verbosity_error()
+    trainer_class: Any = GRPOTrainer
+    seal_arguments: dict[str, Any] = {}
+    if seal.reweight.enable:
+        trainer_class = seal_grpo_trainer_class()
+        seal_arguments = {
+            "seal_settings": seal.reweight,
+            "capability_state": capability_state or CapabilityState(),
+        }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
-        trainer = GRPOTrainer(
+        trainer = trainer_class(
             model=model,
             reward_funcs=reward_funcs,
             args=args,
@@ -271,5 +335,63 @@ def make_grpo_trainer(
             processing_class=tokenizer,
             peft_config=config.lora.to_peft() if previous_adapter is None else None,
             environment_factory=factory,
+            **seal_arguments,
         )
     return trainer, examples, None
+
+
+@cache
+def seal_grpo_trainer_class() -> type:
+    """``SealGRPOTrainer``: TRL's GRPOTrainer with SEAL's diagnosis-guided advantage weights.
+
+    After TRL computes the group-normalised advantages of a generation batch,
+    every episode is diagnosed from its environment, the batch's labels and
+    rewards (gathered over processes) update the capability state (and, when
+    dynamic, the label weights), and each local advantage is multiplied by the
+    episode's weight ``clip(mean rho(label), min_scale, max_scale)``. The update
+    happens once per generation batch (TRL generates once every
+    ``steps_per_generation`` optimisation steps; 1 with this project's settings).
+    Evaluation batches are left alone.
+    """
+    import torch
+    from accelerate.utils import gather_object
+    from trl import GRPOTrainer
+
+    class SealGRPOTrainer(GRPOTrainer):
+        def __init__(
+            self,
+            *args: Any,
+            seal_settings: ReweightSettings | None = None,
+            capability_state: CapabilityState | None = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(*args, **kwargs)
+            self.seal_settings = seal_settings or ReweightSettings(enable=True)
+            self.capability_state = capability_state or CapabilityState()
+            self.last_seal_weights: list[float] = []
+            self.last_seal_labels: list[list[str]] = []
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            output = super()._generate_and_score_completions(inputs)
+            if self.model is None or not self.model.training or not self.environments:
+                return output
+            labels = [environment._diagnosis() for environment in self.environments]
+            rewards = [float(environment._score or 0.0) for environment in self.environments]
+            all_labels = gather_object(labels)
+            all_rewards = gather_object(rewards)
+            weights = reweight_step(
+                self.capability_state, self.seal_settings, all_labels, all_rewards, local=labels
+            )
+            advantages = output["advantages"]
+            scaled = scale_advantages(advantages.tolist(), weights, self.seal_settings.apply_to)
+            output["advantages"] = torch.tensor(
+                scaled, dtype=advantages.dtype, device=advantages.device
+            )
+            self.last_seal_weights, self.last_seal_labels = weights, labels
+            metrics = self._metrics["train"]
+            metrics["seal/weight_mean"].append(sum(weights) / len(weights))
+            for label, count in label_counts(all_labels).items():
+                metrics[f"seal/labels/{label}"].append(float(count))
+            return output
+
+    return SealGRPOTrainer
