@@ -558,8 +558,17 @@ def run_command(
         bool, typer.Option("--json", help="Print the per-cycle summaries as JSON at the end.")
     ] = False,
     overrides: SetOption = None,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="On an error that stops the run, show the full traceback."),
+    ] = False,
 ) -> None:
-    """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval)."""
+    """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval).
+
+    An error that stops a run (an endpoint that refuses an adapter or is gone
+    for longer than its retries) prints one line: what failed and the
+    `coevolve run --resume` command that continues; --debug shows the traceback.
+    """
     from pathlib import Path
 
     from .config import ConfigError, load_config
@@ -568,6 +577,7 @@ def run_command(
     from .runner import resume as resume_run
 
     quiet = Console(stderr=True) if as_json else console
+    target = resume or run_dir or "RUN_DIR"  # the run directory, once known
     try:
         if resume is not None:
             if config_path is not None or cycles is not None or run_dir is not None or overrides:
@@ -575,6 +585,7 @@ def run_command(
                     "--resume takes the run's saved config; give no CONFIG, --cycles, --run-dir "
                     "or --set"
                 )
+            target = resume
             result = resume_run(resume, console=quiet)
         else:
             source = config_path or str(
@@ -586,14 +597,25 @@ def run_command(
             if run_dir is not None:
                 sets.append(f"run_dir={json.dumps(run_dir)}")
             config = load_config(source, sets)
+            try:
+                from .tracking import require_backends
+
+                require_backends(config.tracking)
+            except RuntimeError as err:
+                raise _fail(str(err)) from None
             quiet.print(
                 f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
                 f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
                 f"training {config.training.algorithm} → {config.run_dir}"
             )
+            target = config.run_dir
             result = run(config, overwrite=overwrite, console=quiet, overrides=sets)
     except (ConfigError, RunError) as err:
         raise _fail(str(err)) from None
+    except Exception as err:
+        if debug:
+            raise
+        raise _fail(stop_message(err, target), code=1) from None
     print_summary(quiet, result.cycles, result.pool)
     quiet.print(
         f"report: {result.report}  metrics: {result.metrics}  tasks: {result.tasks}  "
@@ -601,6 +623,46 @@ def run_command(
     )
     if as_json:
         print(json.dumps(summary_payload(result), indent=2))
+
+
+def stop_message(err: BaseException, run_dir: str) -> str:
+    """One line for an error that stopped a run: what failed, and how to continue."""
+    import shlex
+
+    from .agents.policy import PolicyError
+
+    what = _endpoint_error(err)
+    hint = ""
+    if what is None:
+        if isinstance(err, PolicyError):
+            what = str(err)  # it names the endpoint
+        else:
+            what = f"{type(err).__name__}: {err}"
+            hint = " (--debug shows the traceback)"
+    what = " ".join(what.split())  # one line
+    if len(what) > 600:
+        what = what[:600] + "..."
+    return (
+        f"{what}; the run stopped, continue it with: coevolve run --resume "
+        f"{shlex.quote(str(run_dir))}{hint}"
+    )
+
+
+def _endpoint_error(err: BaseException) -> str | None:
+    """'endpoint URL: error' for an HTTP error that escaped a client (openai, httpx)."""
+    import httpx
+
+    request = getattr(err, "request", None)
+    if isinstance(err, httpx.HTTPError):
+        try:
+            request = err.request
+        except RuntimeError:  # an httpx error made without its request
+            request = None
+    elif type(err).__module__.split(".")[0] != "openai":
+        return None
+    url = getattr(request, "url", None)
+    where = f"endpoint {url}" if url is not None else "endpoint"
+    return f"{where}: {type(err).__name__}: {err}"
 
 
 @bench_app.command("learning")

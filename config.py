@@ -22,6 +22,7 @@ from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
 from .envs.world.families import SPLITS as WORLD_SPLITS
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
+from .tracking import TrackingConfig
 from .training.bootstrap import BootstrapConfig
 from .training.config import TrainingConfig
 
@@ -264,6 +265,11 @@ class CoevolveConfig(Section):
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,
         description="Named OpenAI-compatible endpoints; roles refer to them by name.",
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig,
+        description="Experiment tracking (TensorBoard, Trackio, W&B, MLflow) of training and "
+        "of the loop's figures per cycle.",
     )
 
     @model_validator(mode="after")

@@ -181,6 +181,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     from .graph.cycle import seed_everything
     from .memory.pool import load_jsonl, write_atomically
     from .records import Task, Trajectory
+    from .tracking import for_training
     from .training.datasets import demonstrations, preference_pairs, successful_conversations
     from .training.trainers import (
         TrainResult,
@@ -229,6 +230,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             make_env=rt.make_env,
             system_prompt=config.policy.system_prompt,
             progress=rt.progress,
+            tracking=for_training(config, rt.run_dir, cycle),
         )
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)

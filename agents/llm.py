@@ -160,7 +160,8 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
         ),
         timeout=endpoint.timeout_s,
     )
-    return _bounded_chat_class()(
+    chat_class: Any = _bounded_chat_class()
+    return chat_class(
         max_reply_chars=endpoint.reply_limit(),
         base_url=endpoint.base_url,
         model=endpoint.model,

@@ -41,6 +41,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from ..records import Task, Trajectory
+from ..tracking import log_cycle
 
 
 @dataclass
@@ -168,6 +169,7 @@ async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     started = time.perf_counter()
     evaluation = await _evaluate(rt, 0)
     summary = {"cycle": 0, "evaluate": evaluation, "time_s": time.perf_counter() - started}
+    log_cycle(rt.config, rt.run_dir, summary)
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary]}
 
 
@@ -337,6 +339,7 @@ async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     cycle = state["cycle"]
     evaluation = await _evaluate(rt, cycle)
     current = {**state.get("current", {}), "evaluate": evaluation}
+    log_cycle(rt.config, rt.run_dir, current)  # the trackers get the cycle's figures
     return {"current": {}, "finished": [current]}
 
 

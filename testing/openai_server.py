@@ -222,6 +222,9 @@ class ScriptedOpenAIServer:
         self._requests: list[RecordedRequest] = []
         self._script_index = 0
         self._adapters: dict[str, str] = {}
+        # (status, message): answer every LoRA load with this error, as a vLLM started
+        # without runtime LoRA updating does; None loads adapters. Settable while serving.
+        self.refuse_adapters: tuple[int, str] | None = None
         self._in_flight = 0
         self._max_in_flight = 0
         self._ids = itertools.count(1)
@@ -511,6 +514,10 @@ class ScriptedOpenAIServer:
 
     def _load_adapter(self, handler: _Handler, record: RecordedRequest) -> None:
         name, path = record.body.get("lora_name"), record.body.get("lora_path")
+        refusal = self.refuse_adapters
+        if refusal is not None:
+            self._error(handler, record, refusal[0], refusal[1])
+            return
         if not name or not path:
             self._error(handler, record, 400, "both 'lora_name' and 'lora_path' are required")
             return

@@ -49,6 +49,8 @@ from .datasets import PreferencePair
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from ..tracking import TrainTracking
+
 logger = logging.getLogger(__name__)
 
 ADAPTER_MARKER = "training.json"
@@ -173,12 +175,18 @@ def _save_adapter(
 
 
 def common_arguments(
-    config: TrainingConfig, device: str, output_dir: Path, progress: bool
+    config: TrainingConfig,
+    device: str,
+    output_dir: Path,
+    progress: bool,
+    tracking: TrainTracking | None = None,
 ) -> dict[str, Any]:
-    """Arguments every TRL config of ours shares (CPU-safe precision, no checkpoints, no reports)."""
+    """Arguments every TRL config of ours shares (CPU-safe precision, no checkpoints); reports
+    go to ``tracking``'s trackers (none without it)."""
     import torch
 
     on_gpu = device == "cuda"
+    reports = tracking.arguments() if tracking is not None else {"report_to": "none"}
     return {
         "output_dir": str(output_dir),
         "max_steps": config.max_steps,
@@ -194,13 +202,13 @@ def common_arguments(
         "gradient_checkpointing": False,
         "activation_checkpointing": False,
         "save_strategy": "no",
-        "report_to": "none",
         "logging_steps": 1,
         "logging_strategy": "steps",
         "disable_tqdm": not progress,
         "seed": config.seed,
         "data_seed": config.seed,
         "dataloader_num_workers": 0,
+        **reports,
     }
 
 
@@ -314,6 +322,7 @@ def train_adapter(
     make_env: Callable[[], Environment] | None = None,
     system_prompt: str | None = POLICY_SYSTEM_PROMPT,
     progress: bool = True,
+    tracking: TrainTracking | None = None,
 ) -> TrainResult:
     """Train one cycle's LoRA adapter with ``config.algorithm`` and save it to ``output_dir``.
 
@@ -322,6 +331,8 @@ def train_adapter(
     rolls out ``tasks`` in environments from ``make_env`` with ``system_prompt``.
     With nothing to train on, nothing is written and the result says why
     (``skipped``), naming the previous adapter as the one to keep using.
+    ``tracking`` sends the trainer's logs to the run's trackers, its steps
+    continuing the run's step axis (``coevolve.tracking``).
     """
     output = Path(output_dir)
     previous = str(previous_adapter) if previous_adapter is not None else None
@@ -364,11 +375,19 @@ def train_adapter(
                 tasks=tasks,
                 make_env=make_env,
                 system_prompt=system_prompt,
-                arguments=common_arguments(config, device, work, progress),
+                arguments=common_arguments(config, device, work, progress, tracking),
             )
         elif config.algorithm == "dpo":
             trainer, examples, reason = _dpo_trainer(
-                config, model_dir, previous_adapter, tokenizer, pairs, device, work, progress
+                config,
+                model_dir,
+                previous_adapter,
+                tokenizer,
+                pairs,
+                device,
+                work,
+                progress,
+                tracking,
             )
         else:
             trainer, examples, reason = _sft_trainer(
@@ -380,10 +399,13 @@ def train_adapter(
                 device,
                 work,
                 progress,
+                tracking,
             )
         if trainer is None:
             return skipped(reason or "nothing to train on")
         _quiet(trainer, progress)
+        if tracking is not None:
+            tracking.attach(trainer)
         steps, final_loss, mean_loss, elapsed, metrics = _run(trainer)
         result = TrainResult(
             algorithm=config.algorithm,
@@ -422,13 +444,14 @@ def _sft_trainer(
     device: str,
     work: Path,
     progress: bool,
+    tracking: TrainTracking | None = None,
 ) -> tuple[Any, int, str | None]:
     import transformers
     from trl import SFTConfig, SFTTrainer
 
     dataset = sft_dataset(tokenizer, conversations)
     args = SFTConfig(
-        **common_arguments(config, device, work, progress),
+        **common_arguments(config, device, work, progress, tracking),
         max_length=config.max_length,
         # Pre-tokenized with the assistant mask of the training template; SFTTrainer
         # turns the mask into labels (assistant_only_loss itself needs messages).
@@ -458,6 +481,7 @@ def _dpo_trainer(
     device: str,
     work: Path,
     progress: bool,
+    tracking: TrainTracking | None = None,
 ) -> tuple[Any, int, str | None]:
     import transformers
     from trl import DPOConfig, DPOTrainer
@@ -466,7 +490,7 @@ def _dpo_trainer(
     if dataset is None:
         return None, 0, "no preference pair renders as prompt + completion"
     args = DPOConfig(
-        **common_arguments(config, device, work, progress),
+        **common_arguments(config, device, work, progress, tracking),
         beta=config.dpo_beta,
         max_length=config.max_length,
         precompute_ref_log_probs=False,

@@ -1,0 +1,308 @@
+"""Experiment tracking: TRL's ``report_to`` for training, and the loop's figures in the same run.
+
+``tracking.report_to`` (``none``, ``tensorboard``, ``trackio``, ``wandb``,
+``mlflow``) is handed to every TRL trainer a run builds, through the
+ecosystem's own integrations (transformers' callbacks), with the run's name
+and project. The loop's own figures (held-out success overall and per
+family, flagged counts by signal, synthesis counts and rejection reasons,
+pool size, seconds per stage) are logged per cycle to the same backends and
+run. One step axis: training steps continue across cycles (cycle 2's first
+step follows cycle 1's last), and a cycle's loop figures are logged at the
+training step the cycle ended on (the baseline at step 0).
+
+TensorBoard writes to ``<run_dir>/tensorboard`` (``tensorboard --logdir
+runs``: every run side by side); Trackio keeps a local database
+(``trackio show``); W&B and MLflow follow their own settings (environment
+variables such as ``WANDB_MODE=offline`` or ``MLFLOW_TRACKING_URI``).
+Heavy libraries are imported only when a backend is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["none", "tensorboard", "trackio", "wandb", "mlflow"]
+BACKENDS: tuple[str, ...] = ("tensorboard", "trackio", "wandb", "mlflow")
+# The package each backend needs, and how to install it.
+PACKAGES = {
+    "tensorboard": ("tensorboard", "pip install 'coevolve[dev]' (or pip install tensorboard)"),
+    "trackio": ("trackio", "pip install 'coevolve[trackio]'"),
+    "wandb": ("wandb", "pip install 'coevolve[wandb]'"),
+    "mlflow": ("mlflow", "pip install 'coevolve[mlflow]'"),
+}
+TENSORBOARD_DIR = "tensorboard"
+
+
+class TrackingConfig(BaseModel):
+    """Where a run's figures go: TensorBoard, Trackio, W&B or MLflow (or nowhere)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    report_to: list[Backend] = Field(
+        default_factory=lambda: list[Backend](["none"]),
+        min_length=1,
+        description="Trackers that receive training metrics (through TRL's report_to) and the "
+        "loop's figures per cycle: none, or any of tensorboard, trackio, wandb, mlflow.",
+    )
+    project: str = Field(
+        default="coevolve", description="Project name (Trackio, W&B; the MLflow experiment)."
+    )
+    run_name: str | None = Field(
+        default=None, description="Run name in the trackers (None: the run directory's name)."
+    )
+    logging_dir: str | None = Field(
+        default=None,
+        description=f"TensorBoard event files (None: <run_dir>/{TENSORBOARD_DIR}).",
+    )
+
+    @model_validator(mode="after")
+    def _none_alone(self) -> TrackingConfig:
+        if "none" in self.report_to and len(self.report_to) > 1:
+            raise ValueError(
+                f"report_to {self.report_to} names 'none' with trackers; give [none] alone, "
+                "or only trackers"
+            )
+        return self
+
+    def backends(self) -> list[str]:
+        return [b for b in self.report_to if b != "none"]
+
+    def name_for(self, run_dir: str | Path) -> str:
+        return self.run_name or Path(run_dir).resolve().name
+
+    def tensorboard_dir(self, run_dir: str | Path) -> Path:
+        return Path(self.logging_dir) if self.logging_dir else Path(run_dir) / TENSORBOARD_DIR
+
+
+def require_backends(config: TrackingConfig) -> None:
+    """Raise RuntimeError naming the install command of every configured backend that is missing."""
+    import importlib.util
+
+    missing = [b for b in config.backends() if importlib.util.find_spec(PACKAGES[b][0]) is None]
+    if missing:
+        how = "; ".join(f"{b}: {PACKAGES[b][1]}" for b in missing)
+        raise RuntimeError(
+            f"tracking.report_to names {', '.join(missing)}, which is not installed ({how}); "
+            "or drop it from tracking.report_to"
+        )
+
+
+# --------------------------------------------------------------------------- training
+
+
+class TrainTracking(BaseModel):
+    """What one cycle's trainer reports, and where its steps start on the run's axis."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: TrackingConfig
+    run_dir: str
+    step_offset: int = Field(default=0, ge=0, description="Training steps of earlier cycles.")
+
+    def arguments(self) -> dict[str, Any]:
+        """TRL/transformers arguments: report_to, run_name, project (Trackio stays local)."""
+        backends = self.config.backends()
+        if not backends:
+            return {"report_to": "none"}
+        return {
+            "report_to": backends,
+            "run_name": self.config.name_for(self.run_dir),
+            "project": self.config.project,
+            "trackio_static_space_id": False,
+        }
+
+    def attach(self, trainer: Any) -> None:
+        """Point the TensorBoard callback at the run's directory and shift the step axis."""
+        for callback in trainer.callback_handler.callbacks:
+            if type(callback).__name__ == "TensorBoardCallback":
+                callback.logging_dir = str(self.config.tensorboard_dir(self.run_dir))
+        if self.step_offset:
+            from transformers import TrainerCallback
+
+            offset = self.step_offset
+
+            class Shift(TrainerCallback):
+                def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                    state.global_step += offset
+
+            class Unshift(TrainerCallback):
+                def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                    state.global_step -= offset
+
+            # Every integration reads state.global_step in on_log: it sees the run's step.
+            trainer.callback_handler.callbacks.insert(0, Shift())
+            trainer.callback_handler.callbacks.append(Unshift())
+
+
+def steps_before(run_dir: str | Path, cycle: int) -> int:
+    """Training steps of cycles 1..cycle-1, from their records (``cycles/NNN/train.json``)."""
+    total = 0
+    for earlier in range(1, cycle):
+        record = Path(run_dir) / "cycles" / f"{earlier:03d}" / "train.json"
+        try:
+            total += int(json.loads(record.read_text()).get("steps") or 0)
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def for_training(config: Any, run_dir: str | Path, cycle: int) -> TrainTracking:
+    """The ``TrainTracking`` of cycle ``cycle`` of a run with CoevolveConfig ``config``."""
+    return TrainTracking(
+        config=config.tracking, run_dir=str(run_dir), step_offset=steps_before(run_dir, cycle)
+    )
+
+
+# --------------------------------------------------------------------------- loop figures
+
+
+def cycle_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one cycle's summary (the figures metrics.jsonl holds), by tracker name."""
+    metrics: dict[str, float] = {}
+
+    def put(name: str, value: Any) -> None:
+        if isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, int | float):
+            metrics[name] = float(value)
+
+    evaluation = summary.get("evaluate") or {}
+    put("heldout/success", evaluation.get("success"))
+    put("heldout/tool_sequence", evaluation.get("tool_sequence"))
+    for family, rate in (evaluation.get("by_family") or {}).items():
+        put(f"heldout/success/{family}", rate)
+    rollout = summary.get("rollout") or {}
+    put("rollout/success", rollout.get("success"))
+    put("rollout/episodes", rollout.get("episodes"))
+    signals = summary.get("signals") or {}
+    put("signals/flagged", signals.get("flagged"))
+    put("signals/kept", signals.get("kept"))
+    for kind, count in (signals.get("by_kind") or {}).items():
+        put(f"signals/{kind}", count)
+    synthesis = summary.get("synthesize") or {}
+    for key in ("candidates", "judged_ok", "duplicates", "accepted"):
+        put(f"synthesis/{key}", synthesis.get(key))
+    for reason, count in (synthesis.get("top_rejections") or {}).items():
+        put(f"synthesis/rejected/{_slug(reason)}", count)
+    pool = summary.get("pool") or {}
+    for key in ("size", "added", "seed", "synthesized"):
+        put(f"pool/{key}", pool.get(key))
+    train = summary.get("train") or {}
+    put("train/cycle_steps", train.get("steps"))
+    put("train/cycle_final_loss", train.get("final_loss"))
+    for stage in ("rollout", "signals", "synthesize", "pool", "evaluate"):
+        put(f"time/{stage}_s", (summary.get(stage) or {}).get("time_s"))
+    put("time/train_s", train.get("stage_time_s"))
+    put("cycle", summary.get("cycle"))
+    return metrics
+
+
+def _slug(text: str) -> str:
+    """A tracker-safe metric name from a free-text reason (its first words)."""
+    words = re.sub(r"[^a-z0-9]+", "_", str(text).split(" (")[0].lower()).strip("_")
+    return words[:48] or "other"
+
+
+_TENSORBOARD_WRITERS: dict[str, Any] = {}
+
+
+def log_cycle(config: Any, run_dir: str | Path, summary: dict[str, Any]) -> None:
+    """Log one finished cycle's figures to every configured tracker, at the run's training step.
+
+    ``config`` is the run's CoevolveConfig. A tracker that fails is logged as a
+    warning: tracking never stops a run.
+    """
+    tracking: TrackingConfig = config.tracking
+    backends = tracking.backends()
+    if not backends:
+        return
+    cycle = int(summary.get("cycle", 0))
+    step = steps_before(run_dir, cycle + 1)
+    metrics = cycle_metrics(summary)
+    for backend in backends:
+        try:
+            _LOGGERS[backend](tracking, run_dir, metrics, step, summary)
+        except Exception as err:  # a tracker must not end a run
+            log.warning("tracking: %s could not log cycle %d: %s", backend, cycle, err)
+
+
+def _tensorboard(
+    tracking: TrackingConfig,
+    run_dir: str | Path,
+    metrics: dict[str, float],
+    step: int,
+    summary: dict[str, Any],
+) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    directory = str(tracking.tensorboard_dir(run_dir))
+    writer = _TENSORBOARD_WRITERS.get(directory)
+    if writer is None:
+        writer = _TENSORBOARD_WRITERS[directory] = SummaryWriter(log_dir=directory)
+    for name, value in metrics.items():
+        writer.add_scalar(name, value, step)
+    reasons = (summary.get("synthesize") or {}).get("top_rejections") or {}
+    if reasons:
+        table = "\n".join(f"- {count} × {reason}" for reason, count in reasons.items())
+        writer.add_text("synthesis/rejection_reasons", table, step)
+    writer.flush()
+
+
+def _trackio(
+    tracking: TrackingConfig,
+    run_dir: str | Path,
+    metrics: dict[str, float],
+    step: int,
+    summary: dict[str, Any],
+) -> None:
+    import trackio
+
+    trackio.init(project=tracking.project, name=tracking.name_for(run_dir), resume="allow")
+    trackio.log(metrics, step=step)
+
+
+def _wandb(
+    tracking: TrackingConfig,
+    run_dir: str | Path,
+    metrics: dict[str, float],
+    step: int,
+    summary: dict[str, Any],
+) -> None:
+    import wandb
+
+    if wandb.run is None:
+        wandb.init(project=tracking.project, name=tracking.name_for(run_dir), resume="allow")
+    wandb.log({**metrics, "train/global_step": step})
+
+
+def _mlflow(
+    tracking: TrackingConfig,
+    run_dir: str | Path,
+    metrics: dict[str, float],
+    step: int,
+    summary: dict[str, Any],
+) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None:
+        mlflow.set_experiment(tracking.project)
+        mlflow.start_run(run_name=tracking.name_for(run_dir))
+    mlflow.log_metrics(metrics, step=step)
+
+
+_LOGGERS = {"tensorboard": _tensorboard, "trackio": _trackio, "wandb": _wandb, "mlflow": _mlflow}
+
+
+def close() -> None:
+    """Flush and close the TensorBoard writers this process opened."""
+    while _TENSORBOARD_WRITERS:
+        _directory, writer = _TENSORBOARD_WRITERS.popitem()
+        writer.close()
