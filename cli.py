@@ -612,6 +612,8 @@ def run_command(
             result = run(config, overwrite=overwrite, console=quiet, overrides=sets)
     except (ConfigError, RunError) as err:
         raise _fail(str(err)) from None
+    except typer.Exit:  # an error already reported (it is a RuntimeError too)
+        raise
     except Exception as err:
         if debug:
             raise
