@@ -203,6 +203,12 @@ class SynthesisConfig(Section):
         description="Most synthesized tasks a cycle accepts (None: every novel one); the "
         "learning ablation fixes it so that every arm gets the same amount of new data.",
     )
+    judge_veto: bool = Field(
+        default=True,
+        description="True: a candidate is accepted only if its replay verifies and the judge "
+        "agrees (an LLM judge's no rejects it). False: the paper's rule, judged successful OR "
+        "rewarded by the environment.",
+    )
 
 
 class EvaluationConfig(Section):

@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # "random" marks trajectories picked at random instead of by a detector: the
 # control arm of the learning ablation (coevolve bench learning).
-SignalKind = Literal["forgetting", "boundary", "rare", "random"]
-SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")  # the detectors
+SignalKind = Literal["forgetting", "boundary", "rare", "unsolved", "random"]
+# The detectors: the paper's three, and unsolved (every rollout of a task failed, never solved).
+SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "unsolved")
+PAPER_SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")
 
 
 class Record(BaseModel):
@@ -157,6 +159,12 @@ class SynthesisContext(Record):
     focus_patterns: list[str] = Field(default_factory=list)
     exploration_objectives: list[str] = Field(default_factory=list)
     do_not_repeat: list[str] = Field(default_factory=list)
+    failing_step: int | None = Field(
+        default=None,
+        description="0-based index of the reference call where the rollout went wrong (a "
+        "wrong tool, a value not copied, a missing step); len(reference) when every call "
+        "matched but the outcome (e.g. the answer) did not; None when unknown.",
+    )
 
 
 class CandidateTask(Record):
@@ -169,6 +177,13 @@ class CandidateTask(Record):
     parent_task_id: str | None = None
     signal: SignalKind | None = None
     setup: dict[str, Any] = Field(default_factory=dict)
+    kind: Literal["structure_variant", "prefix", "transition", "window", "llm"] = Field(
+        default="window",
+        description="How it was made: structure_variant (the parent's whole tool graph on new "
+        "values and state), prefix (the first calls of that graph, a step toward it), "
+        "transition (the failing call and the one before it, on their own), window "
+        "(an explored action window: a sub-skill or composition), llm (an LLM abstractor).",
+    )
 
 
 class Verdict(Record):
@@ -185,5 +200,17 @@ class Verdict(Record):
 
     @property
     def accepted(self) -> bool:
-        """Accepted if judged successful, or if the environment still rewarded it."""
+        """The paper's rule: judged successful, or the environment still rewarded it."""
         return self.success or (self.execution_reward is not None and self.execution_reward > 0)
+
+    @property
+    def vetoed_accepted(self) -> bool:
+        """The strict rule: the replay verifies (reward 1.0) and the judge agrees.
+
+        With the executable judge the two coincide; with an LLM judge its "no"
+        rejects a candidate whatever the replay scored.
+        """
+        return self.success and self.execution_reward is not None and self.execution_reward >= 1.0
+
+    def is_accepted(self, judge_veto: bool) -> bool:
+        return self.vetoed_accepted if judge_veto else self.accepted

@@ -22,11 +22,12 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment
+from ..envs.base import Environment, SupportsVariants
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
+from .summarizer import failing_step
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT
 from .roles import (
@@ -159,12 +160,77 @@ class OfflineAbstractor(RejectionLog):
 
     name = "abstractor:offline"
 
-    def __init__(self, max_candidates: int = 3, max_window: int = 5):
+    def __init__(self, max_candidates: int = 3, max_window: int = 5, steer: bool = True):
         super().__init__()
         if max_candidates < 1 or max_window < 1:
             raise ValueError("max_candidates and max_window must be >= 1")
         self.max_candidates = max_candidates
         self.max_window = max_window
+        self.steer = steer
+
+    def _steered(
+        self, item: FlaggedTrajectory, task: Task, context: SynthesisContext, env: Any
+    ) -> list[CandidateTask]:
+        """Signal-specific candidates that keep the parent's structure (needs SupportsVariants).
+
+        All are made by the environment on fresh training values and states:
+        - forgetting: the whole structure again (replay of the lost skill);
+        - boundary: the whole structure, and the diverging transition (the failing
+          call and the one before it) on its own;
+        - unsolved: the first calls up to the failing one (a step toward the
+          structure), and the whole structure;
+        - rare: the whole structure once; explored windows (compositions with
+          other sub-skills) fill the rest.
+        """
+        if not isinstance(env, SupportsVariants) or not task.reference_calls:
+            return []
+        kind = primary_signal(item)
+        failing = context.failing_step
+        if failing is None:
+            failing = failing_step(item.trajectory, task.reference_calls)
+        length = len(task.reference_calls)
+        failing = min(failing if failing is not None else 0, length - 1)
+        whole = (0, length)
+        # The first calls up to and including the failing one (up to the last call
+        # before it when the failure is at the end): a step toward the structure.
+        first_steps = (0, failing + 1 if failing + 1 < length else max(length - 1, 1))
+        # The diverging transition (the call before the failing one, and it) on its own.
+        transition = (max(failing - 1, 0), failing + 1)
+        plan: list[tuple[int, int]]
+        match kind:
+            case "boundary":
+                plan = [whole] * (self.max_candidates - 1) + [transition]
+            case "unsolved":
+                plan = [first_steps] + [whole] * (self.max_candidates - 1)
+            case "rare":
+                plan = [whole]
+            case _:  # forgetting: replay the lost skill whole
+                plan = [whole] * self.max_candidates
+        candidates = []
+        for index, part in enumerate(plan):
+            key = f"{item.trajectory.id}:{kind}:{index}"
+            fresh = env.variant(task, key, part=part) if part != whole else None
+            if fresh is None:  # the whole structure, or a part the env cannot cut
+                fresh = env.variant(task, key)
+            if fresh is None:
+                continue
+            calls = fresh.reference_calls
+            label = "structure_variant" if len(calls) == length else "prefix" if part[0] == 0 else "transition"
+            names = " > ".join(call.name for call in calls)
+            candidates.append(
+                CandidateTask(
+                    description=f"{label} of {task.id}'s structure ({names}), "
+                    f"failing step {failing}: {fresh.instruction}",
+                    query=fresh.instruction,
+                    minimal_actions=calls,
+                    reference_answer=fresh.reference_answer,
+                    parent_task_id=task.id,
+                    signal=kind,
+                    setup=dict(fresh.setup),
+                    kind=label,
+                )
+            )
+        return candidates
 
     async def abstract(
         self,
@@ -178,6 +244,12 @@ class OfflineAbstractor(RejectionLog):
         item_id = item.trajectory.id
         self._start(item_id)
         env = make_env()
+        steered = self._steered(item, task, context, env) if self.steer else []
+        kind = primary_signal(item)
+        # Rare items also get explored windows (compositions with other sub-skills);
+        # the other kinds are answered by the failing structure itself.
+        if steered and kind != "rare":
+            return steered[: self.max_candidates]
         traits = _traits(env)
         describe = getattr(env, "describe", None)
         focus = set(
@@ -261,6 +333,7 @@ class OfflineAbstractor(RejectionLog):
                 continue
             queries.add(normalise(candidate.query))
             chosen.append(candidate)
+        chosen = (steered + chosen)[: self.max_candidates] if steered else chosen
         if not chosen:
             self._reject(
                 item_id,

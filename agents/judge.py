@@ -6,7 +6,8 @@ replay and then asks a model for a verdict on the evidence. Acceptance is
 
 The replay's reward (``execution_reward``) is the verifier's score only when
 the replay itself was sound: every call succeeded (a domain error the actions
-recover from by retrying the same tool later counts as sound), the task is not
+recover from, by retrying the same tool later or by a later call on the same
+values, counts as sound), the task is not
 solved by doing nothing, and an expected answer appears in some observation.
 Otherwise it is 0 — the world's verifier compares the end state with a replay of
 the very same calls, so it would score almost any candidate 1.0.
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..envs.base import Environment
 from ..envs.parsing import render_call
 from ..envs.world.env import answer_matches
-from ..records import CandidateTask, Step, Task, Turn, Verdict
+from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT
 from .roles import EnvFactory
@@ -116,6 +117,17 @@ class Execution:
         ]
 
 
+def _recovers(failed: ToolCall | None, later: ToolCall | None) -> bool:
+    """A later call that answers a failed one: the same tool again, or a call on the same
+    values (a contact not found, then added under that name)."""
+    if failed is None or later is None:
+        return False
+    if later.name == failed.name:
+        return True
+    values = {str(v) for v in failed.arguments.values()}
+    return bool(values) and values <= {str(v) for v in later.arguments.values()}
+
+
 def _run_episode(env: Environment, task: Task, with_calls: bool) -> tuple[list[Step], float]:
     steps: list[Step] = []
     env.reset(task)
@@ -156,7 +168,7 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
         elif error in PARAMETER_ERRORS:
             execution.parameter_problems.append(where)
         elif any(
-            later.call is not None and later.call.name == name and not later.observation.error
+            _recovers(step.call, later.call) and not later.observation.error
             for later in execution.steps[number:]
         ):
             execution.recovered.append(where)

@@ -60,6 +60,8 @@ class LocalPolicy:
         tools_in_prompt: bool = False,
         version: str | None = None,
         seed: int | None = None,
+        kv_reuse: bool = True,
+        merge_adapter: bool = True,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -78,6 +80,8 @@ class LocalPolicy:
         self.temperature = temperature
         self.batch_size = batch_size
         self.tools_in_prompt = tools_in_prompt
+        self.kv_reuse = kv_reuse
+        self.merge_adapter = merge_adapter
         self._fixed_version = version
         self._base_version: str | None = None
         self._lock = threading.Lock()
@@ -115,6 +119,9 @@ class LocalPolicy:
             getattr(self.base_model.config, "max_position_embeddings", 0)
             or self.tokenizer.model_max_length
         )
+        from .kv_reuse import PrefixCache
+
+        self.prefix_cache = PrefixCache()
         if adapter_path is not None:
             self.reload_adapter(adapter_path)
 
@@ -146,7 +153,12 @@ class LocalPolicy:
 
     def reload_adapter(self, adapter_path: str | Path | None) -> None:
         """Swap in the LoRA adapter saved at ``adapter_path`` (None: back to the base model)."""
+        if adapter_path is not None and not (Path(adapter_path) / "adapter_config.json").exists():
+            raise PolicyError(f"no LoRA adapter at {adapter_path} (adapter_config.json missing)")
         with self._lock:
+            self.prefix_cache.clear()  # cached keys and values belong to the old weights
+            if self._adapter_name is not None and self.merge_adapter:
+                self.model.unmerge_adapter()
             if adapter_path is None:
                 if self._adapter_name is not None:
                     self.base_model = self.model.unload()
@@ -156,8 +168,6 @@ class LocalPolicy:
                 self._adapter_name = None
                 return
             path = Path(adapter_path)
-            if not (path / "adapter_config.json").exists():
-                raise PolicyError(f"no LoRA adapter at {path} (adapter_config.json missing)")
             self._adapter_count += 1
             name = f"adapter_{self._adapter_count}"
             if self._adapter_name is None:
@@ -172,6 +182,10 @@ class LocalPolicy:
                 self.model.delete_adapter(self._adapter_name)
             self.model.to(self.device)
             self.model.eval()
+            if self.merge_adapter:
+                # Rollouts then run at the base model's speed (no LoRA matmuls per layer);
+                # unmerged again before the next swap.
+                self.model.merge_adapter()
             self.adapter_path = path
             self._adapter_name = name
 
@@ -215,6 +229,8 @@ class LocalPolicy:
         # Similar lengths together: less padding per chunk.
         prompts.sort(key=lambda item: len(item[1]))
         with self._lock:
+            if self.kv_reuse:
+                self.prefix_cache.tick()
             for start in range(0, len(prompts), self.batch_size):
                 chunk = prompts[start : start + self.batch_size]
                 try:
@@ -271,6 +287,19 @@ class LocalPolicy:
     def _generate_chunk(
         self, prompts: list[list[int]], temperature: float
     ) -> list[AssistantMessage]:
+        if self.kv_reuse:
+            from .kv_reuse import generate_batch
+
+            tokens = generate_batch(
+                self.model,
+                prompts,
+                self.prefix_cache,
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                temperature=temperature,
+            )
+            return [self._reply(new, len(ids)) for new, ids in zip(tokens, prompts, strict=True)]
         import torch
 
         width = max(len(ids) for ids in prompts)

@@ -106,7 +106,7 @@ class Judge(Protocol):
 
 # The order in which an item's signals name the candidates it produces (the
 # default budget priority of memory.signals.SignalConfig).
-SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("forgetting", "rare", "boundary", "random")
+SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("unsolved", "forgetting", "rare", "boundary", "random")
 
 
 def primary_signal(item: FlaggedTrajectory) -> SignalKind | None:
@@ -165,19 +165,31 @@ def synthesized_task_id(candidate: CandidateTask, cycle: int) -> str:
     return f"syn-c{cycle}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
 
-def candidate_to_task(candidate: CandidateTask, parent: Task, cycle: int) -> Task:
+def default_structure_key(calls: Sequence[ToolCall]) -> str:
+    """The tool names in order: the structure key of environments without their own."""
+    return ">".join(call.name for call in calls) or "no-calls"
+
+
+def candidate_to_task(
+    candidate: CandidateTask,
+    parent: Task,
+    cycle: int,
+    structure_key: Callable[[Sequence[ToolCall]], str] | None = None,
+) -> Task:
     """The Task a (validated) candidate becomes, with its provenance.
 
     One turn: the query, answered by the minimal actions. The setup is the
     candidate's own (the state it was abstracted from) or, if it has none, the
-    parent's without the parent's checker relaxations.
+    parent's without the parent's checker relaxations. Its family is the structure
+    key of its own calls (``structure_key``, default: the tool names in order), never
+    the parent's: the parent and the signal are provenance.
     """
     setup = dict(candidate.setup) if candidate.setup else candidate_setup(parent.setup)
     calls = [ToolCall(name=c.name, arguments=dict(c.arguments)) for c in candidate.minimal_actions]
     return Task(
         id=synthesized_task_id(candidate.model_copy(update={"setup": setup}), cycle),
         env=parent.env,
-        family=parent.family,
+        family=(structure_key or default_structure_key)(calls),
         split="train",
         turns=[Turn(query=candidate.query, reference_calls=calls)],
         reference_answer=candidate.reference_answer,
@@ -244,6 +256,12 @@ class RolesConfig(BaseModel):
     )
     max_candidates: int = Field(
         default=3, gt=0, description="Most candidate tasks the abstractor proposes per item."
+    )
+    steer: bool = Field(
+        default=True,
+        description="Offline abstractor: answer a flagged failure with tasks that keep its "
+        "structure (new values and state, generated per signal kind; see docs/architecture.md) "
+        "where the environment can make them. False: explored action windows only.",
     )
     summarizer_temperature: float | None = Field(
         default=0.2, ge=0.0, le=2.0, description="LLM summarizer temperature (None: endpoint's)."
@@ -359,7 +377,7 @@ def build_roles(
             max_candidates=config.max_candidates,
         )
         if chosen["abstractor"]
-        else OfflineAbstractor(max_candidates=config.max_candidates)
+        else OfflineAbstractor(max_candidates=config.max_candidates, steer=config.steer)
     )
     judge: Judge = (
         LLMJudge(model("judge"), limiter, prompt=config.judge_prompt)

@@ -60,6 +60,24 @@ def first_divergence(calls: Sequence[ToolCall], reference: Sequence[ToolCall]) -
     return None
 
 
+def failing_step(
+    trajectory: Trajectory, reference: Sequence[ToolCall], score_threshold: float = 1.0
+) -> int | None:
+    """0-based index of the reference call where the rollout went wrong (see SynthesisContext)."""
+    if trajectory.score >= score_threshold:
+        return None
+    steps = trajectory.steps
+    for index, expected in enumerate(reference):
+        if index >= len(steps):
+            return index
+        step = steps[index]
+        if step.call is None or step.observation.error:
+            return index
+        if step.call.name != expected.name or step.call.arguments != expected.arguments:
+            return index
+    return len(reference)
+
+
 def _evidence_line(signal: Signal) -> str:
     ev = signal.evidence
     match signal.kind:
@@ -73,6 +91,8 @@ def _evidence_line(signal: Signal) -> str:
             frequency = ev.get("frequency")
             share = f"{frequency:.1%}" if isinstance(frequency, int | float) else "?"
             return f"rare: pattern {ev.get('pattern')!r} seen {ev.get('count')} of {ev.get('total')} times ({share})"
+        case "unsolved":
+            return f"unsolved: all of this cycle's rollouts failed ({ev.get('scores')}) and no cycle solved it before"
     return f"{signal.kind}: {json.dumps(ev, default=str)}"
 
 
@@ -97,6 +117,11 @@ def _objective(kind: str, task: Task, tools: Sequence[str], item: FlaggedTraject
             return (
                 f"Explore the boundary of {task.family}: variations of {flow} around the step "
                 f"where rollouts diverge, with other values and states, some of which fail."
+            )
+        case "unsolved":
+            return (
+                f"Build up the unsolved skill of {task.family}: carry out {flow} on fresh people, "
+                f"items and values, and its first steps on their own, up to where rollouts fail."
             )
     return f"Explore {tool_list} around the task {task.instruction!r}."
 
@@ -160,6 +185,7 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
         focus_patterns=list(dict.fromkeys(patterns)),
         exploration_objectives=[_objective(kind, task, tools, item) for kind in kinds],
         do_not_repeat=[turn.query for turn in task.turns],
+        failing_step=failing_step(trajectory, task.reference_calls),
     )
 
 

@@ -71,6 +71,26 @@ class SupportsSampleAction(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsVariants(Protocol):
+    """Structure-keeping task variants, so offline synthesis can reinforce a failing structure.
+
+    ``structure_key`` names a task's structure from its own calls (the world: the
+    family whose tool graph the calls follow), never from where the task came from.
+    ``variant`` makes a new task with the same structure (the same tool graph, values
+    flowing between calls as in the original) on new entities and a new initial state,
+    drawn from training values only; ``part=(start, end)`` asks for a task whose
+    solution is only those calls of that structure (its first steps, or one
+    transition on its own), or None when the environment cannot make it.
+    """
+
+    def structure_key(self, calls: Sequence[ToolCall]) -> str: ...
+
+    def variant(
+        self, task: Task, key: str, part: tuple[int, int] | None = None
+    ) -> Task | None: ...
+
+
 class ToolError(Exception):
     """Raised by a tool implementation for a domain error (becomes an observation)."""
 

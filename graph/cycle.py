@@ -33,6 +33,7 @@ import hashlib
 import operator
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, cast
@@ -215,6 +216,45 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures}}
 
 
+def flag_map(
+    trajectories: Sequence[Trajectory],
+    flagged: Sequence[Any],
+    kept: Sequence[Any],
+    kinds: Sequence[str],
+) -> dict[str, Any]:
+    """Where the flags land: counts by kind and by family, before and after the budget.
+
+    ``flag_precision`` is the share of kept items (the synthesis budget) whose family
+    is below 50% success over this cycle's rollouts: the families the agent cannot
+    do yet.
+    """
+    from ..memory.signals import failure_rates
+
+    rates = failure_rates(trajectories)
+    families = sorted({t.family for t in trajectories})
+    by_family: dict[str, dict[str, Any]] = {}
+    for family in families:
+        row: dict[str, Any] = {"rollout_success": round(1.0 - rates.get(family, 0.0), 4)}
+        for label, items in (("flagged", flagged), ("kept", kept)):
+            counts = Counter(
+                kind for item in items if item.trajectory.family == family for kind in item.kinds
+            )
+            row[label] = {kind: counts.get(kind, 0) for kind in kinds if counts.get(kind, 0)}
+            row[f"{label}_items"] = sum(1 for item in items if item.trajectory.family == family)
+        by_family[family] = row
+    by_kind = Counter(kind for item in flagged for kind in item.kinds)
+    kept_by_kind = Counter(kind for item in kept for kind in item.kinds)
+    weak = [item for item in kept if rates.get(item.trajectory.family, 0.0) > 0.5]
+    return {
+        "flagged": len(flagged),
+        "kept": len(kept),
+        "by_kind": {kind: by_kind.get(kind, 0) for kind in kinds},
+        "kept_by_kind": {kind: kept_by_kind.get(kind, 0) for kind in kinds},
+        "by_family": by_family,
+        "flag_precision": len(weak) / len(kept) if kept else 0.0,
+    }
+
+
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..memory.pool import dump_jsonl, load_jsonl
     from ..memory.signals import apply_budget, detect_signals, select_random
@@ -223,22 +263,21 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     cycle = state["cycle"]
     started = time.perf_counter()
     trajectories = load_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", Trajectory)
-    flagged = detect_signals(trajectories, rt.history, rt.patterns, rt.config.signals, cycle)
+    flagged = detect_signals(
+        trajectories, rt.history, rt.patterns, rt.config.signals, cycle, budgeted=False
+    )
     if rt.config.signals.selection == "random":
         kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
     else:
-        kept = apply_budget(flagged, rt.config.signals)
+        kept = apply_budget(flagged, rt.config.signals, trajectories)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
-    by_kind = Counter(kind for item in flagged for kind in item.kinds)
-    counts = {kind: by_kind.get(kind, 0) for kind in ("forgetting", "boundary", "rare")}
-    figures = {
-        "flagged": len(flagged),
-        "kept": len(kept),
-        "by_kind": counts,
-        "time_s": time.perf_counter() - started,
-    }
-    kinds = ", ".join(f"{k} {n}" for k, n in counts.items())
-    rt.say(f"cycle {cycle} · signals: flagged {len(flagged)} ({kinds}); kept {len(kept)}")
+    figures = flag_map(trajectories, flagged, kept, rt.config.signals.kinds)
+    figures["time_s"] = time.perf_counter() - started
+    found = ", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())
+    rt.say(
+        f"cycle {cycle} · signals: flagged {len(flagged)} ({found}); kept {len(kept)}, "
+        f"{figures['flag_precision']:.0%} of them on families under 50% rollout success"
+    )
     return {"current": {**state.get("current", {}), "signals": figures}}
 
 
@@ -270,6 +309,7 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
             store=rt.store,
             neighbours=config.synthesis.neighbours,
             max_accepted=config.synthesis.max_accepted,
+            judge_veto=config.synthesis.judge_veto,
         ),
         cycle=cycle,
         max_concurrency=config.synthesis.max_concurrency,

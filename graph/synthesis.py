@@ -29,6 +29,7 @@ from langgraph.types import Send
 from pydantic import BaseModel
 
 from ..agents.roles import ExplorationRound, Neighbour, Roles, candidate_to_task, primary_signal
+from ..envs.base import SupportsVariants
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, SynthesisContext, Task, Verdict
 
@@ -70,6 +71,7 @@ class SynthesisRuntime:
     store: Any  # memory.store.TaskStore
     neighbours: int = 5
     max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
+    judge_veto: bool = True  # accept only verified replays the judge agrees with
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -300,7 +302,7 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
             verdict = await rt.roles.judge.judge(candidate, rt.make_env)
         except Exception as err:
             verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
-        if verdict.accepted:
+        if verdict.is_accepted(rt.judge_veto):
             judged.append(
                 JudgedCandidate(
                     candidate=candidate,
@@ -318,12 +320,18 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
     """Store the novel accepted candidates; duplicates of the store or the batch are dropped."""
     rt = _runtime(runtime)
     parents = {task.id: task for task in state.get("parents", [])}
+    env = rt.make_env()
+    structure_key = env.structure_key if isinstance(env, SupportsVariants) else None
     tasks = []
     for judged in state.get("judged", []):
         candidate = judged.candidate
         if candidate.signal is None and judged.signal is not None:
             candidate = candidate.model_copy(update={"signal": judged.signal})
-        tasks.append(candidate_to_task(candidate, parents[judged.parent_id], state.get("cycle", 0)))
+        tasks.append(
+            candidate_to_task(
+                candidate, parents[judged.parent_id], state.get("cycle", 0), structure_key
+            )
+        )
     if not tasks:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
     result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted)

@@ -9,9 +9,13 @@ Definitions (DESIGN.md):
   scored > 0.5 and at least one < 0.5: all K are flagged.
 * rare — once N >= N_min patterns have been observed, a trajectory whose
   pattern p has 0 < c_p / N < theta / 100 is flagged.
+* unsolved — all K rollouts of a task failed this cycle and the task's history
+  has never seen it solved. Not one of the paper's three: a probe on SmolLM2
+  (DESIGN.md, "Which failures the signals see") found the weakest families fail
+  on all K rollouts, which none of the three flags on a first encounter.
 
 A trajectory may carry several signals; all are kept. A per-cycle budget then
-keeps the highest-priority items.
+keeps the items where the failures are (``allocation``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..records import SIGNAL_KINDS, Signal, SignalKind, Trajectory
+from ..records import PAPER_SIGNAL_KINDS, SIGNAL_KINDS, Signal, SignalKind, Trajectory
 from .history import OutcomeHistory
 from .patterns import EXTRACTORS, PatternCounts, PatternKind
 
@@ -32,8 +36,10 @@ class SignalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    kinds: list[SignalKind] = Field(
-        default=list(SIGNAL_KINDS), description="Detectors to run (drop one for an ablation)."
+    kinds: list[SignalKind] | Literal["paper"] = Field(
+        default=list(SIGNAL_KINDS),
+        description="Detectors to run: forgetting, boundary, rare, unsolved (drop one for an "
+        "ablation), or 'paper' for exactly the paper's three (no unsolved).",
     )
     success_threshold: float = Field(
         default=0.5, gt=0.0, lt=1.0, description="Score separating success from failure."
@@ -63,8 +69,22 @@ class SignalConfig(BaseModel):
         description="Most flagged trajectories of one task kept per cycle (K would crowd the budget).",
     )
     priority: list[SignalKind] = Field(
-        default=["forgetting", "rare", "boundary"],
-        description="Order in which kinds claim the budget; an item counts by its best kind.",
+        default=["unsolved", "forgetting", "rare", "boundary"],
+        description="Order in which kinds claim the budget (allocation per_kind), and which "
+        "kind names an item flagged by several.",
+    )
+    allocation: Literal["failure_rate", "per_kind", "uniform"] = Field(
+        default="failure_rate",
+        description="How the budget is split over flagged items. failure_rate: each structure "
+        "key (family) gets a share proportional to its failure rate over the cycle's rollouts, "
+        "after a floor per kind; per_kind: kinds claim it in priority order; uniform: every "
+        "structure key gets an equal share.",
+    )
+    kind_floor: int = Field(
+        default=2,
+        ge=0,
+        description="failure_rate and uniform: items of each flagged kind kept before the "
+        "split, so no kind starves.",
     )
     selection: Literal["signals", "random"] = Field(
         default="signals",
@@ -75,6 +95,8 @@ class SignalConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SignalConfig:
+        if self.kinds == "paper":
+            self.kinds = list(PAPER_SIGNAL_KINDS)
         if len(set(self.priority)) != len(self.priority) or set(self.priority) != set(SIGNAL_KINDS):
             raise ValueError(f"priority must list each of {', '.join(SIGNAL_KINDS)} exactly once")
         if len(set(self.kinds)) != len(self.kinds):
@@ -107,8 +129,12 @@ def detect_signals(
     patterns: PatternCounts,
     config: SignalConfig,
     cycle: int,
+    budgeted: bool = True,
 ) -> list[FlaggedTrajectory]:
     """Flag this cycle's trajectories, then record them in history and pattern counts.
+
+    ``budgeted=False`` returns every flagged item (what the detectors found);
+    ``apply_budget`` then keeps the cycle's share.
 
     Forgetting compares against history *before* this cycle; rare counts this
     cycle's patterns first, so a pattern seen for the first time has c_p = 1.
@@ -165,6 +191,20 @@ def detect_signals(
                 for trajectory in group:
                     flag(trajectory, "boundary", {"task_id": task_id, "scores": scores})
 
+    if "unsolved" in config.kinds:
+        for task_id, group in by_task.items():
+            if any(t.score >= threshold for t in group):
+                continue
+            past = history.task_window(task_id, cycle, 10**6)
+            if past and max(past) >= threshold:
+                continue  # solved before: forgetting's business
+            for trajectory in group:
+                flag(
+                    trajectory,
+                    "unsolved",
+                    {"task_id": task_id, "scores": [t.score for t in group], "history": past},
+                )
+
     extract = EXTRACTORS[config.pattern]
     observed = [extract(t) for t in trajectories]
     patterns.update(cycle, observed)
@@ -188,35 +228,99 @@ def detect_signals(
     flagged = [
         FlaggedTrajectory(trajectory=t, signals=found[t.id]) for t in trajectories if t.id in found
     ]
-    return apply_budget(flagged, config)
+    return apply_budget(flagged, config, trajectories) if budgeted else flagged
+
+
+def failure_rates(trajectories: Sequence[Trajectory], threshold: float = 0.5) -> dict[str, float]:
+    """Share of failed rollouts per family (structure key) this cycle."""
+    totals: dict[str, int] = defaultdict(int)
+    failed: dict[str, int] = defaultdict(int)
+    for trajectory in trajectories:
+        totals[trajectory.family] += 1
+        failed[trajectory.family] += trajectory.score < threshold
+    return {family: failed[family] / totals[family] for family in totals}
 
 
 def apply_budget(
-    flagged: Sequence[FlaggedTrajectory], config: SignalConfig
+    flagged: Sequence[FlaggedTrajectory],
+    config: SignalConfig,
+    trajectories: Sequence[Trajectory] = (),
 ) -> list[FlaggedTrajectory]:
-    """Keep at most ``budget`` items (``per_task_limit`` per task), best priority first.
+    """Keep at most ``budget`` items (``per_task_limit`` per task), split by ``config.allocation``.
 
-    Within a kind, lower scores come first (clearer failures), then ids, so the
-    choice is deterministic.
+    per_kind: best priority kind first. failure_rate / uniform: ``kind_floor`` items
+    of each kind first, then each family's share of the rest in proportion to its
+    failure rate over ``trajectories`` (uniform: equal shares). Within a share,
+    lower scores come first (clearer failures), then ids, so the choice is
+    deterministic.
     """
     rank = {kind: index for index, kind in enumerate(config.priority)}
-    ordered = sorted(
-        flagged,
-        key=lambda item: (
-            min(rank[k] for k in item.kinds),
-            item.trajectory.score,
-            item.trajectory.id,
-        ),
-    )
+
+    def order(items: Sequence[FlaggedTrajectory]) -> list[FlaggedTrajectory]:
+        return sorted(
+            items,
+            key=lambda item: (
+                min(rank[k] for k in item.kinds),
+                item.trajectory.score,
+                item.trajectory.id,
+            ),
+        )
+
     kept: list[FlaggedTrajectory] = []
+    kept_ids: set[str] = set()
     per_task: dict[str, int] = defaultdict(int)
-    for item in ordered:
-        if len(kept) == config.budget:
-            break
+
+    def take(item: FlaggedTrajectory) -> bool:
+        if len(kept) >= config.budget or item.trajectory.id in kept_ids:
+            return False
         if per_task[item.trajectory.task_id] >= config.per_task_limit:
-            continue
+            return False
         per_task[item.trajectory.task_id] += 1
         kept.append(item)
+        kept_ids.add(item.trajectory.id)
+        return True
+
+    if config.allocation == "per_kind":
+        for item in order(flagged):
+            take(item)
+        return kept
+
+    for kind in config.priority:
+        taken = 0
+        for item in order([i for i in flagged if kind in i.kinds]):
+            if taken >= config.kind_floor:
+                break
+            taken += take(item)
+    rates = failure_rates(trajectories or [i.trajectory for i in flagged])
+    by_family: dict[str, list[FlaggedTrajectory]] = defaultdict(list)
+    for item in order(flagged):
+        by_family[item.trajectory.family].append(item)
+    weights = {
+        family: (rates.get(family, 0.0) if config.allocation == "failure_rate" else 1.0)
+        for family in by_family
+    }
+    # Largest-remainder shares; what a family cannot use goes to the others in later rounds.
+    while len(kept) < config.budget:
+        open_families = [f for f in by_family if weights[f] > 0 and by_family[f]]
+        if not open_families:
+            break
+        room = config.budget - len(kept)
+        total = sum(weights[f] for f in open_families)
+        exact = {f: room * weights[f] / total for f in open_families}
+        shares = {f: int(exact[f]) for f in open_families}
+        for family in sorted(open_families, key=lambda f: (shares[f] - exact[f], f))[
+            : room - sum(shares.values())
+        ]:
+            shares[family] += 1
+        progress = 0
+        for family in sorted(open_families):
+            queue = by_family[family]
+            taken = 0
+            while queue and taken < shares[family]:
+                taken += take(queue.pop(0))
+            progress += taken
+        if progress == 0:
+            break
     return kept
 
 

@@ -232,3 +232,34 @@ def test_rollouts_run_with_the_tiny_model(tiny_build):
     assert {t.policy_version for t in trajectories} == {policy.version}
     assert all(0.0 <= t.score <= 1.0 for t in trajectories)
     json.dumps([t.model_dump() for t in trajectories])
+
+
+def test_kv_reuse_generates_exactly_what_reencoding_generates(random_model):
+    """Cached keys/values (holes in the mask, explicit positions) change no token."""
+    reusing = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=4, kv_reuse=True)
+    encoding = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=4, kv_reuse=False)
+    tasks = load_split("validation")[:6]
+    references = [reference_conversation(WorldEnvironment(), task)[0] for task in tasks]
+    for cut in (2, 4, 6):
+        conversations = [messages[: min(cut, len(messages) - 1)] for messages in references]
+        with_cache = _generate(reusing, conversations)
+        without = _generate(encoding, conversations)
+        assert [r.raw for r in with_cache] == [r.raw for r in without]
+        assert [r.prompt_tokens for r in with_cache] == [r.prompt_tokens for r in without]
+    # Later calls found the earlier conversations' keys and values.
+    assert reusing.prefix_cache.reused_tokens > 0
+    assert len(reusing.prefix_cache) > 0
+
+
+def test_kv_reuse_samples_like_reencoding_with_the_same_seed(random_model):
+    reusing = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=8, kv_reuse=True)
+    conversations = _conversations()
+    import torch
+
+    torch.manual_seed(3)
+    first = [r.raw for r in _generate(reusing, conversations, temperature=1.0)]
+    reusing.prefix_cache.clear()
+    torch.manual_seed(3)
+    second = [r.raw for r in _generate(reusing, conversations, temperature=1.0)]
+    assert first == second
+    assert len(set(first)) > 1

@@ -94,6 +94,7 @@ EVIDENCE = {
         "total": 80,
         "frequency": 0.0125,
     },
+    "unsolved": lambda t: {"task_id": t.id, "scores": [0.0, 0.0, 0.0], "history": []},
 }
 
 
@@ -122,8 +123,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def offline_pipeline(item, task, explorer=None, neighbours=(), make_env=WorldEnvironment):
-    summarizer, abstractor, judge = OfflineSummarizer(), OfflineAbstractor(), ExecutableJudge()
+async def offline_pipeline(
+    item, task, explorer=None, neighbours=(), make_env=WorldEnvironment, steer=False
+):
+    summarizer, judge = OfflineSummarizer(), ExecutableJudge()
+    abstractor = OfflineAbstractor(steer=steer)
     explorer = explorer or OfflineExplorer()
     context = await summarizer.summarize(item, task)
     rounds = await explorer.explore(item, task, context, make_env)
@@ -154,7 +158,9 @@ def test_offline_pipeline_yields_accepted_candidates_that_verify():
             score, steps = replay_reference(WorldEnvironment(), new)
             assert score == 1.0 and not any(s.observation.error for s in steps)
             assert new.source == "synthesized" and new.parent_task_id == task.id
-            assert new.family == task.family and new.signal == "boundary" and new.cycle == 2
+            # The family names the candidate's own calls; the parent is provenance.
+            assert new.family == ">".join(c.name for c in candidate.minimal_actions)
+            assert new.signal == "boundary" and new.cycle == 2
             questions += new.reference_answer is not None
     assert accepted >= len(tasks) and questions >= 1  # lookups become questions with answers
 
@@ -711,3 +717,56 @@ def test_system_messages_are_sent_verbatim(scripted_server):
     )
     [body] = server.chat_bodies()
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
+
+
+# --------------------------------------------------------------------------- steered synthesis
+
+
+def _contains_in_order(calls, names):
+    position = 0
+    for call in calls:
+        if position < len(names) and call == names[position]:
+            position += 1
+    return position == len(names)
+
+
+@pytest.mark.parametrize("family", sorted(__import__("coevolve").envs.world.FAMILIES))
+def test_structure_variants_keep_every_familys_structure_and_verify(family):
+    """Forgetting answers a failure with whole-structure variants on new values: all verify."""
+    task = make_task("train", 950, family)
+    [item] = flagged([task], kinds=("forgetting",))
+    _, _, candidates, verdicts, _ = run(offline_pipeline(item, task, steer=True))
+    assert len(candidates) == 3
+    parent_tools = [c.name for c in task.reference_calls]
+    for candidate, verdict in zip(candidates, verdicts, strict=True):
+        assert candidate.kind == "structure_variant" and candidate.signal == "forgetting"
+        assert [c.name for c in candidate.minimal_actions] == parent_tools
+        assert candidate.query != task.instruction  # new entities and state
+        assert verdict.vetoed_accepted, verdict.reason
+        new = candidate_to_task(candidate, task, 1, WorldEnvironment().structure_key)
+        assert new.family == family and new.parent_task_id == task.id
+        assert replay_reference(WorldEnvironment(), new)[0] == 1.0
+    assert len({c.query for c in candidates}) == 3
+
+
+def test_each_signal_kind_generates_differently_around_the_failing_transition():
+    """SlipPolicy garbles the last call: the failing step is the last one, for every kind."""
+    task = TASKS["buy_item"]  # search_products > add_to_cart > checkout
+    made = {}
+    for kind in ("forgetting", "boundary", "unsolved", "rare"):
+        [item] = flagged([task], kinds=(kind,))
+        context, _, candidates, verdicts, _ = run(offline_pipeline(item, task, steer=True))
+        failing = context.failing_step
+        assert failing is not None
+        transition = [c.name for c in task.reference_calls][max(failing - 1, 0) : failing + 1]
+        for candidate in candidates:
+            assert candidate.signal == kind
+            if candidate.kind in ("structure_variant", "transition"):
+                assert _contains_in_order([c.name for c in candidate.minimal_actions], transition)
+        assert all(v.vetoed_accepted for v, c in zip(verdicts, candidates, strict=True) if c.kind != "window")
+        made[kind] = [c.kind for c in candidates]
+    assert made["forgetting"] == ["structure_variant"] * 3
+    assert made["boundary"] == ["structure_variant", "structure_variant", "transition"]
+    assert made["unsolved"] == ["prefix", "structure_variant", "structure_variant"]
+    assert made["rare"][0] == "structure_variant" and "window" in made["rare"][1:]
+    assert len({tuple(kinds) for kinds in made.values()}) >= 3

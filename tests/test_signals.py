@@ -116,7 +116,9 @@ def test_several_signals_on_one_trajectory_are_kept():
 
 
 def test_budget_respects_priority():
-    config = SignalConfig(budget=2, priority=["rare", "boundary", "forgetting"])
+    config = SignalConfig(
+        budget=2, priority=["rare", "boundary", "forgetting", "unsolved"], allocation="per_kind"
+    )
     items = run(
         [[("x", 1.0), ("x", 0.0), ("y", 1.0), ("y", 0.0)]],
         SignalConfig(kinds=["boundary"], per_task_limit=8),
@@ -175,3 +177,46 @@ def test_random_selection_is_reproducible_and_bounded():
 def test_random_is_not_a_detector():
     with pytest.raises(ValidationError, match=r"not detectors.*selection: random"):
         SignalConfig(kinds=["rare", "random"])
+
+
+def test_unsolved_flags_a_task_whose_k_rollouts_all_fail_and_never_succeeded():
+    config = SignalConfig(kinds=["unsolved"], per_task_limit=8)
+    flagged = run([[("t", 0.0), ("t", 0.0), ("u", 0.0), ("u", 1.0)]], config)
+    assert {item.trajectory.task_id for item in flagged} == {"t"}
+    assert all(item.kinds == ["unsolved"] for item in flagged)
+    assert flagged[0].signals[0].evidence["scores"] == [0.0, 0.0]
+
+
+def test_unsolved_stays_silent_once_a_task_was_solved_before():
+    config = SignalConfig(kinds=["unsolved"], per_task_limit=8)
+    assert run([[("t", 1.0)], [("t", 0.0), ("t", 0.0)]], config) == []
+
+
+def test_the_paper_preset_drops_unsolved():
+    assert "unsolved" in SignalConfig().kinds
+    assert SignalConfig(kinds="paper").kinds == ["forgetting", "boundary", "rare"]
+    assert run([[("t", 0.0), ("t", 0.0)]], SignalConfig(kinds="paper")) == []
+
+
+def test_failure_rate_allocation_spends_the_budget_where_failures_are():
+    """Family a fails 3 of 4 rollouts, family b 1 of 4: a gets about three times b's share."""
+    rows = []
+    for task, family, scores in [
+        *[(f"a{i}", "a", (0.0, 0.0, 0.0, 1.0)) for i in range(4)],
+        *[(f"b{i}", "b", (0.0, 1.0, 1.0, 1.0)) for i in range(4)],
+    ]:
+        rows += [(task, family, score) for score in scores]
+    trajectories = [
+        traj(task, score, 0, index, family=family) for index, (task, family, score) in enumerate(rows)
+    ]
+    config = SignalConfig(kinds=["boundary"], budget=8, per_task_limit=4, kind_floor=0)
+    everything = detect_signals(
+        trajectories, OutcomeHistory(), PatternCounts(), config, 0, budgeted=False
+    )
+    assert len(everything) == 32  # every rollout of a mixed task, before the budget
+    kept = apply_budget(everything, config, trajectories)
+    families = [item.trajectory.family for item in kept]
+    assert len(kept) == 8
+    assert families.count("a") == 6 and families.count("b") == 2
+    uniform = apply_budget(everything, config.model_copy(update={"allocation": "uniform"}), trajectories)
+    assert [i.trajectory.family for i in uniform].count("a") == 4

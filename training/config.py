@@ -47,12 +47,28 @@ class LoraSettings(BaseModel):
         "and MLP projection of Qwen2). 'lm_head' is refused for GRPO, which reads the head's "
         "weight directly.",
     )
+    top_layers: int | None = Field(
+        default=None,
+        gt=0,
+        description="Put adapters only in the last N transformer blocks (None: all). Backward "
+        "then stops N blocks from the top, which roughly halves a CPU step on a 30-block model "
+        "such as SmolLM2 with N=10.",
+    )
 
-    def to_peft(self) -> LoraConfig:
-        """The ``peft.LoraConfig`` handed to TRL as ``peft_config``."""
+    def to_peft(self, num_layers: int | None = None) -> LoraConfig:
+        """The ``peft.LoraConfig`` handed to TRL as ``peft_config``.
+
+        ``num_layers`` (the model's block count) is needed when ``top_layers`` is set.
+        """
         from peft import LoraConfig
 
+        layers = None
+        if self.top_layers is not None:
+            if num_layers is None:
+                raise ValueError("top_layers needs the model's num_layers")
+            layers = list(range(max(num_layers - self.top_layers, 0), num_layers))
         return LoraConfig(
+            layers_to_transform=layers,
             r=self.r,
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,

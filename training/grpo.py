@@ -333,7 +333,11 @@ def make_grpo_trainer(
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
-            peft_config=config.lora.to_peft() if previous_adapter is None else None,
+            peft_config=(
+                config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
+                if previous_adapter is None
+                else None
+            ),
             environment_factory=factory,
             **seal_arguments,
         )

@@ -432,7 +432,9 @@ def _model_and_peft(
 ) -> tuple[Any, Any]:
     """(model, peft_config): a new LoRA through TRL, or the previous adapter already attached."""
     model = load_trainable_model(model_dir, previous_adapter)
-    return model, (config.lora.to_peft() if previous_adapter is None else None)
+    if previous_adapter is not None:
+        return model, None
+    return model, config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
 
 
 def _sft_trainer(

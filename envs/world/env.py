@@ -163,6 +163,54 @@ class WorldEnvironment(ToolEnvironment):
 
     # ------------------------------------------------------------ offline synthesis helpers
 
+    def structure_key(self, calls: Sequence[ToolCall]) -> str:
+        """The family whose tool graph ``calls`` follow (``other:a>b`` when none does)."""
+        from .splits import structure_key
+
+        return structure_key([call.name for call in calls])
+
+    def variant(
+        self, task: Task, key: str, part: tuple[int, int] | None = None
+    ) -> Task | None:
+        """A new task with ``task``'s structure on fresh training values and state.
+
+        The structure comes from ``task``'s own reference calls, not its label. With
+        ``part=(start, end)`` the task asks for calls ``start:end`` only, from the
+        state the earlier calls leave (cut back to the last state-changing call, so
+        the verifier has something to check), in the describer's words; None when
+        that leaves nothing.
+        """
+        from .splits import make_variant
+
+        family = self.structure_key(task.reference_calls)
+        if family.startswith("other:"):
+            return None
+        fresh = make_variant(family, key)
+        length = len(fresh.reference_calls)
+        start, end = part if part is not None else (0, length)
+        start, end = max(start, 0), min(end, length)
+        if (start, end) == (0, length):
+            return fresh
+        calls = fresh.reference_calls[start:end]
+        while calls and calls[-1].name not in MUTATING_TOOLS:
+            calls = calls[:-1]
+        if not calls:
+            return None
+        state = replay(fresh.setup["state"], fresh.reference_calls[:start])
+        setup = {"state": state, "check": {}}
+        turn = fresh.turns[0].model_copy(
+            update={"query": self.describe(calls, setup), "reference_calls": calls}
+        )
+        return fresh.model_copy(
+            update={
+                "id": f"{fresh.id}-calls{start}-{start + len(calls)}",
+                "family": self.structure_key(calls),
+                "turns": [turn],
+                "reference_answer": None,
+                "setup": setup,
+            }
+        )
+
     def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
         """Write an instruction that the given valid action sequence fulfils."""
         world = World(clone(setup["state"]))

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Sequence
 from functools import lru_cache
 
 from ...records import Task, Turn
@@ -66,3 +68,50 @@ def _load_split(split: str, seed: int, size: int | None) -> tuple[Task, ...]:
 def load_split(split: str, seed: int = 0, size: int | None = None) -> list[Task]:
     """All tasks of a split (deep copies, so callers may mutate them)."""
     return [task.model_copy(deep=True) for task in _load_split(split, seed, size)]
+
+
+@lru_cache(maxsize=1)
+def _family_by_tools() -> dict[tuple[str, ...], str]:
+    """Each family's tool sequence (every family has exactly one; checked in the tests)."""
+    signatures: dict[tuple[str, ...], str] = {}
+    for family in FAMILIES:
+        task = make_task("train", 0, family)
+        signatures[tuple(call.name for call in task.reference_calls)] = family
+    return signatures
+
+
+def structure_key(tool_names: Sequence[str]) -> str:
+    """The family whose tool graph these calls follow, or ``other:a>b>c`` for none."""
+    names = tuple(tool_names)
+    return _family_by_tools().get(names) or "other:" + ">".join(names)
+
+
+def family_tools(family: str) -> tuple[str, ...]:
+    """The tool sequence of a family's reference solutions."""
+    for names, name in _family_by_tools().items():
+        if name == family:
+            return names
+    raise KeyError(f"unknown world family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def make_variant(family: str, key: str, split: str = "train") -> Task:
+    """A new task of ``family`` on a fresh state; ``key`` seeds it (same key, same task).
+
+    Values come from ``split``'s pools, so variants made for training never use
+    validation or held-out names, products, titles or phrases.
+    """
+    generator, _ = FAMILIES[family]
+    rng = random.Random(f"world-variant:{family}:{key}")
+    pools = pools_for(split)
+    state = make_state(rng, pools)
+    draft = generator(rng, pools, state)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return Task(
+        id=f"world-variant-{family}-{digest}",
+        env="world",
+        family=family,
+        split=split,
+        turns=[Turn(query=draft.instruction, reference_calls=draft.calls)],
+        reference_answer=draft.answer,
+        setup={"state": state, "check": draft.check},
+    )

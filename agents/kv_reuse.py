@@ -1,0 +1,206 @@
+"""Batched generation that keeps each conversation's KV cache between its steps.
+
+A rollout asks the policy for the next message of every live episode, then
+appends tool results and asks again. Re-encoding the whole conversation each
+time makes prefill grow with the square of the episode's length; on a CPU it
+dominated evaluation. Here every conversation's keys and values are kept after
+its turn (``PrefixCache``), found again by token prefix at the next call, and
+only the new tokens (the reply as the chat template renders it, the tool
+results, the next generation prompt) are encoded.
+
+Rows of one batch have different cached lengths and different new lengths, so
+the batch is laid out as ``[pad | cached | pad | new]`` per row: an attention
+mask with holes and explicit position ids keep every row's attention and
+rotary positions exactly what they would be without padding. A reply whose
+re-rendering differs from the generated tokens (the template re-serialises a
+tool call) reuses the cache up to the first differing token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Prompts that agree on this many leading tokens share a lookup bucket (the system
+# prompt plus the start of the request: the K rollouts of one task, and its later turns).
+_BUCKET_TOKENS = 96
+
+
+@dataclass
+class _Entry:
+    ids: tuple[int, ...]
+    keys: list[Any]  # per layer: [kv_heads, tokens, head_dim]
+    values: list[Any]
+    last_used: int
+
+
+def _common_prefix(left: Sequence[int], right: Sequence[int]) -> int:
+    size = min(len(left), len(right))
+    for index in range(size):
+        if left[index] != right[index]:
+            return index
+    return size
+
+
+class PrefixCache:
+    """Key/value tensors of recent conversations, looked up by their longest token prefix.
+
+    Entries not used for ``max_idle_calls`` generate calls are dropped: in lockstep
+    rollouts every live conversation comes back at the next call.
+    """
+
+    def __init__(self, max_idle_calls: int = 2) -> None:
+        self.max_idle_calls = max_idle_calls
+        self.clock = 0
+        self.buckets: dict[tuple[int, ...], list[_Entry]] = {}
+        self.reused_tokens = 0
+        self.encoded_tokens = 0
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self.buckets.values())
+
+    def clear(self) -> None:
+        self.buckets.clear()
+
+    def tick(self) -> None:
+        """Start a generate call; forget entries idle for too long."""
+        self.clock += 1
+        for key in list(self.buckets):
+            kept = [e for e in self.buckets[key] if self.clock - e.last_used <= self.max_idle_calls]
+            if kept:
+                self.buckets[key] = kept
+            else:
+                del self.buckets[key]
+
+    def lookup(self, ids: Sequence[int]) -> tuple[_Entry | None, int]:
+        """The entry sharing the longest prefix with ``ids`` and that prefix's length.
+
+        At least one token of ``ids`` is always left to encode (its logits start
+        the reply).
+        """
+        best: _Entry | None = None
+        best_length = 0
+        for entry in self.buckets.get(tuple(ids[:_BUCKET_TOKENS]), []):
+            length = _common_prefix(entry.ids, ids)
+            if length > best_length:
+                best, best_length = entry, length
+        best_length = min(best_length, len(ids) - 1)
+        if best is not None:
+            best.last_used = self.clock
+            self.reused_tokens += best_length
+        self.encoded_tokens += len(ids) - best_length
+        return (best, best_length) if best_length > 0 else (None, 0)
+
+    def add(self, ids: Sequence[int], keys: list[Any], values: list[Any]) -> None:
+        bucket = self.buckets.setdefault(tuple(ids[:_BUCKET_TOKENS]), [])
+        # An entry this one extends is superseded: the episode has moved on.
+        bucket[:] = [e for e in bucket if _common_prefix(e.ids, ids) < len(e.ids)]
+        bucket.append(_Entry(tuple(ids), keys, values, self.clock))
+
+
+def generate_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    cache: PrefixCache,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float,
+) -> list[list[int]]:
+    """New tokens for every prompt (ending with ``eos_token_id`` unless cut by the limit)."""
+    import torch
+    from transformers import DynamicCache
+
+    batch = len(prompts)
+    found = [cache.lookup(ids) for ids in prompts]
+    reused = [length for _, length in found]
+    news = [list(ids[length:]) for ids, (_, length) in zip(prompts, found, strict=True)]
+    cached_width = max(reused)
+    new_width = max(len(ids) for ids in news)
+    width = cached_width + new_width
+
+    input_ids = torch.full((batch, new_width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    positions = torch.zeros((batch, new_width), dtype=torch.long)
+    for row, (length, new) in enumerate(zip(reused, news, strict=True)):
+        mask[row, cached_width - length : cached_width] = 1
+        input_ids[row, new_width - len(new) :] = torch.tensor(new, dtype=torch.long)
+        mask[row, width - len(new) :] = 1
+        positions[row, new_width - len(new) :] = torch.arange(length, length + len(new))
+
+    past = None
+    if cached_width > 0:
+        layers = []
+        config = model.config
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        dtype = next(model.parameters()).dtype
+        for layer in range(config.num_hidden_layers):
+            keys = torch.zeros((batch, kv_heads, cached_width, head_dim), dtype=dtype)
+            values = torch.zeros_like(keys)
+            for row, (entry, length) in enumerate(found):
+                if entry is not None and length > 0:
+                    keys[row, :, cached_width - length :] = entry.keys[layer][:, :length]
+                    values[row, :, cached_width - length :] = entry.values[layer][:, :length]
+            layers.append((keys.to(model.device), values.to(model.device)))
+        past = DynamicCache(ddp_cache_data=layers, config=config)
+    else:
+        past = DynamicCache(config=model.config)
+
+    device = model.device
+    mask = mask.to(device)
+    generated: list[list[int]] = [[] for _ in range(batch)]
+    done = torch.zeros(batch, dtype=torch.bool)
+    next_positions = torch.tensor([len(ids) for ids in prompts], dtype=torch.long)
+    with torch.inference_mode():
+        output = model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask,
+            position_ids=positions.to(device),
+            past_key_values=past,
+            use_cache=True,
+        )
+        for step in range(max_new_tokens):
+            tokens = _pick(output.logits[:, -1, :], temperature).cpu()
+            for row in range(batch):
+                if not done[row]:
+                    generated[row].append(int(tokens[row]))
+                    if int(tokens[row]) == eos_token_id:
+                        done[row] = True
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            # Rows that are done keep stepping (one batch), masked out of everything.
+            live = (~done).long().unsqueeze(1).to(device)
+            mask = torch.cat([mask, live], dim=1)
+            output = model(
+                input_ids=tokens.unsqueeze(1).to(device),
+                attention_mask=mask,
+                position_ids=next_positions.unsqueeze(1).to(device),
+                past_key_values=past,
+                use_cache=True,
+            )
+            next_positions += 1
+
+    # Keep what each row encoded: its cached and new tokens plus the replies fed back
+    # (all but the last generated token, which was never fed).
+    real = mask.bool().cpu()
+    for row in range(batch):
+        fed = list(prompts[row]) + generated[row][:-1]
+        columns = real[row].nonzero().squeeze(1)[: len(fed)]
+        keys = [layer.keys[row][:, columns].clone() for layer in past.layers]
+        values = [layer.values[row][:, columns].clone() for layer in past.layers]
+        cache.add(fed, keys, values)
+    return generated
+
+
+def _pick(logits: Any, temperature: float) -> Any:
+    import torch
+
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probabilities = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probabilities, 1).squeeze(1)

