@@ -25,6 +25,7 @@ from .memory.signals import SignalConfig
 from .tracking import TrackingConfig
 from .training.bootstrap import BootstrapConfig
 from .training.config import TrainingConfig
+from .training.hard_negatives import HardNegativeSettings
 
 # Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
 CHARS_PER_TOKEN = 16
@@ -267,6 +268,10 @@ class CoevolveConfig(Section):
     )
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig, description="Held-out evaluation each cycle."
+    )
+    hard_negatives: HardNegativeSettings = Field(
+        default_factory=HardNegativeSettings,
+        description="Co-Evolving Agents: failure agent and DPO + SFT target (off by default).",
     )
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,

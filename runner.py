@@ -191,6 +191,12 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     )
 
     config = rt.config
+    if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (graph/hard_negatives.py)
+        from .graph.hard_negatives import train_with_hard_negatives
+
+        coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter)
+        await use_adapter(rt, coevolved.adapter_dir)
+        return coevolved
     cycle_dir = rt.cycle_dir(cycle)
     record = cycle_dir / "train.json"
     output_dir = rt.run_dir / "adapters" / f"cycle-{cycle}"

@@ -1,0 +1,292 @@
+"""The training step of a cycle with a failure agent (Co-Evolving Agents, arXiv 2511.22254).
+
+Runs in place of the plain training step when ``hard_negatives.enabled``
+(``coevolve.runner.train_cycle`` hands over to ``train_with_hard_negatives``):
+
+1. the **failure agent** (a second LoRA adapter, ``adapters/failure-cycle-N``,
+   on the policy's base model, switched in with peft) rolls out on the cycle's
+   tasks -> ``cycles/NNN/failure_rollouts.jsonl``;
+2. both agents' episodes get their graded progress; the share of failures at or
+   above ``hard_threshold`` is recorded per agent (``cycles/NNN/hard_negatives.json``
+   and the cycle's ``train`` figures, key ``hard_negatives``);
+3. the failure agent trains by DPO on (failure, failure) pairs of a task from
+   both agents (never a success) -> ``adapters/failure-cycle-N``;
+4. the target trains by DPO + SFT on (expert, failure) pairs, its own failures
+   and the failure agent's -> ``adapters/cycle-N``, the policy of the next cycle.
+
+Every stage leaves a file, so a run killed half-way resumes after the last
+finished one: the rollouts file, then each adapter (saved atomically), then
+``train.json``. The failure agent of cycle N continues ``failure-cycle-K``, the
+latest finished one before N (``policy.adapter``, the target's starting point,
+when there is none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from ..records import Trajectory
+from ..training.trainers import TrainResult
+
+FAILURE_ROLLOUTS = "failure_rollouts.jsonl"
+FIGURES = "hard_negatives.json"
+
+
+class HardNegativeTrainResult(TrainResult):
+    """The target's training result, with the failure agent's and the cycle's shares."""
+
+    failure: TrainResult | None = Field(
+        default=None, description="The failure agent's step (None: no failure agent)."
+    )
+    failure_adapter: str | None = Field(
+        default=None, description="The failure agent's adapter after this cycle (None: the base)."
+    )
+    hard_negatives: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Shares of hard negatives per agent, pair counts, the failure agent's time.",
+    )
+
+
+def failure_adapter_dir(run_dir: Path, cycle: int) -> Path:
+    return run_dir / "adapters" / f"failure-cycle-{cycle}"
+
+
+def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str | None:
+    """The failure agent's adapter before ``cycle``: the latest finished ``failure-cycle-K``
+    (K < cycle), else ``start`` (the target's starting adapter; None: the base model)."""
+    from ..training.trainers import is_adapter_complete
+
+    for earlier in range(cycle - 1, 0, -1):
+        path = failure_adapter_dir(run_dir, earlier)
+        if is_adapter_complete(path):
+            return str(path)
+    return start
+
+
+async def train_with_hard_negatives(
+    rt: Any, cycle: int, previous_adapter: str | None
+) -> HardNegativeTrainResult:
+    """The cycle's failure-agent rollouts and training, then the target's DPO + SFT step.
+
+    ``rt`` is the cycle's ``CycleRuntime``. Returns the target's result; the caller
+    swaps ``adapter_dir`` into the policy.
+    """
+    from ..agents.rollout import rollout as run_rollout
+    from ..memory.pool import dump_jsonl, load_jsonl, write_atomically
+    from ..tracking import for_training
+    from ..training.hard_negatives import (
+        AdapterSwitch,
+        expert_conversations,
+        failure_objective,
+        failure_pairs,
+        hard_negative_share,
+        target_objective,
+        target_pairs,
+        train_preference_adapter,
+        with_progress,
+    )
+    from ..training.trainers import is_adapter_complete, load_train_result
+    from .cycle import seed_everything
+
+    config = rt.config
+    settings = config.hard_negatives
+    cycle_dir = rt.cycle_dir(cycle)
+    record = cycle_dir / "train.json"
+    if record.exists():  # finished before a kill
+        return HardNegativeTrainResult.model_validate_json(record.read_text())
+    if rt.model_dir is None:
+        from ..runner import RunError
+
+        raise RunError(
+            "training needs the base model locally: set policy.train_model to the "
+            "directory of the model the endpoint serves"
+        )
+    target_out = rt.run_dir / "adapters" / f"cycle-{cycle}"
+    failure_out = failure_adapter_dir(rt.run_dir, cycle)
+    failure_before = latest_failure_adapter(rt.run_dir, cycle, config.policy.adapter)
+
+    trajectories = load_jsonl(cycle_dir / "rollouts.jsonl", Trajectory)
+    task_ids = list(dict.fromkeys(t.task_id for t in trajectories))
+    by_id = {task.id: task for task in rt.pool.tasks}
+    tasks = [by_id[task_id] for task_id in task_ids if task_id in by_id]
+
+    # 1. The failure agent's episodes on the same tasks.
+    failure_started = time.perf_counter()
+    failure_trajectories: list[Trajectory] = []
+    rollout_time = 0.0
+    if settings.failure_agent:
+        path = cycle_dir / FAILURE_ROLLOUTS
+        if path.exists():
+            failure_trajectories = load_jsonl(path, Trajectory)
+        else:
+            switch = AdapterSwitch(rt.policy)
+            seed_everything(config.seed, cycle, "failure-rollout")
+            with switch.serving(failure_before):
+                failure_trajectories = await run_rollout(
+                    rt.policy,
+                    rt.make_env,
+                    tasks,
+                    k=settings.failure_rollouts or config.rollout.k,
+                    temperature=(
+                        settings.failure_temperature
+                        if settings.failure_temperature is not None
+                        else config.rollout.temperature
+                    ),
+                    max_steps=config.rollout.max_steps,
+                    system_prompt=config.policy.system_prompt,
+                    progress=rt.progress,
+                    cycle=cycle,
+                    description=f"cycle {cycle} · failure agent",
+                )
+            version = f"failure:{Path(failure_before).name if failure_before else 'base'}"
+            failure_trajectories = [
+                t.model_copy(update={"id": f"{t.id}/failure", "policy_version": version})
+                for t in failure_trajectories
+            ]
+            rollout_time = time.perf_counter() - failure_started
+        failure_trajectories = with_progress(failure_trajectories, by_id)
+        dump_jsonl(path, failure_trajectories)
+    trajectories = with_progress(trajectories, by_id)
+
+    # 2. Shares of hard negatives, per agent.
+    shares = {
+        "threshold": settings.hard_threshold,
+        "target": hard_negative_share(trajectories, settings.hard_threshold),
+        "failure_agent": (
+            hard_negative_share(failure_trajectories, settings.hard_threshold)
+            if settings.failure_agent
+            else None
+        ),
+    }
+
+    # 3. The failure agent: DPO on (failure, failure) pairs from both agents.
+    failure_result: TrainResult | None = None
+    failure_after = failure_before
+    f_pairs = failure_pairs(
+        trajectories,
+        failure_trajectories,
+        settings.failure_pairs_per_task,
+        settings.hard_threshold,
+    )
+    train_started = time.perf_counter()
+    if settings.failure_agent:
+        if is_adapter_complete(failure_out):
+            failure_result = load_train_result(failure_out)
+        elif not settings.trains_failure_agent(cycle):
+            failure_result = TrainResult(
+                algorithm="dpo",
+                adapter_dir=failure_before,
+                previous_adapter=failure_before,
+                skipped=f"failure agent frozen after cycle {settings.freeze_failure_after}",
+            )
+        else:
+            objective = failure_objective(settings).model_copy(
+                update={"pairs": len(f_pairs), "hard_pairs": sum(p.hard for p in f_pairs)}
+            )
+            seed_everything(config.seed, cycle, "train-failure")
+            failure_result = await asyncio.to_thread(
+                train_preference_adapter,
+                settings.failure_config(config.training),
+                objective,
+                model_dir=rt.model_dir,
+                output_dir=failure_out,
+                previous_adapter=failure_before,
+                pairs=f_pairs,
+                progress=rt.progress,
+            )
+        failure_after = failure_result.adapter_dir
+    failure_train_time = time.perf_counter() - train_started
+
+    # 4. The target: DPO + SFT on (expert, failure) pairs.
+    experts = expert_conversations(
+        [
+            task
+            for task in tasks
+            if task.id in {t.task_id for t in trajectories + failure_trajectories}
+        ],
+        rt.make_env,
+        config.policy.system_prompt,
+        successes=trajectories,
+    )
+    t_pairs = target_pairs(experts, trajectories, failure_trajectories, settings)
+    by_source = {
+        agent: sum(p.rejected_agent == agent for p in t_pairs) for agent in ("target", "failure")
+    }
+    if is_adapter_complete(target_out):
+        target = load_train_result(target_out)
+    else:
+        objective = target_objective(settings).model_copy(
+            update={
+                "pairs": len(t_pairs),
+                "hard_pairs": sum(p.hard for p in t_pairs),
+                "pairs_by_source": by_source,
+            }
+        )
+        seed_everything(config.seed, cycle, "train")
+        target = await asyncio.to_thread(
+            train_preference_adapter,
+            settings.target_config(config.training),
+            objective,
+            model_dir=rt.model_dir,
+            output_dir=target_out,
+            previous_adapter=previous_adapter,
+            pairs=t_pairs,
+            progress=rt.progress,
+            tracking=for_training(config, rt.run_dir, cycle),
+        )
+    figures = {
+        **shares,
+        "failure_pairs": len(f_pairs),
+        "failure_pairs_hard": sum(p.hard for p in f_pairs),
+        "failure_pairs_with_success": sum(
+            p.chosen_score >= 1.0 or p.rejected_score >= 1.0 for p in f_pairs
+        ),
+        "target_pairs": len(t_pairs),
+        "target_pairs_hard": sum(p.hard for p in t_pairs),
+        "target_pairs_by_source": by_source,
+        "experts": len(experts),
+        "failure_rollout_time_s": round(rollout_time, 3),
+        "failure_train_time_s": round(failure_train_time, 3),
+        "failure_time_s": round(rollout_time + failure_train_time, 3),
+    }
+    write_atomically(cycle_dir / FIGURES, _json(figures))
+    result = HardNegativeTrainResult(
+        **target.model_dump(),
+        failure=failure_result,
+        failure_adapter=failure_after,
+        hard_negatives=figures,
+    )
+    write_atomically(record, result.model_dump_json(indent=2))
+    _say(rt, cycle, figures)
+    return result
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _say(rt: Any, cycle: int, figures: dict[str, Any]) -> None:
+    target = figures["target"]
+    failure = figures.get("failure_agent")
+    text = (
+        f"cycle {cycle} · hard negatives (progress >= {figures['threshold']}): target "
+        f"{_percent(target['share'])} of {target['failures']} failures"
+    )
+    if failure is not None:
+        text += (
+            f", failure agent {_percent(failure['share'])} of {failure['failures']} "
+            f"(it succeeded in {_percent(failure['success'])} of its episodes)"
+        )
+    text += f"; pairs: failure agent {figures['failure_pairs']}, target {figures['target_pairs']}"
+    rt.say(text)
