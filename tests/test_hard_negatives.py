@@ -523,3 +523,73 @@ def test_own_negatives_runs_without_a_failure_agent(tiny_build, tasks, tmp_path)
         "failure": 0,
     }
     assert not (run_dir / "adapters" / "failure-cycle-1").exists()
+
+
+def test_a_run_with_hard_negatives_records_shares_per_cycle(tmp_path, tiny_build, monkeypatch):
+    """The loop end to end on the tiny model (2 cycles): the failure agent's step sits in
+    the train stage, its figures are in the cycle's summary, only the target is evaluated."""
+    from coevolve.config import CoevolveConfig
+    from coevolve.runner import run
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(Path(tiny_build).parents[1]))
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "cycles": 2,
+            "rollout": {"k": 2, "max_steps": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 2},
+            "training": {"max_steps": 2, "batch_size": 2},
+            "evaluation": {"per_family": 1},
+            "hard_negatives": {"enabled": True, "failure_rollouts": 2},
+        }
+    ).model_copy(update={"bootstrap": TINY})
+    result = run(config, progress=False)
+    run_dir = Path(result.run_dir)
+    for summary in result.cycles[1:]:
+        figures = summary["train"]["hard_negatives"]
+        cycle_dir = run_dir / "cycles" / f"{summary['cycle']:03d}"
+        assert figures == json.loads((cycle_dir / "hard_negatives.json").read_text())
+        assert figures["target"]["episodes"] == summary["rollout"]["episodes"]
+        assert figures["failure_agent"]["episodes"] == 2 * summary["rollout"]["tasks"]
+        assert figures["failure_pairs_with_success"] == 0
+        assert figures["failure_time_s"] >= figures["failure_rollout_time_s"] > 0
+        failure_episodes = (cycle_dir / "failure_rollouts.jsonl").read_text().splitlines()
+        assert all(
+            json.loads(line)["policy_version"].startswith("failure:") for line in failure_episodes
+        )
+        # evaluation ran with the target, never the failure agent
+        evaluated = (cycle_dir / "eval.jsonl").read_text().splitlines()
+        assert not any(
+            json.loads(line)["policy_version"].startswith("failure:") for line in evaluated
+        )
+    print(
+        "tiny-model hard-negative shares:",
+        [
+            (
+                c["cycle"],
+                c["train"]["hard_negatives"]["target"],
+                c["train"]["hard_negatives"]["failure_agent"],
+            )
+            for c in result.cycles[1:]
+        ],
+    )
+
+
+def test_ablation_arms_switch_only_the_negatives():
+    from coevolve.ablation import ARMS, arm_config
+    from coevolve.config import load_config
+
+    base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
+    arms = {
+        arm: load_config(arm_config(base, arm, 1, Path("/tmp")))
+        for arm in ("coevolve", "hard-negatives", "own-negatives")
+    }
+    assert not arms["coevolve"].hard_negatives.enabled
+    assert (
+        arms["hard-negatives"].hard_negatives.enabled
+        and arms["hard-negatives"].hard_negatives.failure_agent
+    )
+    own = arms["own-negatives"].hard_negatives
+    assert own.enabled and not own.failure_agent and own.failure_share == 0.0
+    assert set(ARMS["own-negatives"]) == set(ARMS["hard-negatives"]) == {"hard_negatives"}
