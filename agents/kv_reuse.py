@@ -154,8 +154,19 @@ def generate_batch(
     device = model.device
     mask = mask.to(device)
     generated: list[list[int]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)
-    next_positions = torch.tensor([len(ids) for ids in prompts], dtype=torch.long)
+    rows = list(range(batch))  # the prompt index of each row still in the batch
+    positions_next = torch.tensor([len(ids) for ids in prompts], dtype=torch.long)
+
+    def keep(position: int, row: int, real: Any) -> None:
+        """Store one row's keys and values: its prompt and the reply tokens fed back
+        (all but the last generated token, which was never fed)."""
+        fed = list(prompts[row]) + generated[row][:-1]
+        columns = real[position].nonzero().squeeze(1)[: len(fed)]
+        layers: list[Any] = list(past.layers)
+        keys = [layer.keys[position][:, columns].clone() for layer in layers]
+        values = [layer.values[position][:, columns].clone() for layer in layers]
+        cache.add(fed, keys, values)
+
     with torch.inference_mode():
         output = model(
             input_ids=input_ids.to(device),
@@ -166,34 +177,46 @@ def generate_batch(
         )
         for step in range(max_new_tokens):
             tokens = _pick(output.logits[:, -1, :], temperature).cpu()
-            for row in range(batch):
-                if not done[row]:
-                    generated[row].append(int(tokens[row]))
-                    if int(tokens[row]) == eos_token_id:
-                        done[row] = True
-            if bool(done.all()) or step == max_new_tokens - 1:
+            done = []
+            for position, row in enumerate(rows):
+                if generated[row] and generated[row][-1] == eos_token_id:
+                    done.append(True)  # finished earlier, still in the batch
+                    continue
+                generated[row].append(int(tokens[position]))
+                done.append(generated[row][-1] == eos_token_id)
+            if all(done) or step == max_new_tokens - 1:
                 break
-            # Rows that are done keep stepping (one batch), masked out of everything.
-            live = (~done).long().unsqueeze(1).to(device)
-            mask = torch.cat([mask, live], dim=1)
+            finished = sum(done)
+            if finished and finished * 4 >= len(rows):
+                # Most of the batch is done: store those rows and drop them, so the
+                # remaining steps cost only what the live rows need.
+                real = mask.bool().cpu()
+                live = [p for p, d in enumerate(done) if not d]
+                for position, is_done in enumerate(done):
+                    if is_done:
+                        keep(position, rows[position], real)
+                index = torch.tensor(live, dtype=torch.long)
+                past.batch_select_indices(index.to(device))
+                mask = mask[index.to(device)]
+                tokens = tokens[index]
+                positions_next = positions_next[index]
+                rows = [rows[p] for p in live]
+                done = [False] * len(rows)
+            # Rows that are done keep stepping with the batch, masked out of everything.
+            step_mask = torch.tensor([0 if d else 1 for d in done], dtype=torch.long)
+            mask = torch.cat([mask, step_mask.unsqueeze(1).to(device)], dim=1)
             output = model(
                 input_ids=tokens.unsqueeze(1).to(device),
                 attention_mask=mask,
-                position_ids=next_positions.unsqueeze(1).to(device),
+                position_ids=positions_next.unsqueeze(1).to(device),
                 past_key_values=past,
                 use_cache=True,
             )
-            next_positions += 1
+            positions_next += 1
 
-    # Keep what each row encoded: its cached and new tokens plus the replies fed back
-    # (all but the last generated token, which was never fed).
     real = mask.bool().cpu()
-    for row in range(batch):
-        fed = list(prompts[row]) + generated[row][:-1]
-        columns = real[row].nonzero().squeeze(1)[: len(fed)]
-        keys = [layer.keys[row][:, columns].clone() for layer in past.layers]
-        values = [layer.values[row][:, columns].clone() for layer in past.layers]
-        cache.add(fed, keys, values)
+    for position, row in enumerate(rows):
+        keep(position, row, real)
     return generated
 
 

@@ -126,11 +126,14 @@ def parse_assistant_text(
     """Split generated text into content, parsed tool calls and unreadable ones.
 
     Calls are ``<tool_call>{json}</tool_call>`` blocks (the Qwen2.5 format TRL's
-    templates use); each block is parsed on its own, so one bad call does not
-    hide the good ones.
+    templates use) or, in the plain-calls format, lines of Python call syntax
+    (``find_contact(name="Ana")``); each is parsed on its own, so one bad call
+    does not hide the good ones.
     """
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
+    if not _TOOL_CALL_BLOCK.search(text) and _CALL_LINE.match(text.strip().split("\n")[0]):
+        return _plain_calls(text, call_id_prefix)
     for index, block in enumerate(_TOOL_CALL_BLOCK.findall(text)):
         call_id = f"{call_id_prefix}_{index}"
         try:
@@ -146,6 +149,32 @@ def parse_assistant_text(
             )
     content = _TOOL_CALL_BLOCK.sub("", text).strip()
     return content, calls, invalid
+
+
+# A reply in the plain-calls format starts with a line like ``find_contact(name="Ana")``.
+_CALL_LINE = re.compile(r"^[A-Za-z_][\w.]*\(.*\)?\s*$")
+
+
+def _plain_calls(
+    text: str, call_id_prefix: str
+) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
+    """Call lines (the plain-calls format): each line one call, parsed on its own."""
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for index, line in enumerate(line for line in text.strip().split("\n") if line.strip()):
+        call_id = f"{call_id_prefix}_{index}"
+        try:
+            parsed = parse_tool_calls(line.strip())
+        except ToolCallParseError as err:
+            invalid.append(
+                InvalidToolCall(id=call_id, raw=line.strip(), error=err.kind, message=str(err))
+            )
+            continue
+        for offset, call in enumerate(parsed):
+            calls.append(
+                call.model_copy(update={"id": call_id if offset == 0 else f"{call_id}_{offset}"})
+            )
+    return "", calls, invalid
 
 
 def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:

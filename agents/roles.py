@@ -248,6 +248,13 @@ class RolesConfig(BaseModel):
     explorer_seed: int = Field(
         default=0, description="Seed of the offline explorer's random walks."
     )
+    explorer_policy_rounds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Offline explorer: rounds the current policy drives (None: a third of the "
+        "rounds, at least one; 0: random walks only, which saves a generation per flagged item "
+        "on a CPU).",
+    )
     policy_temperature: float = Field(
         default=1.2,
         ge=0.0,
@@ -367,6 +374,7 @@ def build_roles(
             seed=config.explorer_seed,
             policy=policy,
             policy_temperature=config.policy_temperature,
+            policy_rounds=config.explorer_policy_rounds,
         )
     )
     abstractor: Abstractor = (

@@ -3,10 +3,15 @@
     .venv/bin/python bench/rollout.py            # both parts
     .venv/bin/python bench/rollout.py --part endpoint
     .venv/bin/python bench/rollout.py --part inprocess
+    .venv/bin/python bench/rollout.py --part episodes --model DIR
 
 (a) in-process: generated tokens/s of the rollout engine with the in-process
     policy, against plain batched ``model.generate`` over the same prompts and
     model. Target ratio >= 0.8.
+(c) episodes: whole greedy evaluation episodes (validation, 4 per family) with
+    the in-process policy keeping each episode's KV cache between steps, against
+    re-encoding the conversation at every step; same model, same tasks. Prints
+    both times, the ratio, and whether every episode came out the same.
 (b) endpoint: 256 episodes x 5 replies (4 tool calls, then an answer) against
     the scripted test server at 50 ms per reply and concurrency 64, against the
     ideal ceil(256/64) * 5 * 50 ms. Target <= 1.25x. The server runs in its own
@@ -169,6 +174,50 @@ def bench_inprocess(
     return ratio
 
 
+def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
+    import torch
+
+    from coevolve.agents.local_policy import LocalPolicy
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+
+    model_dir = model_path or bootstrap(BootstrapConfig())
+    seen: dict[str, int] = {}
+    tasks = []
+    for task in load_split("validation"):
+        seen[task.family] = seen.get(task.family, 0) + 1
+        if seen[task.family] <= per_family:
+            tasks.append(task)
+    results = {}
+    for kv_reuse in (True, False):
+        torch.manual_seed(0)
+        policy = LocalPolicy(str(model_dir), max_new_tokens=64, kv_reuse=kv_reuse)
+        started = time.perf_counter()
+        trajectories = run_rollouts(
+            policy, WorldEnvironment, tasks, k=1, temperature=0.0, max_steps=8, progress=False
+        )
+        elapsed = time.perf_counter() - started
+        success = sum(t.score >= 1.0 for t in trajectories) / len(trajectories)
+        results[kv_reuse] = (
+            elapsed,
+            success,
+            [m["content"] for t in trajectories for m in t.messages],
+        )
+        extra = ""
+        if kv_reuse:
+            cache = policy.prefix_cache
+            extra = f", prompt tokens reused {cache.reused_tokens}, encoded {cache.encoded_tokens}"
+        label = "KV reuse   " if kv_reuse else "re-encoding"
+        print(f"    {label} {elapsed:7.1f} s, success {success:.1%}{extra}")
+    ratio = results[False][0] / results[True][0]
+    same = results[True][2] == results[False][2]
+    print(
+        f"(c) episodes: {len(tasks)} validation tasks, greedy; speed-up {ratio:.2f}x, same episodes: {same}"
+    )
+    return ratio
+
+
 def _until_eos(row, eos_id: int) -> int:
     ids = row.tolist()
     return ids.index(eos_id) + 1 if eos_id in ids else len(ids)
@@ -178,7 +227,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=["both", "endpoint", "inprocess"], default="both")
+    parser.add_argument(
+        "--part", choices=["both", "endpoint", "inprocess", "episodes"], default="both"
+    )
     parser.add_argument(
         "--model", help="(a): a model directory instead of the default bootstrap model"
     )
@@ -187,6 +238,8 @@ def main() -> None:
         bench_inprocess(model_path=args.model)
     if args.part in ("both", "endpoint"):
         bench_endpoint()
+    if args.part == "episodes":
+        bench_episodes(model_path=args.model)
 
 
 if __name__ == "__main__":

@@ -86,9 +86,7 @@ class SupportsVariants(Protocol):
 
     def structure_key(self, calls: Sequence[ToolCall]) -> str: ...
 
-    def variant(
-        self, task: Task, key: str, part: tuple[int, int] | None = None
-    ) -> Task | None: ...
+    def variant(self, task: Task, key: str, part: tuple[int, int] | None = None) -> Task | None: ...
 
 
 class ToolError(Exception):

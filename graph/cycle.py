@@ -310,18 +310,32 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
             neighbours=config.synthesis.neighbours,
             max_accepted=config.synthesis.max_accepted,
             judge_veto=config.synthesis.judge_veto,
+            dedup_where=(
+                {"source": "synthesized"}
+                if config.synthesis.dedup_against == "synthesized"
+                else None
+            ),
         ),
         cycle=cycle,
         max_concurrency=config.synthesis.max_concurrency,
         compiled=subgraph,
     )
     dump_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", result.accepted)
+    # Every rejection with its stage and reason, not only the most common ones.
+    dump_jsonl(rt.cycle_dir(cycle) / "rejections.jsonl", result.rejections)
     reasons = Counter(r.reason for r in result.rejections)
     figures = {
-        **result.counts,
+        **{key: value for key, value in result.counts.items() if not key.startswith("kind:")},
         "accepted": len(result.accepted),
         "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
+        "by_family": dict(Counter(task.family for task in result.accepted)),
+        "candidate_kinds": {
+            key.removeprefix("kind:"): value
+            for key, value in result.counts.items()
+            if key.startswith("kind:")
+        },
         "top_rejections": dict(reasons.most_common(3)),
+        "rejections": len(result.rejections),
         "roles": result.roles,
         "removed_on_resume": removed,
         "time_s": time.perf_counter() - started,

@@ -72,6 +72,7 @@ class SynthesisRuntime:
     neighbours: int = 5
     max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
     judge_veto: bool = True  # accept only verified replays the judge agrees with
+    dedup_where: dict[str, Any] | None = None  # which stored tasks dedup compares with
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -286,11 +287,12 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
     if not proposals and not rejections:
         rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
-    return {
-        "proposals": proposals,
-        "counts": {"candidates": len(proposals)},
-        "rejections": rejections,
-    }
+    signal = primary_signal(item) or "none"
+    counts = {"candidates": len(proposals)}
+    for proposal in proposals:
+        key = f"kind:{signal}:{proposal.kind}"
+        counts[key] = counts.get(key, 0) + 1
+    return {"proposals": proposals, "counts": counts, "rejections": rejections}
 
 
 async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -334,7 +336,7 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
         )
     if not tasks:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
-    result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted)
+    result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted, rt.dedup_where)
     rejections = [
         Rejection(
             stage="dedup",
@@ -350,10 +352,12 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
     }
 
 
-def _add_novel(store: Any, tasks: list[Task], cap: int | None) -> Any:
+def _add_novel(
+    store: Any, tasks: list[Task], cap: int | None, where: dict[str, Any] | None = None
+) -> Any:
     """``store.add_if_novel``, stopping once ``cap`` tasks are stored (in the judged order)."""
     if cap is None:
-        return store.add_if_novel(tasks)
+        return store.add_if_novel(tasks, where)
     from ..memory.store import DedupResult
 
     result = DedupResult()
@@ -361,7 +365,7 @@ def _add_novel(store: Any, tasks: list[Task], cap: int | None) -> Any:
     while start < len(tasks) and len(result.accepted) < cap:
         chunk = tasks[start : start + cap - len(result.accepted)]
         start += len(chunk)
-        found = store.add_if_novel(chunk)
+        found = store.add_if_novel(chunk, where)
         result.accepted.extend(found.accepted)
         result.duplicates.extend(found.duplicates)
     return result

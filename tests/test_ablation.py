@@ -60,7 +60,10 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
     assert not configs["static"].synthesis.enabled
     assert configs["random"].signals.selection == "random"
-    assert configs["no-rare"].signals.kinds == ["forgetting", "boundary"]
+    assert configs["no-rare"].signals.kinds == ["forgetting", "boundary", "unsolved"]
+    assert configs["coevolve-paper"].signals.kinds == ["forgetting", "boundary", "rare"]
+    assert configs["coevolve-paper"].signals.allocation == "per_kind"
+    assert "unsolved" in configs["coevolve"].signals.kinds
     for config in configs.values():
         assert config.seed == config.pool.seed == config.training.seed == 2
         # same compute in every arm

@@ -111,7 +111,14 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["cycle"] for row in rows] == [0, 1]
     assert rows[1]["stage_time_s"].keys() >= {"rollout", "train", "evaluate"}
-    assert Path(result.report).stat().st_size > 10_000  # a real PNG with four panels
+    assert Path(result.report).stat().st_size > 10_000  # a real PNG with six panels
+    # Where the flags land: counts by kind before and after the budget, per family.
+    signals = first["signals"]
+    assert set(signals["by_kind"]) == {"forgetting", "boundary", "rare", "unsolved"}
+    assert signals["kept"] <= signals["flagged"]
+    assert sum(row["kept_items"] for row in signals["by_family"].values()) == signals["kept"]
+    assert 0.0 <= signals["flag_precision"] <= 1.0
+    assert rows[1]["flags_by_family"] == signals["by_family"]
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()
     assert {json.loads(t)["policy_version"] for t in trajectories} != {"bootstrap"}
 

@@ -588,10 +588,15 @@ def test_llm_judge(scripted_server):
     assert body["messages"][0]["content"] == JUDGE_PROMPT
     assert "sent id=" in body["messages"][1]["content"]  # the replay's observations
 
-    # The model may reject a task whose replay was clean; the reward still accepts it.
+    assert verdict.is_accepted(judge_veto=True)
+
+    # The model may reject a task whose replay was clean: with the veto (the default)
+    # that rejects it; the paper's rule (judge_veto: false) lets the reward accept it.
     server = scripted_server([Reply.json_content({**VERDICT, "success": False, "reason": "vague"})])
     verdict = run(LLMJudge(chat_model(endpoint(server))).judge(candidate, WorldEnvironment))
-    assert not verdict.success and verdict.accepted and verdict.reason == "vague"
+    assert not verdict.success and verdict.reason == "vague" and verdict.execution_reward == 1.0
+    assert not verdict.is_accepted(judge_veto=True)
+    assert verdict.is_accepted(judge_veto=False) and verdict.accepted
 
     # A broken replay with an unreadable reply: rejected, with the reason, no crash.
     broken = candidate.model_copy(update={"minimal_actions": [ToolCall(name="fly")]})
@@ -763,7 +768,11 @@ def test_each_signal_kind_generates_differently_around_the_failing_transition():
             assert candidate.signal == kind
             if candidate.kind in ("structure_variant", "transition"):
                 assert _contains_in_order([c.name for c in candidate.minimal_actions], transition)
-        assert all(v.vetoed_accepted for v, c in zip(verdicts, candidates, strict=True) if c.kind != "window")
+        assert all(
+            v.vetoed_accepted
+            for v, c in zip(verdicts, candidates, strict=True)
+            if c.kind != "window"
+        )
         made[kind] = [c.kind for c in candidates]
     assert made["forgetting"] == ["structure_variant"] * 3
     assert made["boundary"] == ["structure_variant", "structure_variant", "transition"]

@@ -207,7 +207,8 @@ def test_failure_rate_allocation_spends_the_budget_where_failures_are():
     ]:
         rows += [(task, family, score) for score in scores]
     trajectories = [
-        traj(task, score, 0, index, family=family) for index, (task, family, score) in enumerate(rows)
+        traj(task, score, 0, index, family=family)
+        for index, (task, family, score) in enumerate(rows)
     ]
     config = SignalConfig(kinds=["boundary"], budget=8, per_task_limit=4, kind_floor=0)
     everything = detect_signals(
@@ -218,5 +219,7 @@ def test_failure_rate_allocation_spends_the_budget_where_failures_are():
     families = [item.trajectory.family for item in kept]
     assert len(kept) == 8
     assert families.count("a") == 6 and families.count("b") == 2
-    uniform = apply_budget(everything, config.model_copy(update={"allocation": "uniform"}), trajectories)
+    uniform = apply_budget(
+        everything, config.model_copy(update={"allocation": "uniform"}), trajectories
+    )
     assert [i.trajectory.family for i in uniform].count("a") == 4

@@ -153,13 +153,14 @@ def llm_script(body):
         if "world-validation-0000" in json.dumps(messages):
             return Reply.text("I cannot produce tasks today.")
         contacts = [m for m in messages if m["role"] == "user"][-1]["content"]
-        name = _first_contact(contacts)
+        name, phone = _first_contact(contacts)
         return Reply.json_content(
             [
                 {
                     "description": "look up",
                     "query": f"What is {name}'s phone number?",
                     "minimal_actions": [{"name": "find_contact", "arguments": {"name": name}}],
+                    "reference_answer": phone,
                 }
             ]
         )
@@ -178,11 +179,11 @@ def llm_script(body):
     return Reply.status(400, f"unexpected request: {user[:40]}")
 
 
-def _first_contact(text: str) -> str:
+def _first_contact(text: str) -> tuple[str, str | None]:
     import re
 
-    match = re.search(r"name=(\w+)", text)
-    return match.group(1) if match else "Nobody"
+    match = re.search(r"name=(\w+) phone=(\S+)", text)
+    return (match.group(1), match.group(2)) if match else ("Nobody", None)
 
 
 def test_llm_pass_against_the_test_server(flagged, scripted_server):

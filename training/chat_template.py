@@ -40,8 +40,47 @@ def chat_template() -> str:
     return qwen2_5_chat_template
 
 
-def training_chat_template() -> str:
-    """TRL's Qwen2.5 training variant, with ``{% generation %}`` markers for assistant-only loss."""
+def _plain_calls_template(training: bool) -> str:
+    open_, close = ("{%- generation %}", "{%- endgeneration %}") if training else ("", "")
+    return (
+        "{#- ChatML with tool calls as Python call lines (coevolve's plain-calls format) -#}\n"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'assistant' %}"
+        "{{- '<|im_start|>assistant\\n' }}"
+        + open_
+        + "{%- if message.content %}{{- message.content }}"
+        "{%- if message.tool_calls %}{{- '\\n' }}{%- endif %}{%- endif %}"
+        "{%- for call in message.tool_calls or [] %}"
+        "{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
+        "{{- call.name + '(' }}"
+        "{%- for key, value in call.arguments.items() %}"
+        "{{- key + '=' + (value | tojson) }}{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+        "{%- endfor %}{{- ')' }}{%- if not loop.last %}{{- '\\n' }}{%- endif %}"
+        "{%- endfor %}{{- '<|im_end|>' }}" + close + "{{- '\\n' }}"
+        "{%- else %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+# SmolLM2's format: calls as ``find_contact(name="Ana")`` lines, results as ``tool``
+# turns, no tool list in the prompt. On SmolLM2 it gave 50% held-out after 32 LoRA steps
+# where Qwen2.5 <tool_call> JSON blocks gave 34% (DESIGN.md), in fewer tokens.
+PLAIN_CALLS_TEMPLATE = _plain_calls_template(training=False)
+PLAIN_CALLS_TRAINING_TEMPLATE = _plain_calls_template(training=True)
+
+
+def training_chat_template(tokenizer: PreTrainedTokenizerBase | None = None) -> str:
+    """The training variant of ``tokenizer``'s template: ``{% generation %}`` markers around
+    each assistant turn (``<|im_end|>`` inside) for assistant-only loss.
+
+    Plain-calls tokenizers get ``PLAIN_CALLS_TRAINING_TEMPLATE``; others TRL's Qwen2.5
+    training template.
+    """
+    if tokenizer is not None and tokenizer.chat_template == PLAIN_CALLS_TEMPLATE:
+        return PLAIN_CALLS_TRAINING_TEMPLATE
     from trl.chat_template_utils import qwen2_5_training_chat_template
 
     return qwen2_5_training_chat_template
@@ -68,7 +107,7 @@ def render(
         prepare_messages(messages),
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
-        chat_template=training_chat_template() if training else None,
+        chat_template=training_chat_template(tokenizer) if training else None,
     )
 
 
@@ -86,7 +125,7 @@ def tokenize_for_training(
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=True,
-        chat_template=training_chat_template(),
+        chat_template=training_chat_template(tokenizer),
     )
     return {
         "input_ids": list(output["input_ids"]),  # type: ignore[call-overload,arg-type,index]

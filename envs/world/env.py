@@ -169,9 +169,7 @@ class WorldEnvironment(ToolEnvironment):
 
         return structure_key([call.name for call in calls])
 
-    def variant(
-        self, task: Task, key: str, part: tuple[int, int] | None = None
-    ) -> Task | None:
+    def variant(self, task: Task, key: str, part: tuple[int, int] | None = None) -> Task | None:
         """A new task with ``task``'s structure on fresh training values and state.
 
         The structure comes from ``task``'s own reference calls, not its label. With
