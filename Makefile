@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: the closed loop on the CPU quickstart (configs/quickstart.yaml):
-# bootstrap model (built and cached on first use), rollouts, signals, synthesis,
-# pool update, LoRA SFT through TRL, held-out evaluation, three cycles, then the
+# SmolLM2 bootstrap agent (built and cached on first use), rollouts, signals, synthesis,
+# pool update, LoRA SFT through TRL, held-out evaluation, two cycles, then the
 # summary tables and runs/quickstart/report.png. --overwrite: `make demo` twice
 # starts over; `coevolve run --resume runs/quickstart` continues a killed one.
 demo: $(STAMP)

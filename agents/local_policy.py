@@ -189,6 +189,12 @@ class LocalPolicy:
             self.adapter_path = path
             self._adapter_name = name
 
+    def release_cache(self) -> None:
+        """Forget every conversation's kept keys and values (the rollout engine calls this
+        when its episodes have ended)."""
+        with self._lock:
+            self.prefix_cache.clear()
+
     # ------------------------------------------------------------------ generation
 
     async def generate(

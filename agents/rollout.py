@@ -144,6 +144,10 @@ async def rollout(
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
             live = still_live
+    # Keys and values kept for the next step are of no use once every episode ended.
+    release = getattr(policy, "release_cache", None)
+    if callable(release):
+        release()
     version = policy.version
     return [_trajectory(e, version, cycle) for e in episodes]
 

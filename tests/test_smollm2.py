@@ -42,7 +42,7 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
     vocab, hidden, ffn, heads, kv_heads = len(tokens), 16, 32, 2, 1
     head_dim = hidden // heads
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(128)
+    writer.add_context_length(1024)
     writer.add_embedding_length(hidden)
     writer.add_block_count(1)
     writer.add_feed_forward_length(ffn)
