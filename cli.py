@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -758,7 +759,7 @@ def bench_learning(
             seeds=list(range(seeds)),
             arms=chosen,
             out_dir=out_dir,
-            config_name=source,
+            config_name=_display_path(source),
             console=quiet,
         )
     except ConfigError as err:
@@ -839,6 +840,19 @@ def config_show(
     except ConfigError as err:
         raise _fail(str(err)) from None
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+
+
+def _display_path(path: str) -> str:
+    """A path as a report should record it: relative to the working directory (or to the
+    package) when it lies inside, so committed reports carry no machine's absolute paths."""
+    resolved = Path(path.split(" ", 1)[0]).resolve()
+    rest = path[len(path.split(" ", 1)[0]) :]
+    for root in (Path.cwd(), Path(__file__).resolve().parent):
+        try:
+            return str(resolved.relative_to(root)) + rest
+        except ValueError:
+            continue
+    return path
 
 
 def main() -> None:
