@@ -59,6 +59,7 @@ def metrics_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "heldout_by_family": evaluation.get("by_family", {}),
                 "rollout_success": rollout.get("success"),
                 "rollout_episodes": rollout.get("episodes"),
+                "diagnosis": rollout.get("diagnosis", {}),
                 "signals": signals.get("by_kind", {}),
                 "signals_kept": signals.get("kept_by_kind", {}),
                 "flagged_kept": signals.get("kept"),
@@ -280,6 +281,12 @@ def print_summary(
             f"{sum(seconds.values()):.1f}",
         )
     console.print(times)
+    for row in rows:
+        if row["diagnosis"]:
+            labels = ", ".join(
+                f"{label} {count}" for label, count in list(row["diagnosis"].items())[:6]
+            )
+            console.print(f"cycle {row['cycle']} rollout diagnosis (SEAL labels): {labels}")
     if pool is not None:
         counts = pool
         signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in counts.items() if ":" in k)

@@ -1,11 +1,14 @@
 """The in-process policy: a transformers causal LM (optionally with a LoRA adapter) on this machine.
 
-Every live conversation is answered by one padded ``model.generate`` call per
-chunk of ``batch_size`` (left padding, so all prompts end where generation
-starts). Replies are parsed with the shared Qwen2.5 tool-call parser
-(``parse_assistant_text``). The bootstrap model (``coevolve.training.bootstrap``)
-is the usual model; any local causal LM whose chat template speaks the Qwen2.5
-``<tool_call>`` format works too.
+Every live conversation is answered in one batch per chunk of ``batch_size``.
+With ``kv_reuse`` (the default) each conversation's keys and values are kept
+between its steps (``agents/kv_reuse.py``), so a step encodes only its new
+tokens; without it, one padded ``model.generate`` call re-encodes every
+prompt. A LoRA adapter is merged into the weights while it serves. Replies are
+parsed by ``parse_assistant_text``: Qwen2.5 ``<tool_call>`` blocks or plain call
+lines. The bootstrap agent (``coevolve.training.bootstrap``: SmolLM2 with the
+plain-calls template) is the usual model; any local causal LM whose chat
+template speaks one of the two formats works too.
 """
 
 from __future__ import annotations

@@ -197,6 +197,11 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
         description=f"cycle {cycle} · rollout",
     )
     elapsed = time.perf_counter() - started
+    # SEAL's diagnosis: a label per turn (BFCL) or step (world) and the graded progress,
+    # stored on each trajectory and counted per cycle.
+    from ..envs.diagnosis import annotate, count_labels
+
+    trajectories = annotate(trajectories, {task.id: task for task in tasks})
     dump_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", trajectories)
     sources = Counter(task.source for task in tasks)
     figures = {
@@ -205,6 +210,7 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
         "synthesized_tasks": sources.get("synthesized", 0),
         "episodes": len(trajectories),
         "success": _success_rate(trajectories),
+        "diagnosis": count_labels(trajectories),
         "tokens": sum(t.completion_tokens for t in trajectories),
         "time_s": elapsed,
     }

@@ -119,6 +119,8 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     assert sum(row["kept_items"] for row in signals["by_family"].values()) == signals["kept"]
     assert 0.0 <= signals["flag_precision"] <= 1.0
     assert rows[1]["flags_by_family"] == signals["by_family"]
+    # SEAL's diagnosis labels every rollout (at least its outcome) and is counted per cycle.
+    assert sum(first["rollout"]["diagnosis"].values()) >= first["rollout"]["episodes"]
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()
     assert {json.loads(t)["policy_version"] for t in trajectories} != {"bootstrap"}
 

@@ -140,18 +140,11 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     from .chat_template import PLAIN_CALLS_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    # transformers dequantises with a bare tqdm bar per tensor; the stage line says enough.
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+    # transformers dequantises under a bare tqdm bar; `coevolve` sets TQDM_DISABLE at
+    # start-up (tqdm reads it when imported), so a person sees the stage line only.
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
     config = loaded.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
