@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
@@ -215,7 +215,7 @@ class OfflineAbstractor(RejectionLog):
             if fresh is None:
                 continue
             calls = fresh.reference_calls
-            label = (
+            label: Literal["structure_variant", "prefix", "transition"] = (
                 "structure_variant"
                 if len(calls) == length
                 else "prefix"

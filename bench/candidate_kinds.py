@@ -59,10 +59,10 @@ def classify(cand, parent):
 
 
 async def main():
-    out = {}
+    out: dict[str, dict] = {}
     for steer in (False, True):
-        counts = collections.defaultdict(collections.Counter)
-        keep = collections.defaultdict(int)
+        counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        keep: dict[str, int] = collections.defaultdict(int)
         for i, fam in enumerate(FAMILIES):
             task = make_task("train", 950 + i, fam)
             for kind in ("forgetting", "boundary", "rare", "unsolved"):
