@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Prompts that agree on this many leading tokens share a lookup bucket (the system
-# prompt plus the start of the request: the K rollouts of one task, and its later turns).
-_BUCKET_TOKENS = 96
+# Prompts that agree on this many leading tokens share a lookup bucket. Short, so a
+# conversation's first prompt and its later, longer ones always land in the same one.
+_BUCKET_TOKENS = 8
 
 
 @dataclass
@@ -35,12 +35,16 @@ class _Entry:
     last_used: int
 
 
-def _common_prefix(left: Sequence[int], right: Sequence[int]) -> int:
-    size = min(len(left), len(right))
-    for index in range(size):
-        if left[index] != right[index]:
-            return index
-    return size
+def _common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
+    """Length of the common prefix, by binary search over slices (compared in C)."""
+    low, high = 0, min(len(left), len(right))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if left[:middle] == right[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class PrefixCache:
@@ -81,8 +85,9 @@ class PrefixCache:
         """
         best: _Entry | None = None
         best_length = 0
-        for entry in self.buckets.get(tuple(ids[:_BUCKET_TOKENS]), []):
-            length = _common_prefix(entry.ids, ids)
+        wanted = tuple(ids)
+        for entry in self.buckets.get(wanted[:_BUCKET_TOKENS], []):
+            length = _common_prefix(entry.ids, wanted)
             if length > best_length:
                 best, best_length = entry, length
         best_length = min(best_length, len(ids) - 1)
@@ -93,10 +98,11 @@ class PrefixCache:
         return (best, best_length) if best_length > 0 else (None, 0)
 
     def add(self, ids: Sequence[int], keys: list[Any], values: list[Any]) -> None:
-        bucket = self.buckets.setdefault(tuple(ids[:_BUCKET_TOKENS]), [])
+        key = tuple(ids)
+        bucket = self.buckets.setdefault(key[:_BUCKET_TOKENS], [])
         # An entry this one extends is superseded: the episode has moved on.
-        bucket[:] = [e for e in bucket if _common_prefix(e.ids, ids) < len(e.ids)]
-        bucket.append(_Entry(tuple(ids), keys, values, self.clock))
+        bucket[:] = [e for e in bucket if key[: len(e.ids)] != e.ids]
+        bucket.append(_Entry(key, keys, values, self.clock))
 
 
 def generate_batch(

@@ -164,6 +164,7 @@ def test_the_default_bootstrap_path_trains_merges_and_serves_a_gguf_model(tmp_pa
     metadata = load_metadata(path)
     assert metadata["base"] == "smollm2" and metadata["steps"] == 2
     assert metadata["base_model"]["source_file"] == "tiny.gguf"
+    assert any((tmp_path / "cache" / "base").iterdir())  # converted under the given cache only
     assert not (path / "adapter").exists() and (path / "model.safetensors").exists()
     assert bootstrap(config, cache_dir=tmp_path / "cache", progress=False) == path  # cached
     policy = LocalPolicy(path, max_new_tokens=4)

@@ -939,7 +939,7 @@ def bootstrap(
     work = target.parent / f"{target.name}.partial-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        metadata = _build(config, work, progress)
+        metadata = _build(config, work, progress, cache_dir)
         (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -985,11 +985,13 @@ def _say(progress: bool, text: str) -> None:
         print(f"[bootstrap] {text}", flush=True)
 
 
-def _build(config: BootstrapConfig, work: Path, progress: bool) -> dict[str, Any]:
+def _build(
+    config: BootstrapConfig, work: Path, progress: bool, cache_dir: Path | str | None = None
+) -> dict[str, Any]:
     if config.base == "smollm2":
         from .smollm2 import build_bootstrap
 
-        return build_bootstrap(config, build_corpus(config), work, progress)
+        return build_bootstrap(config, build_corpus(config), work, progress, cache_dir)
     return _build_tiny(config, work, progress)
 
 

@@ -167,12 +167,17 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
 
 
 def build_bootstrap(
-    config: Any, conversations: list[Any], work: Path, progress: bool
+    config: Any,
+    conversations: list[Any],
+    work: Path,
+    progress: bool,
+    cache_dir: Path | str | None = None,
 ) -> dict[str, Any]:
     """The default bootstrap agent: LoRA SFT of SmolLM2 on the seed split, merged, saved in ``work``.
 
     ``config`` is a ``BootstrapConfig`` with ``base == "smollm2"``; ``conversations``
-    are the verified seed demonstrations. Training runs
+    are the verified seed demonstrations; the converted base model is cached under
+    ``cache_dir`` (default: ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``). Training runs
     exactly ``config.max_steps`` steps through the cycle's own training step
     (``train_adapter``), so the result depends on the seed, not on the machine's load.
     """
@@ -186,7 +191,7 @@ def build_bootstrap(
     from .trainers import load_tokenizer, train_adapter
 
     started = time.perf_counter()
-    base = base_model_dir(gguf=config.gguf_file, progress=progress)
+    base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
     manifest = read_manifest(base) or {}
     training = TrainingConfig(
         algorithm="sft",
