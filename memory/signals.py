@@ -312,15 +312,12 @@ def apply_budget(
             : room - sum(shares.values())
         ]:
             shares[family] += 1
-        progress = 0
+        # Each round takes an item or empties a queue with a share, so this ends.
         for family in sorted(open_families):
             queue = by_family[family]
             taken = 0
             while queue and taken < shares[family]:
                 taken += take(queue.pop(0))
-            progress += taken
-        if progress == 0:
-            break
     return kept
 
 
