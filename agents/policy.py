@@ -130,51 +130,35 @@ def parse_assistant_text(
     (``find_contact(name="Ana")``); each is parsed on its own, so one bad call
     does not hide the good ones.
     """
-    calls: list[ToolCall] = []
-    invalid: list[InvalidToolCall] = []
     if not _TOOL_CALL_BLOCK.search(text) and _CALL_LINE.match(text.strip().split("\n")[0]):
-        return _plain_calls(text, call_id_prefix)
-    for index, block in enumerate(_TOOL_CALL_BLOCK.findall(text)):
-        call_id = f"{call_id_prefix}_{index}"
-        try:
-            parsed = parse_tool_calls(block.strip())
-        except ToolCallParseError as err:
-            invalid.append(
-                InvalidToolCall(id=call_id, raw=block.strip(), error=err.kind, message=str(err))
-            )
-            continue
-        for offset, call in enumerate(parsed):
-            calls.append(
-                call.model_copy(update={"id": call_id if offset == 0 else f"{call_id}_{offset}"})
-            )
-    content = _TOOL_CALL_BLOCK.sub("", text).strip()
-    return content, calls, invalid
+        lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
+        return ("", *_parse_each(lines, call_id_prefix))
+    blocks = [block.strip() for block in _TOOL_CALL_BLOCK.findall(text)]
+    return (_TOOL_CALL_BLOCK.sub("", text).strip(), *_parse_each(blocks, call_id_prefix))
 
 
 # A reply in the plain-calls format starts with a line like ``find_contact(name="Ana")``.
 _CALL_LINE = re.compile(r"^[A-Za-z_][\w.]*\(.*\)?\s*$")
 
 
-def _plain_calls(
-    text: str, call_id_prefix: str
-) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
-    """Call lines (the plain-calls format): each line one call, parsed on its own."""
+def _parse_each(
+    pieces: Sequence[str], call_id_prefix: str
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    """Parse each piece (a tag block or a call line) on its own: one bad call hides no good one."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
-    for index, line in enumerate(line for line in text.strip().split("\n") if line.strip()):
+    for index, piece in enumerate(pieces):
         call_id = f"{call_id_prefix}_{index}"
         try:
-            parsed = parse_tool_calls(line.strip())
+            parsed = parse_tool_calls(piece)
         except ToolCallParseError as err:
-            invalid.append(
-                InvalidToolCall(id=call_id, raw=line.strip(), error=err.kind, message=str(err))
-            )
+            invalid.append(InvalidToolCall(id=call_id, raw=piece, error=err.kind, message=str(err)))
             continue
         for offset, call in enumerate(parsed):
             calls.append(
                 call.model_copy(update={"id": call_id if offset == 0 else f"{call_id}_{offset}"})
             )
-    return "", calls, invalid
+    return calls, invalid
 
 
 def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:

@@ -40,14 +40,21 @@ def family_counts(split: str, size: int | None = None) -> dict[str, int]:
 
 def make_task(split: str, index: int, family: str, seed: int = 0) -> Task:
     """Generate one task; the same (split, index, family, seed) always gives the same task."""
+    prefix = "world" if seed == 0 else f"world-s{seed}"
+    return _generate(
+        family, split, f"world:{seed}:{split}:{index}:{family}", f"{prefix}-{split}-{index:04d}"
+    )
+
+
+def _generate(family: str, split: str, rng_key: str, task_id: str) -> Task:
+    """A task of ``family`` on a fresh state, values from ``split``'s pools, seeded by ``rng_key``."""
     generator, _ = FAMILIES[family]
-    rng = random.Random(f"world:{seed}:{split}:{index}:{family}")
+    rng = random.Random(rng_key)
     pools = pools_for(split)
     state = make_state(rng, pools)
     draft = generator(rng, pools, state)
-    prefix = "world" if seed == 0 else f"world-s{seed}"
     return Task(
-        id=f"{prefix}-{split}-{index:04d}",
+        id=task_id,
         env="world",
         family=family,
         split=split,
@@ -100,18 +107,7 @@ def make_variant(family: str, key: str, split: str = "train") -> Task:
     Values come from ``split``'s pools, so variants made for training never use
     validation or held-out names, products, titles or phrases.
     """
-    generator, _ = FAMILIES[family]
-    rng = random.Random(f"world-variant:{family}:{key}")
-    pools = pools_for(split)
-    state = make_state(rng, pools)
-    draft = generator(rng, pools, state)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return Task(
-        id=f"world-variant-{family}-{digest}",
-        env="world",
-        family=family,
-        split=split,
-        turns=[Turn(query=draft.instruction, reference_calls=draft.calls)],
-        reference_answer=draft.answer,
-        setup={"state": state, "check": draft.check},
+    return _generate(
+        family, split, f"world-variant:{family}:{key}", f"world-variant-{family}-{digest}"
     )
