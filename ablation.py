@@ -11,6 +11,9 @@ The arms differ only in where the new data comes from:
 - ``coevolve``: synthesis from the trajectories the detectors flag (the paper's
   three plus unsolved), the budget split by each family's failure rate;
 - ``coevolve-paper``: the paper's three detectors only, budget by kind priority;
+- ``oracle-targeted``: trajectories of the families the current agent solves less
+  than half of on the validation split (a reference ceiling, never a product arm:
+  it reads validation each cycle);
 - ``no-forgetting`` / ``no-boundary`` / ``no-rare`` / ``no-unsolved``: coevolve
   without one detector.
 
@@ -39,6 +42,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "random": {"signals": {"selection": "random"}},
     "coevolve": {},
     "coevolve-paper": {"signals": {"kinds": "paper", "allocation": "per_kind"}},
+    "oracle-targeted": {"signals": {"selection": "oracle"}},
     "no-forgetting": {"signals": {"kinds": ["boundary", "rare", "unsolved"]}},
     "no-boundary": {"signals": {"kinds": ["forgetting", "rare", "unsolved"]}},
     "no-rare": {"signals": {"kinds": ["forgetting", "boundary", "unsolved"]}},

@@ -307,6 +307,21 @@ class CoevolveConfig(Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _oracle_has_validation(self) -> CoevolveConfig:
+        if self.signals.selection == "oracle":
+            if self.env.name != "world":
+                raise ValueError(
+                    "signals.selection 'oracle' reads the world's validation split; "
+                    f"env {self.env.name!r} has none (use selection 'signals' or 'random')"
+                )
+            if self.evaluation.split == "validation":
+                raise ValueError(
+                    "signals.selection 'oracle' reads the validation split, so evaluating on it "
+                    "would report a tuned figure: set evaluation.split to heldout"
+                )
+        return self
+
     def store_path(self) -> str:
         return self.synthesis.store_path or str(Path(self.run_dir) / "task_store")
 

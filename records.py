@@ -12,9 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# "random" marks trajectories picked at random instead of by a detector: the
-# control arm of the learning ablation (coevolve bench learning).
-SignalKind = Literal["forgetting", "boundary", "rare", "unsolved", "random"]
+# "random" marks trajectories picked at random instead of by a detector (the
+# control arm of the learning ablation, coevolve bench learning); "oracle" marks
+# trajectories of the families the agent fails on the validation split (the
+# ablation's reference ceiling: it reads validation, so it is never a product arm).
+SignalKind = Literal["forgetting", "boundary", "rare", "unsolved", "random", "oracle"]
 # The detectors: the paper's three, and unsolved (every rollout of a task failed, never solved).
 SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "unsolved")
 PAPER_SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")

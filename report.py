@@ -65,6 +65,8 @@ def metrics_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "flagged_kept": signals.get("kept"),
                 "flag_precision": signals.get("flag_precision"),
                 "flags_by_family": signals.get("by_family", {}),
+                # oracle selection only (the ablation's reference arm): what it targeted by
+                "oracle_validation_by_family": signals.get("oracle_validation"),
                 "accepted_by_family": synthesis.get("by_family", {}),
                 "candidates": synthesis.get("candidates"),
                 "duplicates": synthesis.get("duplicates"),

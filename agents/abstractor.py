@@ -155,6 +155,26 @@ class _Window:
     answer: str | None = None  # for a question task: what the answer must contain
 
 
+def prefix_length(item: FlaggedTrajectory, failing: int, length: int) -> int:
+    """How many of an unsolved task's first calls its step-toward variant keeps.
+
+    At least the calls up to and including the failing one; then a further share
+    of the remaining calls equal to the family's rollout success this cycle (the
+    signal's ``family_success``), so the step grows toward the whole task as the
+    family is learnt. Always one call short of the whole (that is the other variant),
+    except for a one-call task.
+    """
+    if length <= 1:
+        return length
+    success = 0.0
+    for signal in item.signals:
+        if signal.kind == "unsolved":
+            success = float(signal.evidence.get("family_success", 0.0))
+    base = failing + 1
+    grown = base + round(success * max(length - base, 0))
+    return max(1, min(grown, length - 1))
+
+
 class OfflineAbstractor(RejectionLog):
     """Successful, state-changing action windows relabelled by the environment's describer."""
 
@@ -177,8 +197,9 @@ class OfflineAbstractor(RejectionLog):
         - forgetting: the whole structure again (replay of the lost skill);
         - boundary: the whole structure, and the diverging transition (the failing
           call and the one before it) on its own;
-        - unsolved: the first calls up to the failing one (a step toward the
-          structure), and the whole structure;
+        - unsolved: the first calls up to the failing one, more of them as the
+          family's success rises (a step toward the structure; ``prefix_length``),
+          and the whole structure;
         - rare: the whole structure once; explored windows (compositions with
           other sub-skills) fill the rest.
         """
@@ -191,9 +212,7 @@ class OfflineAbstractor(RejectionLog):
         length = len(task.reference_calls)
         failing = min(failing if failing is not None else 0, length - 1)
         whole = (0, length)
-        # The first calls up to and including the failing one (up to the last call
-        # before it when the failure is at the end): a step toward the structure.
-        first_steps = (0, failing + 1 if failing + 1 < length else max(length - 1, 1))
+        first_steps = (0, prefix_length(item, failing, length))
         # The diverging transition (the call before the failing one, and it) on its own.
         transition = (max(failing - 1, 0), failing + 1)
         plan: list[tuple[int, int]]

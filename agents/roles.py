@@ -106,7 +106,14 @@ class Judge(Protocol):
 
 # The order in which an item's signals name the candidates it produces (the
 # default budget priority of memory.signals.SignalConfig).
-SIGNAL_PRIORITY: tuple[SignalKind, ...] = ("unsolved", "forgetting", "rare", "boundary", "random")
+SIGNAL_PRIORITY: tuple[SignalKind, ...] = (
+    "unsolved",
+    "forgetting",
+    "rare",
+    "boundary",
+    "random",
+    "oracle",
+)
 
 
 def primary_signal(item: FlaggedTrajectory) -> SignalKind | None:

@@ -162,6 +162,51 @@ async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:
     return result
 
 
+async def _validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
+    """The current agent's greedy success per family on the validation split (oracle
+    selection only: the ablation's reference arm may read validation, a product run never)."""
+    from ..agents.evaluation import evaluate as summarize
+    from ..agents.rollout import rollout as run
+    from ..envs.catalog import load_tasks
+
+    config = rt.config
+    per_family = config.evaluation.per_family or 4
+    tasks: list[Task] = []
+    seen: Counter[str] = Counter()
+    for task in load_tasks(config.env.name, split="validation", seed=config.env.seed):
+        seen[task.family] += 1
+        if seen[task.family] <= per_family:
+            tasks.append(task)
+    seed_everything(config.seed, cycle, "oracle-validation")
+    started = time.perf_counter()
+    trajectories = await run(
+        rt.policy,
+        rt.make_env,
+        tasks,
+        k=1,
+        temperature=0.0,
+        max_steps=config.rollout.max_steps,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        cycle=cycle,
+        description=f"cycle {cycle} · oracle: validation",
+    )
+    report = summarize(
+        trajectories,
+        tasks,
+        env=config.env.name,
+        scope={"split": "validation"},
+        policy=rt.policy.version,
+    )
+    by_family = {f: s.success_rate for f, s in report.by_family.items()}
+    weak = [f for f, s in by_family.items() if s < config.signals.oracle_threshold]
+    rt.say(
+        f"cycle {cycle} · oracle: {len(weak)} of {len(by_family)} families under "
+        f"{config.signals.oracle_threshold:.0%} on validation [{time.perf_counter() - started:.0f} s]"
+    )
+    return by_family
+
+
 # --------------------------------------------------------------------------- nodes
 
 
@@ -263,7 +308,7 @@ def flag_map(
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..memory.pool import dump_jsonl, load_jsonl
-    from ..memory.signals import apply_budget, detect_signals, select_random
+    from ..memory.signals import apply_budget, detect_signals, select_oracle, select_random
 
     rt = _runtime(runtime)
     cycle = state["cycle"]
@@ -272,12 +317,18 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     flagged = detect_signals(
         trajectories, rt.history, rt.patterns, rt.config.signals, cycle, budgeted=False
     )
+    validation: dict[str, float] | None = None
     if rt.config.signals.selection == "random":
         kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
+    elif rt.config.signals.selection == "oracle":
+        validation = await _validation_by_family(rt, cycle)
+        kept = select_oracle(trajectories, validation, rt.config.signals, cycle, rt.config.seed)
     else:
         kept = apply_budget(flagged, rt.config.signals, trajectories)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
     figures = flag_map(trajectories, flagged, kept, rt.config.signals.kinds)
+    if validation is not None:
+        figures["oracle_validation"] = validation
     figures["time_s"] = time.perf_counter() - started
     found = ", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())
     rt.say(

@@ -86,11 +86,19 @@ class SignalConfig(BaseModel):
         description="failure_rate and uniform: items of each flagged kind kept before the "
         "split, so no kind starves.",
     )
-    selection: Literal["signals", "random"] = Field(
+    selection: Literal["signals", "random", "oracle"] = Field(
         default="signals",
         description="signals: synthesize from the flagged trajectories; random: from `budget` "
-        "trajectories picked at random (the control arm of the learning ablation; the "
-        "detectors still run, for the record).",
+        "trajectories picked at random (the control arm of the learning ablation); oracle: "
+        "from `budget` trajectories of the families the current agent solves less than half "
+        "of on the validation split (the ablation's reference ceiling: it reads validation, "
+        "so never use it to train a product agent). The detectors always run, for the record.",
+    )
+    oracle_threshold: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="oracle selection: a family is weak when its validation success is below this.",
     )
 
     @model_validator(mode="after")
@@ -198,11 +206,19 @@ def detect_signals(
             past = history.task_window(task_id, cycle, 10**6)
             if past and max(past) >= threshold:
                 continue  # solved before: forgetting's business
+            family = by_family[group[0].family]
+            family_success = sum(t.score >= threshold for t in family) / len(family)
             for trajectory in group:
                 flag(
                     trajectory,
                     "unsolved",
-                    {"task_id": task_id, "scores": [t.score for t in group], "history": past},
+                    {
+                        "task_id": task_id,
+                        "scores": [t.score for t in group],
+                        "history": past,
+                        # the synthesizer's step toward the task grows with this
+                        "family_success": family_success,
+                    },
                 )
 
     extract = EXTRACTORS[config.pattern]
@@ -350,4 +366,57 @@ def select_random(
             evidence={"selected": "at random (ablation control)", "score": trajectory.score},
         )
         kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
+    return kept
+
+
+def select_oracle(
+    trajectories: Sequence[Trajectory],
+    validation_success: dict[str, float],
+    config: SignalConfig,
+    cycle: int,
+    seed: int,
+) -> list[FlaggedTrajectory]:
+    """``budget`` trajectories of the families weak on validation, failures first.
+
+    The reference ceiling of the learning ablation, after the probe in DESIGN.md
+    ("fresh tasks of the families under 50% on validation"): it knows which
+    families the agent fails where no detector can, because it reads the
+    validation split. The budget goes round-robin over the weak families, so each
+    gets an equal share; within a family, failed trajectories come before solved
+    ones, then a seeded shuffle. Each item carries one signal of kind "oracle".
+    """
+    import random
+
+    weak = sorted(f for f, s in validation_success.items() if s < config.oracle_threshold)
+    by_family: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in sorted(trajectories, key=lambda t: t.id):
+        if trajectory.family in weak:
+            by_family[trajectory.family].append(trajectory)
+    for family, queue in by_family.items():
+        random.Random(f"oracle-selection:{seed}:{cycle}:{family}").shuffle(queue)
+        queue.sort(key=lambda t: t.score >= 1.0)  # stable: failures first, shuffled within
+    kept: list[FlaggedTrajectory] = []
+    per_task: dict[str, int] = defaultdict(int)
+    while len(kept) < config.budget and any(by_family.values()):
+        for family in weak:
+            queue = by_family.get(family, [])
+            while queue and len(kept) < config.budget:
+                trajectory = queue.pop(0)
+                if per_task[trajectory.task_id] >= config.per_task_limit:
+                    continue
+                per_task[trajectory.task_id] += 1
+                signal = Signal(
+                    kind="oracle",
+                    trajectory_id=trajectory.id,
+                    task_id=trajectory.task_id,
+                    family=trajectory.family,
+                    cycle=cycle,
+                    evidence={
+                        "selected": "family weak on validation (ablation reference)",
+                        "validation_success": validation_success[family],
+                        "score": trajectory.score,
+                    },
+                )
+                kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
+                break
     return kept

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
     assert not configs["static"].synthesis.enabled
     assert configs["random"].signals.selection == "random"
+    assert configs["oracle-targeted"].signals.selection == "oracle"
     assert configs["no-rare"].signals.kinds == ["forgetting", "boundary", "unsolved"]
     assert configs["coevolve-paper"].signals.kinds == ["forgetting", "boundary", "rare"]
     assert configs["coevolve-paper"].signals.allocation == "per_kind"
@@ -113,6 +115,40 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
     assert "paired differences" in out.stderr
+
+
+def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coevolve",
+            "bench",
+            "learning",
+            "--quick",
+            "--seeds",
+            "1",
+            "--arms",
+            "oracle-targeted",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
+    cycles = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    validation = cycles[1]["oracle_validation_by_family"]
+    assert validation and all(0.0 <= v <= 1.0 for v in validation.values())
+    weak = {family for family, success in validation.items() if success < 0.5}
+    flagged = [json.loads(line) for line in (run_dir / "cycles" / "001" / "flagged.jsonl").open()]
+    assert flagged, "the quick bench's agent is weak everywhere: the oracle must pick something"
+    for item in flagged:
+        assert [s["kind"] for s in item["signals"]] == ["oracle"]
+        assert item["trajectory"]["family"] in weak
 
 
 def test_unknown_arm_is_a_clear_error():

@@ -779,3 +779,33 @@ def test_each_signal_kind_generates_differently_around_the_failing_transition():
     assert made["unsolved"] == ["prefix", "structure_variant", "structure_variant"]
     assert made["rare"][0] == "structure_variant" and "window" in made["rare"][1:]
     assert len({tuple(kinds) for kinds in made.values()}) >= 3
+
+
+def test_the_unsolved_step_toward_a_task_grows_with_its_family_success():
+    """A 4-call task failing at its first call: 1 call at 0% family success, 3 at 100%."""
+    from coevolve.agents.abstractor import prefix_length
+
+    task = TASKS["buy_item"]
+    [item] = flagged([task], kinds=("unsolved",))
+
+    def at(success, failing=0, length=4):
+        signal = item.signals[0].model_copy(update={"evidence": {"family_success": success}})
+        return prefix_length(item.model_copy(update={"signals": [signal]}), failing, length)
+
+    assert [at(s) for s in (0.0, 0.34, 0.67, 1.0)] == [1, 2, 3, 3]
+    assert at(0.0, failing=3) == 3  # failing at the last call: all calls before it
+    assert at(0.5, length=1) == 1
+    # The detector records the family's success on the signal.
+    from coevolve.memory.history import OutcomeHistory
+    from coevolve.memory.patterns import PatternCounts
+    from coevolve.memory.signals import SignalConfig, detect_signals
+
+    solved = item.trajectory.model_copy(update={"id": "x/r1", "task_id": "other", "score": 1.0})
+    found = detect_signals(
+        [item.trajectory, solved],
+        OutcomeHistory(None),
+        PatternCounts(None),
+        SignalConfig(kinds=["unsolved"]),
+        cycle=1,
+    )
+    assert [f.signals[0].evidence["family_success"] for f in found] == [0.5]

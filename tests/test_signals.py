@@ -223,3 +223,38 @@ def test_failure_rate_allocation_spends_the_budget_where_failures_are():
         everything, config.model_copy(update={"allocation": "uniform"}), trajectories
     )
     assert [i.trajectory.family for i in uniform].count("a") == 4
+
+
+def test_oracle_selection_spends_the_budget_on_families_weak_on_validation():
+    from coevolve.memory.signals import select_oracle
+
+    trajectories = [
+        traj(f"{family}{i % 4}", score, index=i, family=family)
+        for family, score in (("weak_a", 0.0), ("weak_b", 1.0), ("easy", 0.0))
+        for i in range(8)
+    ]
+    trajectories[8] = traj("weak_b9", 0.0, index=99, family="weak_b")  # one failure in weak_b
+    validation = {"weak_a": 0.25, "weak_b": 0.0, "easy": 0.75}
+    config = SignalConfig(budget=6, per_task_limit=1, selection="oracle")
+    picked = select_oracle(trajectories, validation, config, cycle=1, seed=0)
+    assert all(item.kinds == ["oracle"] for item in picked)
+    families = [item.trajectory.family for item in picked]
+    assert "easy" not in families  # easy on validation, however often it fails rollouts
+    assert families.count("weak_a") == 3 and families.count("weak_b") == 3  # round-robin
+    # Failures first within a family, and one item per task.
+    assert picked[families.index("weak_b")].trajectory.task_id == "weak_b9"
+    assert len({item.trajectory.task_id for item in picked}) == len(picked)
+    assert picked[0].signals[0].evidence["validation_success"] in (0.25, 0.0)
+    again = select_oracle(trajectories, validation, config, cycle=1, seed=0)
+    assert [i.trajectory.id for i in again] == [i.trajectory.id for i in picked]
+    assert select_oracle(trajectories, {"weak_a": 0.9}, config, cycle=1, seed=0) == []
+
+
+def test_oracle_selection_needs_the_world_and_a_held_out_evaluation():
+    from coevolve.config import ConfigError, load_config
+
+    assert load_config({"signals": {"selection": "oracle"}}).signals.selection == "oracle"
+    with pytest.raises(ConfigError, match="reads the validation split"):
+        load_config({"signals": {"selection": "oracle"}, "evaluation": {"split": "validation"}})
+    with pytest.raises(ConfigError, match="has none"):
+        load_config({"signals": {"selection": "oracle"}, "env": {"name": "bfcl"}})

@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..agents.policy import Message
 
 # Bump when the recipe changes in a way the config does not capture: old caches are rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3  # 3: shuffled SFT batches (was group_by_length)
 METADATA_FILE = "bootstrap.json"
 # Fields that do not change the trained model; a cached build is reused across them.
 _NOT_HASHED = frozenset(

@@ -523,7 +523,10 @@ def _sft_trainer(
         assistant_only_loss=False,
         completion_only_loss=False,
         packing=False,
-        train_sampling_strategy="group_by_length",
+        # Shuffled batches. group_by_length sorts a 50-batch window by length and
+        # serves it longest first, so a short run (32 bootstrap steps, 10 per cycle)
+        # trained on the longest families only: 18% on validation against 33%.
+        train_sampling_strategy="random",
     )
     model, peft_config = _model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()
