@@ -700,8 +700,9 @@ def bench_learning(
         str | None,
         typer.Option(
             help="Comma-separated arms (default: all): static, random, coevolve, "
-            "coevolve-paper, no-forgetting, no-boundary, no-rare, no-unsolved. Finished "
-            "(arm, seed) units are skipped on a rerun."
+            "coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
+            "no-forgetting, no-boundary, no-rare, no-unsolved, hard-negatives, "
+            "own-negatives. Finished (arm, seed) units are skipped on a rerun."
         ),
     ] = None,
     quick: Annotated[

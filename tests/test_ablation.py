@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,14 @@ def test_unknown_arm_is_a_clear_error():
         text=True,
     )
     assert out.returncode == 2 and "unknown arms ['best']" in out.stderr
+
+
+def test_the_help_names_every_arm():
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
+    )
+    text = " ".join(out.stdout.split())
+    assert [arm for arm in ARMS if arm not in text] == []

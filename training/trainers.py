@@ -523,9 +523,10 @@ def _sft_trainer(
         assistant_only_loss=False,
         completion_only_loss=False,
         packing=False,
-        # Shuffled batches. group_by_length sorts a 50-batch window by length and
-        # serves it longest first, so a short run (32 bootstrap steps, 10 per cycle)
-        # trained on the longest families only: 18% on validation against 33%.
+        # Shuffled batches. group_by_length sorts each window of up to 50 batches
+        # longest first, so a short run (32 bootstrap steps) met the long chains at
+        # the full learning rate and the short families only in the schedule's
+        # tail: 18% on validation against 33% shuffled (docs/benchmarks.md).
         train_sampling_strategy="random",
     )
     model, peft_config = _model_and_peft(config, model_dir, previous_adapter)
