@@ -23,12 +23,38 @@ def test_defaults_and_yaml(tmp_path):
     assert config.env.split == "heldout" and config.endpoints["judge"].model == "qwen"
 
 
-def test_every_field_has_help_text():
-    from coevolve.config import EndpointConfig, EnvConfig, PolicyConfig, RolloutConfig
+def _config_models():
+    """Every pydantic model reachable from CoevolveConfig's fields (the sections and theirs)."""
+    import typing
 
-    for model in (CoevolveConfig, EnvConfig, EndpointConfig, PolicyConfig, RolloutConfig):
-        for name, field in model.model_fields.items():
-            assert field.description, f"{model.__name__}.{name} has no help text"
+    from pydantic import BaseModel
+
+    seen, queue = [], [CoevolveConfig]
+    while queue:
+        model = queue.pop()
+        if model in seen:
+            continue
+        seen.append(model)
+        for field in model.model_fields.values():
+            stack = [field.annotation]
+            while stack:
+                annotation = stack.pop()
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    queue.append(annotation)
+                stack.extend(typing.get_args(annotation))
+    return seen
+
+
+def test_every_field_of_every_config_model_has_help_text():
+    models = _config_models()
+    assert len(models) >= 10  # the sections, and the sections' own sections
+    missing = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if not field.description
+    ]
+    assert missing == []
 
 
 @pytest.mark.parametrize(
@@ -86,11 +112,19 @@ def test_api_key_from_environment(monkeypatch):
     assert config.endpoints["p"].api_key() == "secret"
 
 
-@pytest.mark.parametrize("name", ["offline.yaml", "vllm.yaml"])
-def test_shipped_configs_load(name):
+def _shipped_configs():
     from pathlib import Path
 
     import coevolve
 
-    config = load_config(Path(coevolve.__file__).parent / "configs" / name)
+    return sorted((Path(coevolve.__file__).parent / "configs").glob("*.yaml"))
+
+
+def test_every_shipped_config_is_tested():
+    assert {path.name for path in _shipped_configs()} >= {"quickstart.yaml", "bench-learning.yaml"}
+
+
+@pytest.mark.parametrize("path", _shipped_configs(), ids=lambda path: path.name)
+def test_shipped_configs_load(path):
+    config = load_config(path)
     assert config.run_dir.startswith("runs/")

@@ -74,9 +74,20 @@ def store():
 
 
 def test_graph_exposes_builder_and_compiled_graph():
-    assert synthesis.graph is not None and synthesis.builder is not None
-    nodes = set(synthesis.graph.get_graph().nodes)
-    assert {"prepare", "branch", "dedup"} <= nodes
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    drawn = synthesis.graph.get_graph()
+    assert set(drawn.nodes) == {"__start__", "prepare", "branch", "dedup", "__end__"}
+    # prepare fans out one branch per flagged item (Send), or goes straight to dedup.
+    assert {(e.source, e.target) for e in drawn.edges} == {
+        ("__start__", "prepare"),
+        ("prepare", "branch"),
+        ("prepare", "dedup"),
+        ("branch", "dedup"),
+        ("dedup", "__end__"),
+    }
+    own = synthesis.builder.compile(checkpointer=InMemorySaver())  # tests bring their own
+    assert set(own.get_graph().nodes) == set(drawn.nodes)
 
 
 def test_offline_pass_on_the_world(flagged, store):
