@@ -178,8 +178,8 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
     """The cycle's training data, the TRL step, and the policy update."""
+    from .files import load_jsonl, write_atomically
     from .graph.cycle import seed_everything
-    from .memory.pool import load_jsonl, write_atomically
     from .records import Task, Trajectory
     from .tracking import for_training
     from .training.datasets import demonstrations, preference_pairs, successful_conversations

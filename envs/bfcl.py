@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..files import read_jsonl
 from ..records import Observation, Step, Task, ToolCall, Trajectory, Turn
 from .base import ToolEnvironment, ToolError
 from .parsing import ToolCallParseError, parse_tool_calls
@@ -99,11 +100,6 @@ def _data_dir() -> Path:
     return Path(require_bfcl().__path__[0]) / "data"
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 @cache
 def _tool_class(class_name: str) -> type:
     """The BFCL class, imported from the module BFCL's own executor uses."""
@@ -132,7 +128,7 @@ def _class_schemas(class_name: str) -> tuple[dict[str, Any], ...]:
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
 
     path = _data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
-    schemas = tuple(_openai_schema(doc) for doc in _read_jsonl(path))
+    schemas = tuple(_openai_schema(doc) for doc in read_jsonl(path))
     for schema in schemas:
         properties = schema["function"]["parameters"]["properties"]
         for name, prop in properties.items():
@@ -193,10 +189,10 @@ def load_tasks(category: str, limit: int | None = None) -> list[Task]:
             f"unknown BFCL category {category!r}; choose one of {', '.join(CATEGORIES)}"
         )
     data_dir = _data_dir()
-    entries = _read_jsonl(data_dir / f"BFCL_v4_{category}.json")
+    entries = read_jsonl(data_dir / f"BFCL_v4_{category}.json")
     answers = {
         item["id"]: item["ground_truth"]
-        for item in _read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_{category}.json")
+        for item in read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_{category}.json")
     }
     if limit is not None:
         entries = entries[:limit]

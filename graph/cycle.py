@@ -119,7 +119,7 @@ def _success_rate(trajectories: list[Trajectory]) -> float:
 async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:
     from ..agents.evaluation import evaluate as summarize
     from ..agents.rollout import rollout as run
-    from ..memory.pool import dump_jsonl
+    from ..files import dump_jsonl
 
     config = rt.config
     seed_everything(config.seed, cycle, "evaluate")
@@ -221,7 +221,7 @@ async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..agents.rollout import rollout as run
-    from ..memory.pool import dump_jsonl
+    from ..files import dump_jsonl
 
     rt = _runtime(runtime)
     config = rt.config
@@ -307,7 +307,7 @@ def flag_map(
 
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    from ..memory.pool import dump_jsonl, load_jsonl
+    from ..files import dump_jsonl, load_jsonl
     from ..memory.signals import apply_budget, detect_signals, select_oracle, select_random
 
     rt = _runtime(runtime)
@@ -339,9 +339,9 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 
 async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    from ..files import dump_jsonl, load_jsonl
     from ..graph.synthesis import SynthesisRuntime
     from ..graph.synthesis import synthesize as run_synthesis
-    from ..memory.pool import dump_jsonl, load_jsonl
     from ..memory.signals import FlaggedTrajectory
 
     rt = _runtime(runtime)
@@ -406,7 +406,7 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
 
 
 async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    from ..memory.pool import load_jsonl
+    from ..files import load_jsonl
 
     rt = _runtime(runtime)
     cycle = state["cycle"]

@@ -77,7 +77,7 @@ async def train_with_hard_negatives(
     swaps ``adapter_dir`` into the policy.
     """
     from ..agents.rollout import rollout as run_rollout
-    from ..memory.pool import dump_jsonl, load_jsonl, write_atomically
+    from ..files import dump_jsonl, load_jsonl, write_atomically
     from ..tracking import for_training
     from ..training.hard_negatives import (
         AdapterSwitch,

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..files import read_jsonl
 from ..records import Trajectory
 
 
@@ -24,11 +25,7 @@ class OutcomeHistory:
         self._task: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         self._family: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         if self.path is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a kill
+            for row in read_jsonl(self.path, skip_torn=True):  # a kill may cut the last line
                 self._add(
                     row["cycle"], row["trajectory_id"], row["task_id"], row["family"], row["score"]
                 )

@@ -18,19 +18,16 @@ run draws the same tasks.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..files import read_jsonl
 from ..records import Task
 from .history import OutcomeHistory
-
-RecordT = TypeVar("RecordT", bound=BaseModel)
 
 
 class PoolConfig(BaseModel):
@@ -83,11 +80,9 @@ class TaskPool:
         self._tasks: dict[str, Task] = {task.id: task for task in seed_tasks}
         self.seed_count = len(self._tasks)
         if self.path is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    task = Task.model_validate_json(line)
-                except ValueError:
-                    continue  # a line cut short by a kill; its cycle re-adds it
+            # A line cut short by a kill is skipped; its cycle re-adds the task.
+            for row in read_jsonl(self.path, skip_torn=True):
+                task = Task.model_validate(row)
                 self._tasks.setdefault(task.id, task)
 
     def __len__(self) -> int:
@@ -165,32 +160,3 @@ class TaskPool:
         ]
         rng = random.Random(f"replay:{seed}:{cycle}")
         return rng.sample(candidates, min(count, len(candidates)))
-
-
-def load_jsonl(path: str | Path, record: type[RecordT]) -> list[RecordT]:
-    """Records of one type from a JSON-lines file (blank lines skipped)."""
-    return [
-        record.model_validate_json(line)
-        for line in Path(path).read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
-
-
-def write_atomically(path: str | Path, text: str) -> None:
-    """Write a file so that a reader (or a resumed run) never sees half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
-
-
-def dump_jsonl(path: str | Path, rows: Iterable[BaseModel | dict]) -> None:
-    """Write records or dicts as JSON lines, atomically."""
-    write_atomically(
-        path,
-        "".join(
-            (row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)) + "\n"
-            for row in rows
-        ),
-    )

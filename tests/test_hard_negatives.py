@@ -459,12 +459,12 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
 
 
 def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, tasks, tmp_path):
+    from coevolve.files import dump_jsonl
     from coevolve.graph.hard_negatives import (
         FAILURE_ROLLOUTS,
         failure_adapter_dir,
         latest_failure_adapter,
     )
-    from coevolve.memory.pool import dump_jsonl
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"
@@ -510,7 +510,7 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
 
 
 def test_own_negatives_runs_without_a_failure_agent(tiny_build, tasks, tmp_path):
-    from coevolve.memory.pool import dump_jsonl
+    from coevolve.files import dump_jsonl
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.world.families import SPLITS as WORLD_SPLITS
+from ..files import atomic_directory, write_atomically
 from .chat_template import (
     IM_END,
     PAD_TOKEN,
@@ -936,16 +937,9 @@ def bootstrap(
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(target.parent)
-    work = target.parent / f"{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
+    with atomic_directory(target) as work:
         metadata = _build(config, work, progress, cache_dir)
         (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if config.eval_split is not None:
         # Evaluated from the final directory so the policy version names the real build.
         metadata["eval"] = evaluate_build(target, config, progress)
@@ -975,9 +969,7 @@ def _alive(pid: int) -> bool:
 
 
 def _write_metadata(path: Path, metadata: dict[str, Any]) -> None:
-    temporary = path / f"{METADATA_FILE}.tmp"
-    temporary.write_text(json.dumps(metadata, indent=2) + "\n")
-    os.replace(temporary, path / METADATA_FILE)
+    write_atomically(path / METADATA_FILE, json.dumps(metadata, indent=2) + "\n")
 
 
 def _say(progress: bool, text: str) -> None:
@@ -1001,7 +993,7 @@ def _build_tiny(config: BootstrapConfig, work: Path, progress: bool) -> dict[str
     import trl
 
     started = time.perf_counter()
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     conversations = build_corpus(config)
     texts = _template_texts(conversations)
     tokenizer = train_tokenizer(texts, config)

