@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .agents.prompts import POLICY_SYSTEM_PROMPT
 from .agents.roles import RolesConfig
 from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
+from .envs.bfcl import SPLITS as BFCL_SPLITS
 from .envs.world.families import SPLITS as WORLD_SPLITS
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
@@ -89,7 +90,11 @@ class EnvConfig(Section):
     name: Literal["world", "bfcl"] = Field(
         default="world", description="Environment: the built-in world or BFCL."
     )
-    split: str = Field(default="train", description=f"World task split: {', '.join(WORLD_SPLITS)}.")
+    split: str = Field(
+        default="train",
+        description=f"Task split the loop rolls out and trains on: world {', '.join(WORLD_SPLITS)}; "
+        f"BFCL {', '.join(BFCL_SPLITS)} (half of the category each, or all of it).",
+    )
     category: str = Field(
         default="multi_turn_base", description=f"BFCL category: {', '.join(BFCL_CATEGORIES)}."
     )
@@ -104,6 +109,10 @@ class EnvConfig(Section):
         if self.name == "bfcl" and self.category not in BFCL_CATEGORIES:
             raise ValueError(
                 f"category {self.category!r} is not a BFCL category; allowed values: {', '.join(BFCL_CATEGORIES)}"
+            )
+        if self.name == "bfcl" and self.split not in BFCL_SPLITS:
+            raise ValueError(
+                f"split {self.split!r} is not a BFCL split; allowed values: {', '.join(BFCL_SPLITS)}"
             )
         return self
 
@@ -225,8 +234,9 @@ class EvaluationConfig(Section):
 
     split: str = Field(
         default="heldout",
-        description=f"World split evaluated each cycle ({', '.join(WORLD_SPLITS)}); synthesis "
-        "never sees it. BFCL evaluates env.category.",
+        description=f"Split evaluated each cycle: world {', '.join(WORLD_SPLITS)}; BFCL "
+        "heldout (the half of env.category the loop never trains on). Synthesis never "
+        "sees it, and it may not be the split the loop trains on (env.split).",
     )
     per_family: int | None = Field(
         default=None,
@@ -236,9 +246,10 @@ class EvaluationConfig(Section):
 
     @model_validator(mode="after")
     def _known_split(self) -> EvaluationConfig:
-        if self.split not in WORLD_SPLITS:
+        known = dict.fromkeys([*WORLD_SPLITS, *BFCL_SPLITS])
+        if self.split not in known:
             raise ValueError(
-                f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}"
+                f"split {self.split!r} is not a task split; allowed values: {', '.join(known)}"
             )
         return self
 
@@ -305,6 +316,27 @@ class CoevolveConfig(Section):
                     f"synthesis.roles.{role} {ref!r} is not in `endpoints` (defined: {known}); "
                     "name an endpoint or use 'offline'"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _never_evaluate_on_training_tasks(self) -> CoevolveConfig:
+        trained, evaluated = self.env.split, self.evaluation.split
+        if self.env.name == "world" and evaluated not in WORLD_SPLITS:
+            raise ValueError(
+                f"evaluation.split {evaluated!r} is not a world split; allowed values: "
+                f"{', '.join(WORLD_SPLITS)}"
+            )
+        if self.env.name == "bfcl" and evaluated != "heldout":
+            raise ValueError(
+                f"evaluation.split {evaluated!r}: BFCL evaluates its heldout half "
+                "(env.split: train trains on the other)"
+            )
+        if evaluated == trained or "all" in (trained, evaluated):
+            raise ValueError(
+                f"evaluation.split {evaluated!r} overlaps env.split {trained!r}, the tasks the "
+                "loop trains on: train on one split and evaluate on another (env.split: train, "
+                "evaluation.split: heldout)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import hashlib
 import importlib
 import inspect
 import json
@@ -44,6 +45,8 @@ CATEGORIES = (
     "multi_turn_miss_param",
     "multi_turn_long_context",
 )
+# train and heldout: half of each category each (split_of); all: the whole category.
+SPLITS = ("train", "heldout", "all")
 
 BFCL_VERSION = "2026.3.23"
 INSTALL_COMMAND = f"pip install --no-deps bfcl-eval=={BFCL_VERSION} mpmath"
@@ -178,18 +181,38 @@ def _additional_function_prompt() -> str:
 # --------------------------------------------------------------------------- tasks
 
 
-def load_tasks(category: str, limit: int | None = None) -> list[Task]:
+def split_of(entry_ids: Sequence[str]) -> dict[str, str]:
+    """ "train" or "heldout" for each of a category's entry ids: half each.
+
+    SEAL trains on 100 and evaluates on the other 100 of each multi-turn
+    category (its ``data/bfcl_400_split.json``, which is not available offline).
+    This split has the same shape: the ids ranked by a fixed hash, the first
+    half trains. It depends only on the ids, so every machine and run agrees.
+    """
+    ranked = sorted(entry_ids, key=lambda i: hashlib.sha256(f"bfcl-split:{i}".encode()).hexdigest())
+    half = len(ranked) // 2
+    return {entry_id: "train" if rank < half else "heldout" for rank, entry_id in enumerate(ranked)}
+
+
+def load_tasks(category: str, limit: int | None = None, split: str = "all") -> list[Task]:
     """The category's BFCL entries as Tasks, reference calls parsed by our parser.
 
-    ``setup`` keeps everything reset and the checker need, including BFCL's
-    ground-truth strings verbatim, so a task is replayable on its own.
+    ``split``: "train" or "heldout" (half of the category each, ``split_of``), or
+    "all" (the whole category, as BFCL's own leaderboard scores it). ``setup``
+    keeps everything reset and the checker need, including BFCL's ground-truth
+    strings verbatim, so a task is replayable on its own.
     """
     if category not in CATEGORIES:
         raise ValueError(
             f"unknown BFCL category {category!r}; choose one of {', '.join(CATEGORIES)}"
         )
+    if split not in SPLITS:
+        raise ValueError(f"unknown BFCL split {split!r}; choose one of {', '.join(SPLITS)}")
     data_dir = _data_dir()
     entries = read_jsonl(data_dir / f"BFCL_v4_{category}.json")
+    if split != "all":
+        halves = split_of([entry["id"] for entry in entries])
+        entries = [entry for entry in entries if halves[entry["id"]] == split]
     answers = {
         item["id"]: item["ground_truth"]
         for item in read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_{category}.json")

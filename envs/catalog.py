@@ -38,7 +38,7 @@ def seed_tasks_by_id(env: str, ids: Iterable[str]) -> dict[str, Task]:
 def load_tasks(
     env: str, split: str = "train", category: str = "multi_turn_base", seed: int = 0
 ) -> list[Task]:
-    """A task set: a world split, or a BFCL category (which has no splits)."""
+    """A task set: a world split, or a BFCL category's split (train, heldout or all)."""
     if env == "world":
         from .world import load_split
 
@@ -46,5 +46,5 @@ def load_tasks(
     if env == "bfcl":
         from .bfcl import load_tasks as load_bfcl
 
-        return load_bfcl(category)
+        return load_bfcl(category, split=split)
     raise ValueError(f"unknown environment {env!r}; allowed: world, bfcl")

@@ -410,3 +410,19 @@ def test_oracle_fits_long_turns_into_the_step_limit(tasks: dict[str, list[Task]]
     )
     assert [t.score for t in trajectories] == [1.0] * len(long_turns)
     assert all(t.finished for t in trajectories)
+
+
+def test_each_category_splits_in_two_disjoint_halves_for_train_and_heldout():
+    """SEAL's shape: 100 + 100 of each category's 200, fixed by the ids alone."""
+    for category in CATEGORIES:
+        everything = load_tasks(category)
+        train = load_tasks(category, split="train")
+        heldout = load_tasks(category, split="heldout")
+        assert len(train) == len(heldout) == len(everything) // 2 == 100
+        assert {t.id for t in train}.isdisjoint(t.id for t in heldout)
+        assert {t.id for t in train} | {t.id for t in heldout} == {t.id for t in everything}
+    assert [t.id for t in load_tasks(CATEGORIES[0], split="train", limit=3)] == [
+        t.id for t in load_tasks(CATEGORIES[0], split="train")[:3]
+    ]
+    with pytest.raises(ValueError, match="unknown BFCL split"):
+        load_tasks(CATEGORIES[0], split="validation")

@@ -16,11 +16,28 @@ def test_defaults_and_yaml(tmp_path):
     config = load_config(
         write(
             tmp_path,
-            "run_dir: runs/x\nenv:\n  name: world\n  split: heldout\n"
+            "run_dir: runs/x\nenv:\n  name: world\n  split: validation\n"
             "endpoints:\n  judge:\n    base_url: http://127.0.0.1:8000/v1\n    model: qwen\n",
         )
     )
-    assert config.env.split == "heldout" and config.endpoints["judge"].model == "qwen"
+    assert config.env.split == "validation" and config.endpoints["judge"].model == "qwen"
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"env": {"split": "heldout"}}, "overlaps env.split 'heldout'"),
+        ({"env": {"split": "validation"}, "evaluation": {"split": "validation"}}, "overlaps"),
+        ({"env": {"name": "bfcl", "split": "all"}}, "overlaps env.split 'all'"),
+        ({"env": {"name": "bfcl"}, "evaluation": {"split": "validation"}}, "BFCL evaluates"),
+        ({"env": {"name": "bfcl", "split": "validation"}}, "not a BFCL split"),
+        ({"evaluation": {"split": "all"}}, "not a world split"),
+    ],
+)
+def test_the_loop_refuses_to_evaluate_on_the_tasks_it_trains_on(settings, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(settings)
+    assert load_config({"env": {"name": "bfcl"}}).evaluation.split == "heldout"
 
 
 def _config_models():
