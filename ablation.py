@@ -15,7 +15,13 @@ The arms differ only in where the new data comes from:
   than half of on the validation split (a reference ceiling, never a product arm:
   it reads validation each cycle);
 - ``no-forgetting`` / ``no-boundary`` / ``no-rare`` / ``no-unsolved``: coevolve
-  without one detector.
+  without one detector;
+- ``grpo``, ``seal``, ``seal-no-reweighting``, ``seal-no-adaptation``: coevolve
+  trained by GRPO instead of SFT (the same optimisation steps): plain, with
+  SEAL's diagnosis-weighted advantages and training-only interface, and
+  without each of the two;
+- ``hard-negatives`` / ``own-negatives``: the target agent trained by DPO + SFT
+  on expert vs failure pairs, with and without the failure agent's negatives.
 
 Every (arm, seed) run is a finished unit: its result is written to
 ``<out>/units/<arm>-seed<N>.json`` when it ends, and a rerun with the same
@@ -37,6 +43,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+
+def _seal(reweight: bool, adaptation: bool) -> dict[str, Any]:
+    """training.seal of a SEAL arm: the released code's full setting, less what it drops."""
+    return {
+        "reweight": {"enable": reweight, "dynamic": {"enable": reweight}},
+        "adaptation": {"enable": adaptation},
+    }
+
+
 ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"enabled": False}},
     "random": {"signals": {"selection": "random"}},
@@ -47,6 +62,16 @@ ARMS: dict[str, dict[str, Any]] = {
     "no-boundary": {"signals": {"kinds": ["forgetting", "rare", "unsolved"]}},
     "no-rare": {"signals": {"kinds": ["forgetting", "boundary", "unsolved"]}},
     "no-unsolved": {"signals": {"kinds": ["forgetting", "boundary", "rare"]}},
+    # SEAL (training/seal.py, envs/adaptation.py): GRPO with the same optimisation steps;
+    # grpo is the vanilla-RL baseline SEAL is compared with.
+    "grpo": {"training": {"algorithm": "grpo"}},
+    "seal": {"training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=True)}},
+    "seal-no-reweighting": {
+        "training": {"algorithm": "grpo", "seal": _seal(reweight=False, adaptation=True)}
+    },
+    "seal-no-adaptation": {
+        "training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=False)}
+    },
     # Co-Evolving Agents (training/hard_negatives.py): DPO + SFT target with failure-agent negatives,
     "hard-negatives": {"hard_negatives": {"enabled": True}},
     # and the same objective on the target's own failures only.

@@ -237,6 +237,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             system_prompt=config.policy.system_prompt,
             progress=rt.progress,
             tracking=for_training(config, rt.run_dir, cycle),
+            capability_state_path=rt.run_dir / "capability_state.json",
         )
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)

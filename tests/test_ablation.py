@@ -63,6 +63,16 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert not configs["static"].synthesis.enabled
     assert configs["random"].signals.selection == "random"
     assert configs["oracle-targeted"].signals.selection == "oracle"
+    seal = {arm: configs[arm].training.seal for arm in ARMS if arm.startswith("seal")}
+    assert {arm: (s.reweight.enable, s.adaptation.enable) for arm, s in seal.items()} == {
+        "seal": (True, True),
+        "seal-no-reweighting": (False, True),
+        "seal-no-adaptation": (True, False),
+    }
+    assert configs["seal"].training.seal.reweight.dynamic.enable
+    for arm in ("grpo", *seal):
+        assert configs[arm].training.algorithm == "grpo"
+    assert not configs["grpo"].training.seal.reweight.enable
     assert configs["no-rare"].signals.kinds == ["forgetting", "boundary", "unsolved"]
     assert configs["coevolve-paper"].signals.kinds == ["forgetting", "boundary", "rare"]
     assert configs["coevolve-paper"].signals.allocation == "per_kind"
@@ -150,6 +160,37 @@ def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_
     for item in flagged:
         assert [s["kind"] for s in item["signals"]] == ["oracle"]
         assert item["trajectory"]["family"] in weak
+
+
+def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coevolve",
+            "bench",
+            "learning",
+            "--quick",
+            "--seeds",
+            "1",
+            "--arms",
+            "seal",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
+    trained = json.loads((run_dir / "cycles" / "001" / "train.json").read_text())
+    assert trained["algorithm"] == "grpo" and trained["steps"] == 1
+    state = json.loads((run_dir / "capability_state.json").read_text())
+    # Every GRPO episode's labels were counted, and the dynamic update ran.
+    assert sum(stats["count"] for stats in state["total"].values()) > 0
+    assert state["updates"] >= 1 and state["weights"]
 
 
 def test_unknown_arm_is_a_clear_error():

@@ -252,7 +252,9 @@ class CapabilityState(BaseModel):
         return dict(self.weights)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        from ..files import write_atomically
+
+        write_atomically(path, self.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> CapabilityState:

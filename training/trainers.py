@@ -360,6 +360,7 @@ def train_adapter(
     system_prompt: str | None = POLICY_SYSTEM_PROMPT,
     progress: bool = True,
     tracking: TrainTracking | None = None,
+    capability_state_path: str | Path | None = None,
 ) -> TrainResult:
     """Train one cycle's LoRA adapter with ``config.algorithm`` and save it to ``output_dir``.
 
@@ -370,6 +371,9 @@ def train_adapter(
     (``skipped``), naming the previous adapter as the one to keep using.
     ``tracking`` sends the trainer's logs to the run's trackers, its steps
     continuing the run's step axis (``coevolve.tracking``).
+    ``capability_state_path``: with SEAL reweighting, where the label statistics
+    and dynamic weights live between cycles; read (if there), its window reset
+    (SEAL resets it each epoch; a cycle is ours), and written back after training.
     """
     output = Path(output_dir)
     previous = str(previous_adapter) if previous_adapter is not None else None
@@ -404,10 +408,15 @@ def train_adapter(
     work = Path(tempfile.mkdtemp(prefix="coevolve-train-"))
     bars = _ProgressBars(progress)
     try:
+        capability_state = None
         if config.algorithm == "grpo":
             from .grpo import make_grpo_trainer
+            from .seal import CapabilityState
 
             assert make_env is not None
+            if config.seal.reweight.enable and capability_state_path is not None:
+                capability_state = CapabilityState.load(capability_state_path)
+                capability_state.reset_window()
             trainer, examples, reason = make_grpo_trainer(
                 config,
                 model_dir=model_dir,
@@ -417,6 +426,7 @@ def train_adapter(
                 make_env=make_env,
                 system_prompt=system_prompt,
                 arguments=common_arguments(config, device, work, progress, tracking),
+                capability_state=capability_state,
             )
         elif config.algorithm == "dpo":
             trainer, examples, reason = _dpo_trainer(
@@ -462,6 +472,8 @@ def train_adapter(
             device=device,
         )
         _save_adapter(trainer.model, output, result, config)
+        if capability_state is not None and capability_state_path is not None:
+            capability_state.save(capability_state_path)
         return result
     finally:
         bars.restore()
