@@ -28,6 +28,11 @@ and now fails; the agent lost a skill it had.
 failed; the agent is at the edge of its ability here.
 - rare: the action pattern of this rollout is rare among everything observed; the \
 scenario is under-represented in training.
+- unsolved: all K rollouts of this task failed this cycle and it was never solved; the \
+agent cannot do it yet, so new tasks should keep its structure or be a step toward it.
+
+When a nearest miss is shown (another failed rollout of the same task that got further), \
+the step where it broke is the frontier of the skill: aim the failure_cause there.
 
 Read the task, its reference solution, the rollout (calls and observations) and the \
 signal evidence, and write the context an explorer and a task writer will work from:
@@ -41,7 +46,11 @@ missing step, wrong final answer). Say so if the rollout did not fail.
 - exploration_objectives: one to three concrete goals for an explorer that will act in a \
 fresh copy of the environment. forgetting -> reinforce the forgotten skill on varied \
 values; rare -> explore the rare scenario and its neighbours; boundary -> explore the \
-boundary: variations around the step where rollouts diverge.
+boundary: variations around the step where rollouts diverge; unsolved -> the task's \
+structure on new values, and its first steps on their own.
+- failing_step: the 0-based index of the reference call where the rollout (or, when shown, \
+the nearest miss) went wrong; the number of reference calls when every call matched but \
+the outcome did not; null when unknown.
 - do_not_repeat: task instructions new tasks must not duplicate (include the flagged \
 task's instruction).
 

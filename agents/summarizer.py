@@ -178,6 +178,18 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
     instability = "; ".join(_evidence_line(s) for s in item.signals)
     if errors:
         instability += f"; errors seen: {', '.join(errors)}"
+    step = failing_step(trajectory, task.reference_calls)
+    miss = item.nearest_miss
+    if miss is not None:
+        # The frontier is where the attempt that got furthest broke: aim there.
+        miss_step = failing_step(miss, task.reference_calls)
+        progress = miss.progress if miss.progress is not None else miss.score
+        where = f"broke at reference call {miss_step}" if miss_step is not None else "failed"
+        causes.append(
+            f"the nearest miss {miss.id} (progress {progress:.2f}) got further and {where}"
+        )
+        if miss_step is not None and (step is None or miss_step > step):
+            step = miss_step
     return SynthesisContext(
         summary=summary,
         failure_cause="; ".join(causes),
@@ -185,7 +197,7 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
         focus_patterns=list(dict.fromkeys(patterns)),
         exploration_objectives=[_objective(kind, task, tools, item) for kind in kinds],
         do_not_repeat=[turn.query for turn in task.turns],
-        failing_step=failing_step(trajectory, task.reference_calls),
+        failing_step=step,
     )
 
 
@@ -235,6 +247,17 @@ def render_flagged(item: FlaggedTrajectory, task: Task) -> str:
     for signal in item.signals:
         evidence = json.dumps(signal.evidence, default=str, ensure_ascii=False)
         lines.append(f"  - {signal.kind}: {_clip(evidence, 400)}")
+    miss = item.nearest_miss
+    if miss is not None:
+        progress = miss.progress if miss.progress is not None else miss.score
+        lines.append(
+            f"Nearest miss {miss.id} (same task, failed, progress {progress:.2f}: it got "
+            "further; where it broke is the skill's frontier):"
+        )
+        for number, step in enumerate(miss.steps, 1):
+            action = render_call(step.call) if step.call else f"(unreadable) {step.raw or ''}"
+            tag = f"error[{step.observation.error}]: " if step.observation.error else ""
+            lines.append(f"  {number}. {_clip(action, 200)} -> {tag}{_clip(step.observation.text)}")
     return "\n".join(lines)
 
 

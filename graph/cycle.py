@@ -308,7 +308,13 @@ def flag_map(
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from ..files import dump_jsonl, load_jsonl
-    from ..memory.signals import apply_budget, detect_signals, select_oracle, select_random
+    from ..memory.signals import (
+        apply_budget,
+        attach_nearest_misses,
+        detect_signals,
+        select_oracle,
+        select_random,
+    )
 
     rt = _runtime(runtime)
     cycle = state["cycle"]
@@ -325,8 +331,16 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
         kept = select_oracle(trajectories, validation, rt.config.signals, cycle, rt.config.seed)
     else:
         kept = apply_budget(flagged, rt.config.signals, trajectories)
+    # The summarizer reads each flagged episode beside its task's nearest miss; the
+    # failure agent's episodes of the previous cycle (hard negatives) count too.
+    misses = list(trajectories)
+    failure_agent = rt.cycle_dir(cycle - 1) / "failure_rollouts.jsonl" if cycle > 1 else None
+    if failure_agent is not None and failure_agent.exists():
+        misses += load_jsonl(failure_agent, Trajectory)
+    kept = attach_nearest_misses(kept, misses)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
     figures = flag_map(trajectories, flagged, kept, rt.config.signals.kinds)
+    figures["nearest_misses"] = sum(item.nearest_miss is not None for item in kept)
     if validation is not None:
         figures["oracle_validation"] = validation
     figures["time_s"] = time.perf_counter() - started

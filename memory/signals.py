@@ -125,6 +125,12 @@ class FlaggedTrajectory(BaseModel):
 
     trajectory: Trajectory
     signals: list[Signal]
+    nearest_miss: Trajectory | None = Field(
+        default=None,
+        description="Another failed episode of the same task that got further (higher graded "
+        "progress): a hard negative the summarizer reads beside the flagged one "
+        "(attach_nearest_misses).",
+    )
 
     @property
     def kinds(self) -> list[SignalKind]:
@@ -420,3 +426,36 @@ def select_oracle(
                 kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
                 break
     return kept
+
+
+def _progress(trajectory: Trajectory) -> float:
+    return trajectory.progress if trajectory.progress is not None else trajectory.score
+
+
+def attach_nearest_misses(
+    items: Sequence[FlaggedTrajectory],
+    episodes: Sequence[Trajectory],
+    success_threshold: float = 1.0,
+) -> list[FlaggedTrajectory]:
+    """Each item with its task's nearest miss among ``episodes``, where there is one.
+
+    The nearest miss is the failed episode (score below ``success_threshold``) of
+    the same task with the highest graded progress, strictly above the flagged
+    episode's own (ties: the lower id). ``episodes`` are this cycle's rollouts and,
+    with hard negatives on, the failure agent's (whose misses are the near ones).
+    """
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for episode in episodes:
+        if episode.score < success_threshold:
+            by_task[episode.task_id].append(episode)
+    linked = []
+    for item in items:
+        own = _progress(item.trajectory)
+        closer = [
+            e
+            for e in by_task.get(item.trajectory.task_id, [])
+            if e.id != item.trajectory.id and _progress(e) > own
+        ]
+        miss = min(closer, key=lambda e: (-_progress(e), e.id)) if closer else None
+        linked.append(item.model_copy(update={"nearest_miss": miss}))
+    return linked

@@ -119,6 +119,14 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     assert sum(row["kept_items"] for row in signals["by_family"].values()) == signals["kept"]
     assert 0.0 <= signals["flag_precision"] <= 1.0
     assert rows[1]["flags_by_family"] == signals["by_family"]
+    # Each kept item carries its task's nearest miss when another failed episode got further.
+    kept = [json.loads(line) for line in (run_dir / "cycles" / "001" / "flagged.jsonl").open()]
+    linked = [item for item in kept if item["nearest_miss"] is not None]
+    assert signals["nearest_misses"] == len(linked)
+    for item in linked:
+        miss, own = item["nearest_miss"], item["trajectory"]
+        assert miss["task_id"] == own["task_id"] and miss["score"] < 1.0
+        assert miss["progress"] > own["progress"]
     # SEAL's diagnosis labels every rollout (at least its outcome) and is counted per cycle.
     assert sum(first["rollout"]["diagnosis"].values()) >= first["rollout"]["episodes"]
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()

@@ -44,6 +44,7 @@ from coevolve.records import (
     Signal,
     SynthesisContext,
     ToolCall,
+    Trajectory,
     Verdict,
 )
 from coevolve.testing.openai_server import Reply
@@ -809,3 +810,44 @@ def test_the_unsolved_step_toward_a_task_grows_with_its_family_success():
         cycle=1,
     )
     assert [f.signals[0].evidence["family_success"] for f in found] == [0.5]
+
+
+def test_the_summarizer_aims_at_where_the_nearest_miss_broke():
+    """Own episode: no calls at all (fails at call 0). Nearest miss: all calls but a garbled last."""
+    from coevolve.agents.summarizer import offline_context, render_flagged
+
+    task = TASKS["buy_item"]  # search_products > add_to_cart > checkout
+    [item] = flagged([task], kinds=("unsolved",))
+    miss = item.trajectory.model_copy(update={"id": "miss", "progress": 0.5})
+    own = item.trajectory.model_copy(update={"steps": [], "progress": 0.0})
+    alone = offline_context(item.model_copy(update={"trajectory": own}), task)
+    linked = item.model_copy(update={"trajectory": own, "nearest_miss": miss})
+    context = offline_context(linked, task)
+    assert alone.failing_step == 0
+    assert (
+        context.failing_step == 2 and "nearest miss miss (progress 0.50)" in context.failure_cause
+    )
+    assert "Nearest miss miss" in render_flagged(linked, task)  # what an LLM summarizer reads
+
+
+def test_nearest_misses_link_each_flagged_episode_to_a_further_failure_of_its_task():
+    from coevolve.memory.signals import attach_nearest_misses
+
+    def episode(id_, task, score, progress):
+        return Trajectory(
+            id=id_, task_id=task, env="world", family="f", score=score, progress=progress
+        )
+
+    flagged_items = [
+        FlaggedTrajectory(trajectory=episode("a0", "a", 0.0, 0.2), signals=[]),
+        FlaggedTrajectory(trajectory=episode("b0", "b", 0.0, 0.9), signals=[]),
+    ]
+    episodes = [
+        episode("a1", "a", 0.0, 0.6),
+        episode("a2", "a", 0.0, 0.8),  # the nearest miss of a0
+        episode("a3", "a", 1.0, 1.0),  # a success is no miss
+        episode("b1", "b", 0.0, 0.5),  # not further than b0
+        episode("c1", "c", 0.0, 0.95),  # another task
+    ]
+    linked = attach_nearest_misses(flagged_items, episodes)
+    assert [i.nearest_miss.id if i.nearest_miss else None for i in linked] == ["a2", None]
