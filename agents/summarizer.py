@@ -178,7 +178,7 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
     instability = "; ".join(_evidence_line(s) for s in item.signals)
     if errors:
         instability += f"; errors seen: {', '.join(errors)}"
-    step = failing_step(trajectory, task.reference_calls)
+    frontier = failing_step(trajectory, task.reference_calls)
     miss = item.nearest_miss
     if miss is not None:
         # The frontier is where the attempt that got furthest broke: aim there.
@@ -188,8 +188,8 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
         causes.append(
             f"the nearest miss {miss.id} (progress {progress:.2f}) got further and {where}"
         )
-        if miss_step is not None and (step is None or miss_step > step):
-            step = miss_step
+        if miss_step is not None and (frontier is None or miss_step > frontier):
+            frontier = miss_step
     return SynthesisContext(
         summary=summary,
         failure_cause="; ".join(causes),
@@ -197,7 +197,7 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
         focus_patterns=list(dict.fromkeys(patterns)),
         exploration_objectives=[_objective(kind, task, tools, item) for kind in kinds],
         do_not_repeat=[turn.query for turn in task.turns],
-        failing_step=step,
+        failing_step=frontier,
     )
 
 
