@@ -400,12 +400,15 @@ def _message_from_completion(body: dict[str, Any]) -> AssistantMessage:
         "finish_reason": choice.get("finish_reason"),
     }
     structured = message.get("tool_calls") or []
-    if not structured and "<tool_call>" in text:
-        # A server without a tool-call parser hands back the model's raw text.
+    if not structured and text:
+        # A server without a tool-call parser for this model (transformers serve, vLLM
+        # without --tool-call-parser) hands back the raw text: <tool_call> blocks, or
+        # the plain call lines the bootstrap agent writes. Text with no call is the answer.
         content, calls, invalid = parse_assistant_text(text)
-        return AssistantMessage(
-            content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text, **common
-        )
+        if calls or invalid:
+            return AssistantMessage(
+                content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text, **common
+            )
 
     calls = []
     invalid = []

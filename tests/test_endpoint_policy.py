@@ -108,6 +108,16 @@ def test_tool_calls_in_the_content_are_parsed(scripted_server):
     assert message.raw == text
 
 
+def test_plain_call_lines_in_the_content_are_parsed_and_prose_stays_the_answer(scripted_server):
+    """What a server without a tool parser returns for the bootstrap agent's format."""
+    server = scripted_server([Reply.text('find_contact(name="Ana")'), Reply.text("Done.")])
+    policy = make_policy(server)
+    [call] = generate(policy, tools=TOOLS)
+    assert [(c.name, c.arguments) for c in call.tool_calls] == [("find_contact", {"name": "Ana"})]
+    [answer] = generate(policy, tools=TOOLS)
+    assert answer.tool_calls == [] and answer.content == "Done."
+
+
 def test_temperature_tools_and_max_tokens_are_sent(scripted_server):
     server = scripted_server(["a", "b", "c"])
     policy = make_policy(server, temperature=0.3, max_tokens=77)
