@@ -785,6 +785,36 @@ QUICK_BENCH: dict[str, Any] = {
 }
 
 
+@app.command("export")
+def export_command(
+    run_dir: Annotated[str, typer.Argument(help="A run directory (coevolve run).")],
+    out: Annotated[str, typer.Argument(help="Output directory.")],
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl; hf: a datasets "
+            "DatasetDict with those splits (datasets.load_from_disk(OUT)).",
+        ),
+    ] = "jsonl",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
+) -> None:
+    """Export a run's synthesized tasks (with provenance) and each cycle's training examples."""
+    from .export import export_run
+
+    if format not in ("jsonl", "hf"):
+        raise _fail(f"unknown --format {format!r}; allowed: jsonl, hf")
+    try:
+        counts = export_run(run_dir, out, format)  # type: ignore[arg-type]
+    except (FileNotFoundError, ValueError) as err:
+        raise _fail(str(err)) from None
+    if as_json:
+        print(json.dumps(counts))
+    else:
+        rows = ", ".join(f"{name} {count}" for name, count in counts.items())
+        err_console.print(f"exported {rows} rows to {out} ({format})")
+
+
 @app.command("studio")
 def studio(
     port: Annotated[int, typer.Option(help="Port of the local LangGraph server.")] = 2024,

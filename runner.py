@@ -178,11 +178,17 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
     """The cycle's training data, the TRL step, and the policy update."""
-    from .files import load_jsonl, write_atomically
+    from .export import TRAIN_DATA_FILE
+    from .files import dump_jsonl, load_jsonl, write_atomically
     from .graph.cycle import seed_everything
     from .records import Task, Trajectory
     from .tracking import for_training
-    from .training.datasets import demonstrations, preference_pairs, successful_conversations
+    from .training.datasets import (
+        demonstrations,
+        json_arguments,
+        preference_pairs,
+        successful_conversations,
+    )
     from .training.trainers import (
         TrainResult,
         is_adapter_complete,
@@ -223,6 +229,15 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         conversations += demonstrations(accepted + replay, rt.make_env, config.policy.system_prompt)
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
+        pairs = preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
+        # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
+        if training.algorithm == "sft":
+            dump_jsonl(
+                cycle_dir / TRAIN_DATA_FILE,
+                [{"messages": json_arguments(c)} for c in conversations],
+            )
+        elif training.algorithm == "dpo":
+            dump_jsonl(cycle_dir / TRAIN_DATA_FILE, pairs)
         seed_everything(config.seed, cycle, "train")
         result = await asyncio.to_thread(
             train_adapter,
@@ -231,7 +246,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             output_dir=output_dir,
             previous_adapter=previous_adapter,
             conversations=conversations,
-            pairs=preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task),
+            pairs=pairs,
             tasks=tasks,
             make_env=rt.make_env,
             system_prompt=config.policy.system_prompt,

@@ -124,3 +124,13 @@ def test_eval_oracle_bfcl_json():
 def test_eval_bad_policy():
     result = coevolve("eval", "--policy", "/nonexistent", check=False)
     assert result.returncode == 2 and "not 'oracle', 'bootstrap'" in result.stderr
+
+
+def test_export_refuses_what_is_not_a_run(tmp_path):
+    missing = coevolve("export", str(tmp_path), str(tmp_path / "out"), check=False)
+    assert missing.returncode == 2 and "is not a run directory" in missing.stderr
+    (tmp_path / "config.yaml").write_text("cycles: 1\n")
+    empty = coevolve("export", str(tmp_path), str(tmp_path / "out"), check=False)
+    assert empty.returncode == 2 and "no synthesized tasks or training examples" in empty.stderr
+    bad = coevolve("export", str(tmp_path), str(tmp_path / "out"), "--format", "csv", check=False)
+    assert bad.returncode == 2 and "allowed: jsonl, hf" in bad.stderr

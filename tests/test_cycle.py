@@ -127,6 +127,27 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
         miss, own = item["nearest_miss"], item["trajectory"]
         assert miss["task_id"] == own["task_id"] and miss["score"] < 1.0
         assert miss["progress"] > own["progress"]
+    # coevolve export: the synthesized tasks with provenance, and the cycle's SFT examples.
+    from datasets import load_from_disk
+
+    from coevolve.export import export_run
+
+    counts = export_run(run_dir, tmp_path / "export-hf", "hf")
+    exported = load_from_disk(str(tmp_path / "export-hf"))
+    assert counts["sft"] == exported["sft"].num_rows == first["train"]["examples"]
+    assert set(exported["sft"]["cycle"]) == {1}
+    assert exported["sft"][0]["messages"][0]["role"] == "system"
+    if "tasks" in counts:
+        task = exported["tasks"][0]
+        assert task["source"] == "synthesized" and task["cycle"] == 1 and task["parent_task_id"]
+        assert json.loads(task["turns"])[0]["query"] == task["instruction"]
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "export", str(run_dir), str(tmp_path / "x"), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and json.loads(out.stdout) == counts, out.stderr
+    assert (tmp_path / "x" / "sft.jsonl").read_text().count("\n") == counts["sft"]
     # SEAL's diagnosis labels every rollout (at least its outcome) and is counted per cycle.
     assert sum(first["rollout"]["diagnosis"].values()) >= first["rollout"]["episodes"]
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()
