@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..tokenization import load_tokenizer
 from .policy import AssistantMessage, Message, PolicyError, arguments_as_dicts, parse_assistant_text
 
 # Text the parser needs even where a tokenizer marks it special.
@@ -94,7 +95,7 @@ class LocalPolicy:
 
         if seed is not None:
             torch.manual_seed(seed)
-        self.tokenizer = _load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.base_model = AutoModelForCausalLM.from_pretrained(str(self.model_path))
         self.base_model.to(device)  # type: ignore[arg-type]
         self.base_model.eval()
@@ -377,20 +378,3 @@ class LocalPolicy:
             self.model = None
             self.base_model = None  # type: ignore[assignment]
         gc.collect()
-
-
-def _load_tokenizer(path: Path) -> Any:
-    """The tokenizer saved beside the model, left padding.
-
-    A ``tokenizer.json`` is loaded with ``PreTrainedTokenizerFast`` exactly as saved:
-    ``AutoTokenizer`` beside a qwen2 ``config.json`` would rebuild the pre-tokenizer
-    as Qwen's and silently change how our own tokenizers split text.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if (path / "tokenizer.json").exists():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
-    return tokenizer

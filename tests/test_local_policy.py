@@ -16,7 +16,8 @@ from coevolve.agents.conversation import opening_messages, reference_conversatio
 from coevolve.agents.local_policy import LocalPolicy
 from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap, build_model, load_tokenizer
+from coevolve.tokenization import load_tokenizer
+from coevolve.training.bootstrap import BootstrapConfig, bootstrap, build_model
 
 TINY = BootstrapConfig.tiny()
 MAX_NEW = 12

@@ -147,8 +147,9 @@ def bootstrap_model(tmp_path_factory):
 
 
 def test_seal_grpo_step_scales_trl_advantages(bootstrap_model, tmp_path):
+    from coevolve.tokenization import load_tokenizer
     from coevolve.training.grpo import make_grpo_trainer
-    from coevolve.training.trainers import common_arguments, load_tokenizer
+    from coevolve.training.trainers import common_arguments
 
     config = TrainingConfig.tiny(
         algorithm="grpo",

@@ -609,19 +609,6 @@ def train_tokenizer(texts: list[str], config: BootstrapConfig) -> PreTrainedToke
     return wrapped
 
 
-def load_tokenizer(path: Path | str) -> PreTrainedTokenizerFast:
-    """Our tokenizer from a saved directory, ready for batched generation (left padding).
-
-    ``AutoTokenizer`` is not used: beside a qwen2 ``config.json`` it would swap in
-    Qwen's own pre-tokenizer.
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
 def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     """A randomly initialised Qwen2 causal LM sized by ``config``, tied embeddings."""
     import torch

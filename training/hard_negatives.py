@@ -553,6 +553,7 @@ def train_preference_adapter(
     import transformers
     from trl import DPOConfig, DPOTrainer
 
+    from ..tokenization import load_tokenizer
     from .trainers import (
         _model_and_peft,
         _ProgressBars,
@@ -561,7 +562,6 @@ def train_preference_adapter(
         _save_adapter,
         common_arguments,
         dpo_dataset,
-        load_tokenizer,
         resolve_device,
     )
 

@@ -181,8 +181,9 @@ def build_bootstrap(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from ..tokenization import load_tokenizer
     from .config import LoraSettings, TrainingConfig
-    from .trainers import load_tokenizer, train_adapter
+    from .trainers import train_adapter
 
     started = time.perf_counter()
     base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)

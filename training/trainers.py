@@ -42,6 +42,7 @@ from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..envs.base import Environment
 from ..records import Task
+from ..tokenization import load_tokenizer
 from .config import Algorithm, TrainingConfig
 from .datasets import PreferencePair
 
@@ -110,22 +111,6 @@ def resolve_device(config: TrainingConfig) -> str:
     if config.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return config.device
-
-
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer beside the model (ours loaded exactly as saved), with a pad token."""
-    path = Path(model_dir)
-    if (path / "tokenizer.json").exists():
-        from .bootstrap import load_tokenizer as load_fast
-
-        tokenizer: Any = load_fast(path)
-    else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def load_trainable_model(
