@@ -238,15 +238,31 @@ def _reject(
     )
 
 
+# Exceptions that are bugs in our code or a role's, not a bad item or a failing
+# endpoint: they end the pass instead of becoming a rejection reason.
+PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, AssertionError, NotImplementedError)
+
+
+class SynthesisError(RuntimeError):
+    """Every flagged item of a pass failed with an exception: the pass did not run."""
+
+
+def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, Any]:
+    """A role's failure on one item: re-raised if it is a bug, else a rejection and a count."""
+    if isinstance(err, PROGRAMMING_ERRORS):
+        raise err
+    return {
+        "rejections": [_reject(stage, item, f"{type(err).__name__}: {err}")],
+        "counts": {"crashed": 1},
+    }
+
+
 async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt, item = _runtime(runtime), state["item"]
     try:
         context = await rt.roles.summarizer.summarize(item, state["parent"])
-    except Exception as err:  # one bad item must not end the pass
-        return {
-            "context": None,
-            "rejections": [_reject("summarize", item, f"{type(err).__name__}: {err}")],
-        }
+    except Exception as err:  # one unreachable endpoint or bad reply must not end the pass
+        return {"context": None, **_crashed("summarize", item, err)}
     return {"context": context}
 
 
@@ -257,10 +273,7 @@ async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     try:
         rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
     except Exception as err:
-        return {
-            "rounds": [],
-            "rejections": [_reject("explore", item, f"{type(err).__name__}: {err}")],
-        }
+        return {"rounds": [], **_crashed("explore", item, err)}
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
     return {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
@@ -278,10 +291,7 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
             item, parent, context, rounds, neighbours, rt.make_env
         )
     except Exception as err:
-        return {
-            "proposals": [],
-            "rejections": [_reject("abstract", item, f"{type(err).__name__}: {err}")],
-        }
+        return {"proposals": [], **_crashed("abstract", item, err)}
     pop = getattr(rt.roles.abstractor, "pop_rejections", None)
     dropped = pop(item.trajectory.id) if pop else []
     rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
@@ -303,6 +313,8 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
         try:
             verdict = await rt.roles.judge.judge(candidate, rt.make_env)
         except Exception as err:
+            if isinstance(err, PROGRAMMING_ERRORS):
+                raise
             verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
         if verdict.is_accepted(rt.judge_veto):
             judged.append(
@@ -427,6 +439,13 @@ async def synthesize(
             graph_input, config=cast(Any, config), context=cast(Any, runtime), durability="async"
         )
     counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
+    counts["crashed"] = out.get("counts", {}).get("crashed", 0)
+    if flagged and counts["crashed"] >= len(flagged):
+        first = out.get("rejections", [])[0].reason if out.get("rejections") else "unknown"
+        raise SynthesisError(
+            f"every one of the {len(flagged)} flagged items failed with an exception, so the "
+            f"pass made nothing; the first: {first}"
+        )
     return SynthesisResult(
         accepted=out.get("accepted", []),
         counts=counts,

@@ -18,6 +18,7 @@ from coevolve.agents.prompts import (
 )
 from coevolve.agents.roles import RolesConfig, build_roles
 from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.summarizer import OfflineSummarizer
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
@@ -238,3 +239,47 @@ def test_max_accepted_caps_what_a_pass_stores(flagged):
     assert len(free.accepted) > 2
     # the cap keeps the first novel tasks in the judged order
     assert [t.id for t in result.accepted] == [t.id for t in free.accepted[:2]]
+
+
+class _FailingSummarizer:
+    name = "summarizer:failing"
+
+    def __init__(self, error, only=None):
+        self.error, self.only = error, only
+
+    async def summarize(self, item, task):
+        if self.only is None or item.trajectory.id == self.only:
+            raise self.error
+        return await OfflineSummarizer().summarize(item, task)
+
+
+def _runtime_with(summarizer):
+    import dataclasses
+
+    roles = dataclasses.replace(build_roles(RolesConfig(), {}), summarizer=summarizer)
+    return SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
+
+
+def test_one_item_failing_costs_that_item_only(flagged):
+    runtime = _runtime_with(
+        _FailingSummarizer(ConnectionError("down"), only=flagged[0].trajectory.id)
+    )
+    result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+    assert result.counts["crashed"] == 1 and result.counts["accepted"] > 0
+    assert any("ConnectionError: down" in r.reason for r in result.rejections)
+
+
+def test_a_pass_where_every_item_fails_raises_instead_of_reporting_zero(flagged):
+    from coevolve.graph.synthesis import SynthesisError
+
+    runtime = _runtime_with(_FailingSummarizer(ConnectionError("endpoint down")))
+    with pytest.raises(SynthesisError, match=r"every one of the .* ConnectionError: endpoint down"):
+        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+
+
+def test_a_bug_in_a_role_is_raised_not_turned_into_a_rejection(flagged):
+    runtime = _runtime_with(
+        _FailingSummarizer(TypeError("bad call"), only=flagged[0].trajectory.id)
+    )
+    with pytest.raises(TypeError, match="bad call"):
+        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
