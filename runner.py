@@ -184,7 +184,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     from .records import Task, Trajectory
     from .tracking import for_training
     from .training.datasets import (
-        demonstrations,
+        demonstrations_by_task,
         json_arguments,
         preference_pairs,
         successful_conversations,
@@ -226,7 +226,16 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         conversations = successful_conversations(
             trajectories, max_per_task=training.sft_max_per_task, min_score=training.sft_min_score
         )
-        conversations += demonstrations(accepted + replay, rt.make_env, config.policy.system_prompt)
+        successes = len(conversations)
+        demonstrated = demonstrations_by_task(
+            accepted + replay, rt.make_env, config.policy.system_prompt
+        )
+        conversations += [messages for _, messages in demonstrated]
+        example_weights = None
+        if training.algorithm == "sft" and training.seal.reweight.enable:
+            example_weights = [1.0] * successes + sft_weights(
+                [task for task, _ in demonstrated], cycle_dir, training.seal.reweight
+            )
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
         pairs = preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
@@ -234,7 +243,12 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         if training.algorithm == "sft":
             dump_jsonl(
                 cycle_dir / TRAIN_DATA_FILE,
-                [{"messages": json_arguments(c)} for c in conversations],
+                [
+                    {"messages": json_arguments(c), "weight": w}
+                    for c, w in zip(
+                        conversations, example_weights or [1.0] * len(conversations), strict=True
+                    )
+                ],
             )
         elif training.algorithm == "dpo":
             dump_jsonl(cycle_dir / TRAIN_DATA_FILE, pairs)
@@ -253,10 +267,36 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             progress=rt.progress,
             tracking=for_training(config, rt.run_dir, cycle),
             capability_state_path=rt.run_dir / "capability_state.json",
+            example_weights=example_weights,
         )
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result
+
+
+def sft_weights(tasks: list[Any], cycle_dir: Path, settings: Any) -> list[float]:
+    """SEAL's weight per demonstrated task: the diagnosis of the failure it answers.
+
+    A task synthesized this cycle takes the labels of the flagged episode of its
+    parent task (``flagged.jsonl``), so the demonstrations answering severe
+    failures (a spurious call, an invalid tool) weigh more; replayed tasks and
+    tasks whose parent episode is unknown weigh 1.0.
+    """
+    from .files import load_jsonl
+    from .memory.signals import FlaggedTrajectory
+    from .training.seal import trajectory_weight
+
+    labels: dict[str, list[str]] = {}
+    flagged = cycle_dir / "flagged.jsonl"
+    if flagged.exists():
+        for item in load_jsonl(flagged, FlaggedTrajectory):
+            labels.setdefault(item.trajectory.task_id, list(item.trajectory.diagnosis))
+    return [
+        trajectory_weight(labels[task.parent_task_id], settings)
+        if task.source == "synthesized" and task.parent_task_id in labels
+        else 1.0
+        for task in tasks
+    ]
 
 
 def studio_runtime(context: dict[str, Any] | None) -> CycleRuntime:

@@ -93,7 +93,8 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
             "rollout": {"k": 2, "max_steps": 2},
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-            "training": {"max_steps": 2, "batch_size": 2},
+            # SEAL's diagnosis weights on the SFT examples (checked below).
+            "training": {"max_steps": 2, "batch_size": 2, "seal": {"reweight": {"enable": True}}},
             "evaluation": {"per_family": 1},
         }
     ).model_copy(update={"bootstrap": TINY})
@@ -148,6 +149,11 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     )
     assert out.returncode == 0 and json.loads(out.stdout) == counts, out.stderr
     assert (tmp_path / "x" / "sft.jsonl").read_text().count("\n") == counts["sft"]
+    # Demonstrations of tasks synthesized from a diagnosed failure carry its SEAL weight.
+    weights = [json.loads(line)["weight"] for line in (run_dir / "cycles" / "001" / "train_data.jsonl").open()]
+    assert len(weights) == counts["sft"] and all(0.5 <= w <= 2.0 for w in weights)
+    if first["synthesize"]["accepted"]:
+        assert any(w != 1.0 for w in weights)
     # SEAL's diagnosis labels every rollout (at least its outcome) and is counted per cycle.
     assert sum(first["rollout"]["diagnosis"].values()) >= first["rollout"]["episodes"]
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()

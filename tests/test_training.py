@@ -111,6 +111,14 @@ def test_config_defaults_and_peft():
             "lower it or raise max_length",
         ),
         ({"learning_rat": 1e-4}, "Extra inputs are not permitted"),
+        (
+            {"algorithm": "dpo", "seal": {"reweight": {"enable": True}}},
+            "set algorithm: grpo or sft",
+        ),
+        (
+            {"seal": {"reweight": {"enable": True, "dynamic": {"enable": True}}}},
+            "dynamic.enable: false",
+        ),
     ],
 )
 def test_config_rejects_bad_combinations(values, message):
@@ -272,6 +280,42 @@ def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path)
     )
     assert result.skipped and result.adapter_dir == str(second) and result.steps == 0
     assert not third.exists()
+
+
+def test_sft_example_weights_scale_each_example_loss(bootstrap_model, trajectories, tmp_path):
+    """All-zero weights: zero loss and an adapter still at its start (B = 0); weights 1: trained."""
+    config = TrainingConfig.tiny()
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    zero = train_adapter(
+        config,
+        model_dir=bootstrap_model,
+        output_dir=tmp_path / "zero",
+        conversations=conversations,
+        example_weights=[0.0] * len(conversations),
+        progress=False,
+    )
+    assert zero.steps == 2 and zero.final_loss == 0.0
+    lora_b = [v for k, v in _lora_tensors(tmp_path / "zero").items() if "lora_B" in k]
+    assert lora_b and all(value.abs().max() == 0 for value in lora_b)
+    ones = train_adapter(
+        config,
+        model_dir=bootstrap_model,
+        output_dir=tmp_path / "ones",
+        conversations=conversations,
+        example_weights=[1.0] * len(conversations),
+        progress=False,
+    )
+    _assert_trained(bootstrap_model, ones, tmp_path / "ones", "sft")
+    assert ones.final_loss is not None and ones.final_loss > 0
+    with pytest.raises(ValueError, match="example weights for"):
+        train_adapter(
+            config,
+            model_dir=bootstrap_model,
+            output_dir=tmp_path / "bad",
+            conversations=conversations,
+            example_weights=[1.0],
+            progress=False,
+        )
 
 
 def test_dpo_trains(bootstrap_model, trajectories, tmp_path):

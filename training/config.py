@@ -210,11 +210,15 @@ class TrainingConfig(BaseModel):
                 f"grpo_epsilon_high ({self.grpo_epsilon_high}) is below grpo_epsilon "
                 f"({self.grpo_epsilon}); set grpo_epsilon_high >= grpo_epsilon (equal: symmetric clipping)"
             )
-        if self.seal.reweight.enable and self.algorithm != "grpo":
+        if self.seal.reweight.enable and self.algorithm == "dpo":
             problems.append(
-                f"seal.reweight multiplies GRPO advantages, but algorithm is {self.algorithm!r}; "
-                "set algorithm: grpo, or seal.reweight.enable: false (for SFT, per-example "
-                "weights come from coevolve.training.seal.example_weights)"
+                "seal.reweight weights GRPO advantages or SFT examples, but algorithm is 'dpo'; "
+                "set algorithm: grpo or sft, or seal.reweight.enable: false"
+            )
+        if self.seal.reweight.dynamic.enable and self.algorithm == "sft":
+            problems.append(
+                "seal.reweight.dynamic updates the weights from GRPO rollouts; SFT weighs each "
+                "example by the fixed table: set seal.reweight.dynamic.enable: false"
             )
         if self.algorithm == "grpo":
             episodes = self.grpo_prompts_per_step * self.grpo_num_generations

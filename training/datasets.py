@@ -100,6 +100,15 @@ def demonstrations(
     A task whose replay fails (score < 1, or the environment raised) is left out
     and logged: a synthesized task with a broken reference must not teach.
     """
+    return [messages for _, messages in demonstrations_by_task(tasks, make_env, system_prompt)]
+
+
+def demonstrations_by_task(
+    tasks: Sequence[Task],
+    make_env: Callable[[], Environment],
+    system_prompt: str | None = POLICY_SYSTEM_PROMPT,
+) -> list[tuple[Task, list[Message]]]:
+    """``demonstrations``, each with the task it demonstrates."""
     conversations = []
     for task in tasks:
         try:
@@ -108,7 +117,7 @@ def demonstrations(
             logger.warning("demonstration of %s failed: %s: %s", task.id, type(err).__name__, err)
             continue
         if score >= 1.0:
-            conversations.append(messages)
+            conversations.append((task, messages))
         else:
             logger.info(
                 "demonstration of %s does not verify (score %.2f); left out", task.id, score

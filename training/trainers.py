@@ -286,13 +286,78 @@ def _run(trainer: Any) -> tuple[int, float | None, float | None, float, dict[str
 # --------------------------------------------------------------------------- datasets per algorithm
 
 
-def sft_dataset(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[list[Message]]) -> Any:
-    """``input_ids`` and ``assistant_masks`` per conversation (the bootstrap's tokenization)."""
+def sft_dataset(
+    tokenizer: PreTrainedTokenizerBase,
+    conversations: Sequence[list[Message]],
+    example_weights: Sequence[float] | None = None,
+) -> Any:
+    """``input_ids`` and ``assistant_masks`` per conversation (the bootstrap's tokenization),
+    and ``example_weight`` when weights are given."""
     from datasets import Dataset
 
     from .chat_template import tokenize_for_training
 
-    return Dataset.from_list([tokenize_for_training(tokenizer, list(m)) for m in conversations])
+    rows: list[dict[str, Any]] = [tokenize_for_training(tokenizer, list(m)) for m in conversations]
+    if example_weights is not None:
+        if len(example_weights) != len(rows):
+            raise ValueError(
+                f"{len(example_weights)} example weights for {len(rows)} conversations"
+            )
+        rows = [
+            {**row, "example_weight": float(w)}
+            for row, w in zip(rows, example_weights, strict=True)
+        ]
+    return Dataset.from_list(rows)
+
+
+class _WeightedCollator:
+    """TRL's collator, plus the batch's ``example_weight`` tensor (TRL drops unknown keys)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        weights = [float(example["example_weight"]) for example in examples]
+        stripped = [{k: v for k, v in e.items() if k != "example_weight"} for e in examples]
+        batch = self.inner(stripped)
+        batch["example_weight"] = torch.tensor(weights, dtype=torch.float32)
+        return batch
+
+
+def weighted_sft_trainer_class() -> Any:
+    """An SFTTrainer whose loss is mean over examples of weight x the example's token-mean loss.
+
+    SEAL's per-example weights (``coevolve.training.seal.trajectory_weight``) for SFT.
+    Each example's loss is its own token mean, so a long conversation counts as one
+    example, not by its length (TRL's unweighted loss is a token mean over the batch).
+    """
+    import torch
+    from trl import SFTTrainer
+
+    class WeightedSFTTrainer(SFTTrainer):
+        def compute_loss(
+            self,
+            model: Any,
+            inputs: Any,
+            return_outputs: Any = False,
+            num_items_in_batch: Any = None,
+        ) -> Any:
+            weights = inputs.pop("example_weight")
+            labels = inputs.pop("labels")
+            outputs = model(**inputs, use_cache=False)
+            logits = outputs.logits[:, :-1].float()
+            target = labels[:, 1:].to(logits.device)
+            per_token = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), target, ignore_index=-100, reduction="none"
+            )
+            mask = (target != -100).float()
+            per_example = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            loss = (per_example * weights.to(per_example.device)).mean()
+            return (loss, outputs) if return_outputs else loss
+
+    return WeightedSFTTrainer
 
 
 def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePair]) -> Any:
@@ -346,6 +411,7 @@ def train_adapter(
     progress: bool = True,
     tracking: TrainTracking | None = None,
     capability_state_path: str | Path | None = None,
+    example_weights: Sequence[float] | None = None,
 ) -> TrainResult:
     """Train one cycle's LoRA adapter with ``config.algorithm`` and save it to ``output_dir``.
 
@@ -356,6 +422,8 @@ def train_adapter(
     (``skipped``), naming the previous adapter as the one to keep using.
     ``tracking`` sends the trainer's logs to the run's trackers, its steps
     continuing the run's step axis (``coevolve.tracking``).
+    ``example_weights``: sft only, one loss weight per conversation (SEAL's
+    diagnosis weights, ``weighted_sft_trainer_class``); None trains unweighted.
     ``capability_state_path``: with SEAL reweighting, where the label statistics
     and dynamic weights live between cycles; read (if there), its window reset
     (SEAL resets it each epoch; a cycle is ours), and written back after training.
@@ -436,6 +504,7 @@ def train_adapter(
                 work,
                 progress,
                 tracking,
+                example_weights,
             )
         if trainer is None:
             return skipped(reason or "nothing to train on")
@@ -500,13 +569,17 @@ def _sft_trainer(
     work: Path,
     progress: bool,
     tracking: TrainTracking | None = None,
+    example_weights: Sequence[float] | None = None,
 ) -> tuple[Any, int, str | None]:
     import transformers
     from trl import SFTConfig, SFTTrainer
 
-    dataset = sft_dataset(tokenizer, conversations)
+    dataset = sft_dataset(tokenizer, conversations, example_weights)
+    weighted = example_weights is not None
     args = SFTConfig(
         **common_arguments(config, device, work, progress, tracking),
+        # The weight column is no model input; keep it for the collator.
+        remove_unused_columns=not weighted,
         max_length=config.max_length,
         # Pre-tokenized with the assistant mask of the training template; SFTTrainer
         # turns the mask into labels (assistant_only_loss itself needs messages).
@@ -521,13 +594,16 @@ def _sft_trainer(
     )
     model, peft_config = _model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()
-    trainer = SFTTrainer(
+    trainer_class: Any = weighted_sft_trainer_class() if weighted else SFTTrainer
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    if weighted:
+        trainer.data_collator = _WeightedCollator(trainer.data_collator)
     return trainer, len(conversations), None
 
 
