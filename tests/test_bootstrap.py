@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from coevolve.agents.conversation import reference_conversation
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.tokenization import load_tokenizer
 from coevolve.training.bootstrap import (
     METADATA_FILE,
     BootstrapConfig,
@@ -25,7 +26,6 @@ from coevolve.training.bootstrap import (
     default_cache_dir,
     is_complete,
     load_metadata,
-    load_tokenizer,
     make_trainer,
     parameter_count,
     train_tokenizer,

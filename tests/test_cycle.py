@@ -150,7 +150,10 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     assert out.returncode == 0 and json.loads(out.stdout) == counts, out.stderr
     assert (tmp_path / "x" / "sft.jsonl").read_text().count("\n") == counts["sft"]
     # Demonstrations of tasks synthesized from a diagnosed failure carry its SEAL weight.
-    weights = [json.loads(line)["weight"] for line in (run_dir / "cycles" / "001" / "train_data.jsonl").open()]
+    weights = [
+        json.loads(line)["weight"]
+        for line in (run_dir / "cycles" / "001" / "train_data.jsonl").open()
+    ]
     assert len(weights) == counts["sft"] and all(0.5 <= w <= 2.0 for w in weights)
     if first["synthesize"]["accepted"]:
         assert any(w != 1.0 for w in weights)

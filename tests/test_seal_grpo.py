@@ -127,9 +127,15 @@ def test_settings_reject_bad_combinations(values, message):
         ReweightSettings.model_validate(values)
 
 
-def test_training_config_refuses_reweighting_outside_grpo():
-    with pytest.raises(ValueError, match="set algorithm: grpo"):
-        TrainingConfig(algorithm="sft", seal={"reweight": {"enable": True}})
+def test_training_config_takes_reweighting_for_grpo_and_sft_only():
+    with pytest.raises(ValueError, match="set algorithm: grpo or sft"):
+        TrainingConfig(algorithm="dpo", seal={"reweight": {"enable": True}})
+    # SFT takes the weights per example, from the fixed table.
+    assert TrainingConfig(algorithm="sft", seal={"reweight": {"enable": True}}).seal.reweight.enable
+    with pytest.raises(ValueError, match="dynamic.enable: false"):
+        TrainingConfig(
+            algorithm="sft", seal={"reweight": {"enable": True, "dynamic": {"enable": True}}}
+        )
     for name, field in ReweightSettings.model_fields.items():
         assert field.description, name
 
