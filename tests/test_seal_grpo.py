@@ -132,7 +132,7 @@ def test_training_config_takes_reweighting_for_grpo_and_sft_only():
         TrainingConfig(algorithm="dpo", seal={"reweight": {"enable": True}})
     # SFT takes the weights per example, from the fixed table.
     assert TrainingConfig(algorithm="sft", seal={"reweight": {"enable": True}}).seal.reweight.enable
-    with pytest.raises(ValueError, match="dynamic.enable: false"):
+    with pytest.raises(ValueError, match=r"dynamic\.enable: false"):
         TrainingConfig(
             algorithm="sft", seal={"reweight": {"enable": True, "dynamic": {"enable": True}}}
         )
