@@ -79,8 +79,22 @@ ARMS: dict[str, dict[str, Any]] = {
         "hard_negatives": {"enabled": True, "failure_agent": False, "failure_share": 0.0}
     },
 }
-# Differences a reader asks about first: each arm against static and random.
+# Differences a reader asks about first: each arm against static and random,
 BASELINES = ("static", "random")
+# and the pairs each method's question is about, when both arms ran.
+REFERENCE_PAIRS = (
+    ("coevolve", "coevolve-paper"),  # does the unsolved signal + failure-rate budget help?
+    ("oracle-targeted", "coevolve"),  # how far the detectors stay from the ceiling
+    ("oracle-targeted", "coevolve-paper"),
+    ("coevolve", "no-forgetting"),
+    ("coevolve", "no-boundary"),
+    ("coevolve", "no-rare"),
+    ("coevolve", "no-unsolved"),
+    ("seal", "grpo"),
+    ("seal", "seal-no-reweighting"),
+    ("seal", "seal-no-adaptation"),
+    ("hard-negatives", "own-negatives"),
+)
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
 _T95 = {
@@ -95,6 +109,8 @@ class ArmRun(BaseModel):
     seed: int
     success_by_cycle: list[float]  # held-out success, cycle 0 first
     by_family: dict[str, float]  # held-out success per family after the last cycle
+    # held-out success per family, cycle 0 first (empty in units saved before it was kept)
+    family_curves: dict[str, list[float]] = {}
     accepted_by_cycle: list[int]
     run_dir: str
     elapsed_s: float
@@ -115,6 +131,7 @@ class AblationReport(BaseModel):
     final: dict[str, Interval]  # arm -> final held-out success
     by_family: dict[str, dict[str, Interval]]  # arm -> family -> success
     curves: dict[str, list[Interval]]  # arm -> success per cycle
+    family_curves: dict[str, dict[str, list[Interval]]] = {}  # arm -> family -> per cycle
     paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
     plot: str | None = None
 
@@ -160,19 +177,40 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         ]
         for arm in arms
     }
-    paired: dict[str, Interval] = {}
-    for arm in arms:
-        for base in BASELINES:
-            if base == arm or arm == "static" or base not in by_arm:
-                continue
-            common = sorted(set(by_arm[arm]) & set(by_arm[base]))
-            if common:
-                paired[f"{arm} - {base}"] = interval(
+    family_curves = {
+        arm: {
+            family: [
+                interval(
                     [
-                        by_arm[arm][s].success_by_cycle[-1] - by_arm[base][s].success_by_cycle[-1]
-                        for s in common
+                        r.family_curves[family][c]
+                        for r in by_arm[arm].values()
+                        if c < len(r.family_curves.get(family, []))
                     ]
                 )
+                for c in range(cycles)
+            ]
+            for family in families
+        }
+        for arm in arms
+        if any(r.family_curves for r in by_arm[arm].values())
+    }
+    pairs = [
+        (arm, base)
+        for arm in arms
+        for base in BASELINES
+        if base != arm and arm != "static" and base in by_arm
+    ]
+    pairs += [pair for pair in REFERENCE_PAIRS if set(pair) <= set(by_arm) and pair not in pairs]
+    paired: dict[str, Interval] = {}
+    for arm, base in pairs:
+        common = sorted(set(by_arm[arm]) & set(by_arm[base]))
+        if common:
+            paired[f"{arm} - {base}"] = interval(
+                [
+                    by_arm[arm][s].success_by_cycle[-1] - by_arm[base][s].success_by_cycle[-1]
+                    for s in common
+                ]
+            )
     return AblationReport(
         config=config,
         seeds=seeds,
@@ -181,8 +219,21 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         final=final,
         by_family=by_family,
         curves=curves,
+        family_curves=family_curves,
         paired=paired,
     )
+
+
+def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
+    """Held-out success per family, cycle 0 first, from a run's metrics.jsonl ({} if missing)."""
+    from .files import read_jsonl
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.exists():
+        return {}
+    rows = sorted(read_jsonl(metrics), key=lambda row: row.get("cycle", 0))
+    families = sorted({f for row in rows for f in row.get("heldout_by_family") or {}})
+    return {f: [(row.get("heldout_by_family") or {}).get(f, 0.0) for row in rows] for f in families}
 
 
 def arm_config(base: dict[str, Any], arm: str, seed: int, out_dir: Path) -> dict[str, Any]:
@@ -223,7 +274,10 @@ def run_ablation(
             if unit.exists():
                 saved = json.loads(unit.read_text())
                 if saved.get("config") == fingerprint:
-                    runs.append(ArmRun.model_validate(saved["run"]))
+                    run_record = ArmRun.model_validate(saved["run"])
+                    if not run_record.family_curves:  # a unit saved before they were kept
+                        run_record.family_curves = family_curves_of(run_record.run_dir)
+                    runs.append(run_record)
                     if console is not None:
                         console.print(
                             f"[bold]bench learning[/bold] {len(runs)}/{total}: {arm}, seed "
@@ -242,6 +296,10 @@ def run_ablation(
                     seed=seed,
                     success_by_cycle=result.success_by_cycle(),
                     by_family=last["evaluate"]["by_family"],
+                    family_curves={
+                        family: [c["evaluate"]["by_family"].get(family, 0.0) for c in result.cycles]
+                        for family in sorted(last["evaluate"]["by_family"])
+                    },
                     accepted_by_cycle=[
                         (c.get("synthesize") or {}).get("accepted", 0) for c in result.cycles[1:]
                     ],
@@ -258,6 +316,8 @@ def run_ablation(
                 console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
     report = summarize(runs, arms, seeds, config_name)
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
+    if report.family_curves:
+        plot_family_curves(report, out_dir / "family_curves.png")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
     return report
 
@@ -294,6 +354,38 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
     bars.set_title("paired difference of final held-out success (points, 95% CI)")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_family_curves(report: AblationReport, path: Path) -> Path:
+    """One small panel per family: held-out success by cycle, one line per arm (seed means)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = sorted({f for curves in report.family_curves.values() for f in curves})
+    columns = 6
+    rows = max(1, math.ceil(len(families) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3 * columns, 2.4 * rows), squeeze=False)
+    for index, family in enumerate(families):
+        panel = axes[index // columns][index % columns]
+        for arm, curves in report.family_curves.items():
+            points = curves.get(family, [])
+            panel.plot(range(len(points)), [100 * p.mean for p in points], marker=".", label=arm)
+        panel.set_title(family, fontsize=9)
+        panel.set_ylim(-5, 105)
+        panel.tick_params(labelsize=7)
+    for index in range(len(families), rows * columns):
+        axes[index // columns][index % columns].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
+    figure.suptitle(
+        f"held-out success per family by cycle (mean over {len(report.seeds)} seeds)", fontsize=11
+    )
+    figure.tight_layout(rect=(0, 0.05, 1, 0.96))
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
 

@@ -57,6 +57,38 @@ def test_paired_differences_pair_by_seed():
     assert report.curves["static"][0].mean == pytest.approx(0.1)
 
 
+def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
+    """The signals bench has no static or random arm: its own pairs are still reported."""
+    from coevolve.ablation import family_curves_of, plot_family_curves
+
+    runs = []
+    for arm, finals in (
+        ("coevolve", (0.4, 0.5)),
+        ("coevolve-paper", (0.3, 0.45)),
+        ("oracle-targeted", (0.5, 0.6)),
+    ):
+        for seed, final in enumerate(finals):
+            run = _run(arm, seed, final)
+            run.family_curves = {"a": [0.0, final], "b": [0.5, 0.5]}
+            runs.append(run)
+    report = summarize(runs, ["coevolve", "coevolve-paper", "oracle-targeted"], [0, 1], "test")
+    assert set(report.paired) == {
+        "coevolve - coevolve-paper",
+        "oracle-targeted - coevolve",
+        "oracle-targeted - coevolve-paper",
+    }
+    assert report.paired["coevolve - coevolve-paper"].mean == pytest.approx(0.075)
+    assert [p.mean for p in report.family_curves["coevolve"]["a"]] == pytest.approx([0.0, 0.45])
+    assert plot_family_curves(report, tmp_path / "f.png").stat().st_size > 10_000
+    # Units saved before family curves were kept get them from the run's metrics.jsonl.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        '{"cycle": 1, "heldout_by_family": {"a": 0.5}}\n{"cycle": 0, "heldout_by_family": {"a": 0.25}}\n'
+    )
+    assert family_curves_of(tmp_path / "run") == {"a": [0.25, 0.5]}
+    assert family_curves_of(tmp_path / "none") == {}
+
+
 def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
