@@ -97,7 +97,7 @@ def local_model_dir(config: CoevolveConfig, progress: bool = True) -> Path | Non
 
 
 def evaluation_tasks(config: CoevolveConfig) -> list[Any]:
-    from .envs.catalog import load_tasks
+    from .envs.catalog import first_per_family, load_tasks
 
     tasks = load_tasks(
         config.env.name,
@@ -105,15 +105,7 @@ def evaluation_tasks(config: CoevolveConfig) -> list[Any]:
         category=config.env.category,
         seed=config.env.seed,
     )
-    if config.evaluation.per_family is None:
-        return tasks
-    kept: dict[str, int] = {}
-    chosen = []
-    for task in tasks:
-        if kept.get(task.family, 0) < config.evaluation.per_family:
-            kept[task.family] = kept.get(task.family, 0) + 1
-            chosen.append(task)
-    return chosen
+    return first_per_family(tasks, config.evaluation.per_family)
 
 
 def build_runtime(

@@ -35,6 +35,19 @@ def seed_tasks_by_id(env: str, ids: Iterable[str]) -> dict[str, Task]:
     return found
 
 
+def first_per_family(tasks: Iterable[Task], per_family: int | None) -> list[Task]:
+    """The first ``per_family`` tasks of every family, in order (None: all of them)."""
+    if per_family is None:
+        return list(tasks)
+    kept: dict[str, int] = {}
+    chosen = []
+    for task in tasks:
+        if kept.get(task.family, 0) < per_family:
+            kept[task.family] = kept.get(task.family, 0) + 1
+            chosen.append(task)
+    return chosen
+
+
 def load_tasks(
     env: str, split: str = "train", category: str = "multi_turn_base", seed: int = 0
 ) -> list[Task]:

@@ -167,16 +167,13 @@ async def _validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float
     selection only: the ablation's reference arm may read validation, a product run never)."""
     from ..agents.evaluation import evaluate as summarize
     from ..agents.rollout import rollout as run
-    from ..envs.catalog import load_tasks
+    from ..envs.catalog import first_per_family, load_tasks
 
     config = rt.config
-    per_family = config.evaluation.per_family or 4
-    tasks: list[Task] = []
-    seen: Counter[str] = Counter()
-    for task in load_tasks(config.env.name, split="validation", seed=config.env.seed):
-        seen[task.family] += 1
-        if seen[task.family] <= per_family:
-            tasks.append(task)
+    tasks = first_per_family(
+        load_tasks(config.env.name, split="validation", seed=config.env.seed),
+        config.evaluation.per_family or 4,
+    )
     seed_everything(config.seed, cycle, "oracle-validation")
     started = time.perf_counter()
     trajectories = await run(

@@ -363,16 +363,30 @@ def select_random(
         if per_task[trajectory.task_id] >= config.per_task_limit:
             continue
         per_task[trajectory.task_id] += 1
-        signal = Signal(
-            kind="random",
-            trajectory_id=trajectory.id,
-            task_id=trajectory.task_id,
-            family=trajectory.family,
-            cycle=cycle,
-            evidence={"selected": "at random (ablation control)", "score": trajectory.score},
+        kept.append(
+            _selected(
+                trajectory,
+                "random",
+                cycle,
+                {"selected": "at random (ablation control)", "score": trajectory.score},
+            )
         )
-        kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
     return kept
+
+
+def _selected(
+    trajectory: Trajectory, kind: SignalKind, cycle: int, evidence: dict
+) -> FlaggedTrajectory:
+    """An item chosen by an ablation selection (random, oracle), not by a detector."""
+    signal = Signal(
+        kind=kind,
+        trajectory_id=trajectory.id,
+        task_id=trajectory.task_id,
+        family=trajectory.family,
+        cycle=cycle,
+        evidence=evidence,
+    )
+    return FlaggedTrajectory(trajectory=trajectory, signals=[signal])
 
 
 def select_oracle(
@@ -411,19 +425,12 @@ def select_oracle(
                 if per_task[trajectory.task_id] >= config.per_task_limit:
                     continue
                 per_task[trajectory.task_id] += 1
-                signal = Signal(
-                    kind="oracle",
-                    trajectory_id=trajectory.id,
-                    task_id=trajectory.task_id,
-                    family=trajectory.family,
-                    cycle=cycle,
-                    evidence={
-                        "selected": "family weak on validation (ablation reference)",
-                        "validation_success": validation_success[family],
-                        "score": trajectory.score,
-                    },
-                )
-                kept.append(FlaggedTrajectory(trajectory=trajectory, signals=[signal]))
+                evidence = {
+                    "selected": "family weak on validation (ablation reference)",
+                    "validation_success": validation_success[family],
+                    "score": trajectory.score,
+                }
+                kept.append(_selected(trajectory, "oracle", cycle, evidence))
                 break
     return kept
 

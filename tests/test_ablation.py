@@ -118,7 +118,8 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert len({c.run_dir for c in configs.values()}) == len(ARMS)
 
 
-def test_quick_bench_runs_end_to_end(tmp_path):
+def quick_bench(out_dir, arms: str, seeds: int):
+    """`coevolve bench learning --quick --json`, run as a user runs it; fails on a non-zero exit."""
     out = subprocess.run(
         [
             sys.executable,
@@ -127,19 +128,24 @@ def test_quick_bench_runs_end_to_end(tmp_path):
             "bench",
             "learning",
             "--quick",
-            "--seeds",
-            "2",
-            "--arms",
-            "static,random,coevolve",
-            "--out",
-            str(tmp_path),
             "--json",
+            "--seeds",
+            str(seeds),
+            "--arms",
+            arms,
+            "--out",
+            str(out_dir),
         ],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_quick_bench_runs_end_to_end(tmp_path):
+    out = quick_bench(tmp_path, "static,random,coevolve", seeds=2)
     report = json.loads(out.stdout)
     assert [(r["arm"], r["seed"]) for r in report["runs"]] == [
         ("static", 0),
@@ -161,27 +167,7 @@ def test_quick_bench_runs_end_to_end(tmp_path):
 
 
 def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "coevolve",
-            "bench",
-            "learning",
-            "--quick",
-            "--seeds",
-            "1",
-            "--arms",
-            "oracle-targeted",
-            "--out",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = quick_bench(tmp_path, "oracle-targeted", seeds=1)
     run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
     cycles = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     validation = cycles[1]["oracle_validation_by_family"]
@@ -195,27 +181,7 @@ def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_
 
 
 def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "coevolve",
-            "bench",
-            "learning",
-            "--quick",
-            "--seeds",
-            "1",
-            "--arms",
-            "seal",
-            "--out",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = quick_bench(tmp_path, "seal", seeds=1)
     run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
     trained = json.loads((run_dir / "cycles" / "001" / "train.json").read_text())
     assert trained["algorithm"] == "grpo" and trained["steps"] == 1
