@@ -9,6 +9,7 @@ every group has reward spread and the adapter must move.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,9 @@ from coevolve.training.datasets import (
 from coevolve.training.grpo import environment_class, environment_score
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
+    _sft_trainer,
     is_adapter_complete,
+    length_grouped_order,
     load_train_result,
     load_trainable_model,
     train_adapter,
@@ -280,6 +283,51 @@ def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path)
     )
     assert result.skipped and result.adapter_dir == str(second) and result.steps == 0
     assert not third.exists()
+
+
+def test_length_grouped_order_pads_less_and_keeps_lengths_mixed_over_the_run():
+    lengths = [10 + (i * 37) % 200 for i in range(64)]
+
+    def padding(order: list[int]) -> float:
+        batches = [order[i : i + 8] for i in range(0, len(order), 8)]
+        padded = sum(max(lengths[i] for i in batch) * len(batch) for batch in batches)
+        return padded / sum(lengths[i] for i in order)
+
+    order = length_grouped_order(lengths, batch_size=8, rows=150, seed=0)
+    assert len(order) == 150
+    assert sorted(order[:64]) == list(range(64))  # a pass is every row once
+    assert sorted(order[64:128]) == list(range(64))
+    assert order == length_grouped_order(lengths, batch_size=8, rows=150, seed=0)
+    assert order != length_grouped_order(lengths, batch_size=8, rows=150, seed=1)
+    shuffled = [random.Random(s).sample(range(64), 64) for s in range(20)]
+    assert padding(order[:64]) < min(padding(o) for o in shuffled)
+    # Not sorted within a window the way group_by_length does: batch lengths go up and down.
+    longest = [max(lengths[i] for i in order[b : b + 8]) for b in range(0, 64, 8)]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+    assert length_grouped_order([], batch_size=8, rows=10, seed=0) == []
+
+
+def test_sft_trainer_reads_rows_in_the_length_grouped_order(
+    bootstrap_model, trajectories, tmp_path
+):
+    from coevolve.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(bootstrap_model)
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    for batching in ("length_grouped", "random"):
+        config = TrainingConfig.tiny(sft_batching=batching)
+        trainer, _, _ = _sft_trainer(
+            config, bootstrap_model, None, tokenizer, conversations, "cpu", tmp_path, False
+        )
+        rows = config.max_steps * config.batch_size
+        lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+        if batching == "length_grouped":
+            assert len(lengths) == rows  # the order is the dataset: read in sequence
+            first = next(iter(trainer.get_train_dataloader()))
+            assert first["input_ids"].shape[0] == config.batch_size
+            assert [int(m.sum()) for m in first["attention_mask"]] == lengths[: config.batch_size]
+        else:
+            assert len(lengths) == len(conversations)
 
 
 def test_sft_example_weights_scale_each_example_loss(bootstrap_model, trajectories, tmp_path):

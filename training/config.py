@@ -20,6 +20,7 @@ Algorithm = Literal["sft", "grpo", "dpo"]
 ALGORITHMS: tuple[Algorithm, ...] = ("sft", "grpo", "dpo")
 Device = Literal["auto", "cpu", "cuda"]
 LrScheduler = Literal["cosine", "linear", "constant"]
+SftBatching = Literal["random", "length_grouped"]
 
 # Attention and MLP projections of Qwen2 (and of most Llama-style decoders).
 QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -137,6 +138,15 @@ class TrainingConfig(BaseModel):
         gt=0,
         description="At most this many successful trajectories per task enter SFT, so easy tasks "
         "with K successes do not crowd out the rest.",
+    )
+    sft_batching: SftBatching = Field(
+        default="length_grouped",
+        description="How SFT conversations form batches. random: shuffled, each batch padded to "
+        "its longest conversation (a third of a cycle's batch was padding); length_grouped: "
+        "shuffled, then each window of 4 batches sorted by length and cut, and the batches "
+        "shuffled again, so a batch holds similar lengths but the run still meets every "
+        "length throughout (unlike transformers' group_by_length, which puts each window's "
+        "longest batch first).",
     )
     sft_min_score: float = Field(
         default=1.0,

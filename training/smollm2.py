@@ -205,6 +205,8 @@ def build_bootstrap(
         max_length=config.max_length,
         seed=config.seed,
         device="cpu",
+        # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
+        sft_batching="random",
     )
     if progress:
         print(

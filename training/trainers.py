@@ -310,6 +310,37 @@ def sft_dataset(
     return Dataset.from_list(rows)
 
 
+def length_grouped_order(
+    lengths: Sequence[int], batch_size: int, rows: int, seed: int, window_batches: int = 4
+) -> list[int]:
+    """Indices of ``rows`` training rows, in batch order, for sequential sampling.
+
+    Each pass over the data is a fresh shuffle, cut into windows of
+    ``window_batches`` batches; a window is sorted by length and cut into
+    batches, so a batch pads little, and the batches of a pass are shuffled again,
+    so long and short conversations keep meeting the whole learning-rate schedule.
+    """
+    import random
+
+    if batch_size < 1 or window_batches < 1:
+        raise ValueError("batch_size and window_batches must be >= 1")
+    if not lengths:
+        return []
+    generator = random.Random(seed)
+    order: list[int] = []
+    window = batch_size * window_batches
+    while len(order) < rows:
+        indices = list(range(len(lengths)))
+        generator.shuffle(indices)
+        batches: list[list[int]] = []
+        for start in range(0, len(indices), window):
+            chunk = sorted(indices[start : start + window], key=lambda i: lengths[i])
+            batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+        generator.shuffle(batches)
+        order.extend(index for batch in batches for index in batch)
+    return order[:rows]
+
+
 class _WeightedCollator:
     """TRL's collator, plus the batch's ``example_weight`` tensor (TRL drops unknown keys)."""
 
@@ -576,6 +607,13 @@ def _sft_trainer(
 
     dataset = sft_dataset(tokenizer, conversations, example_weights)
     weighted = example_weights is not None
+    grouped = config.sft_batching == "length_grouped"
+    if grouped:
+        rows = config.max_steps * config.batch_size * config.gradient_accumulation_steps
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        dataset = dataset.select(
+            length_grouped_order(lengths, config.batch_size, rows, config.seed)
+        )
     args = SFTConfig(
         **common_arguments(config, device, work, progress, tracking),
         # The weight column is no model input; keep it for the collator.
@@ -586,11 +624,12 @@ def _sft_trainer(
         assistant_only_loss=False,
         completion_only_loss=False,
         packing=False,
-        # Shuffled batches. group_by_length sorts each window of up to 50 batches
-        # longest first, so a short run (32 bootstrap steps) met the long chains at
-        # the full learning rate and the short families only in the schedule's
-        # tail: 18% on validation against 33% shuffled (docs/benchmarks.md).
-        train_sampling_strategy="random",
+        # Shuffled batches, either plain or length-grouped in our own order (read in
+        # sequence). Not transformers' group_by_length: it sorts each window of up to 50
+        # batches longest first, so a short run (32 bootstrap steps) met the long chains
+        # at the full learning rate and the short families only in the schedule's tail:
+        # 18% on validation against 33% shuffled (docs/benchmarks.md).
+        train_sampling_strategy="sequential" if grouped else "random",
     )
     model, peft_config = _model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()
