@@ -256,7 +256,13 @@ def run_ablation(
     out_dir: Path,
     config_name: str,
     console: Any = None,
+    run_missing: bool = True,
 ) -> AblationReport:
+    """Run every (arm, seed) unit not finished before, then write the report.
+
+    ``run_missing=False`` runs nothing: the report covers the finished units only
+    (a bench run in pieces, read between them).
+    """
     from .config import load_config
     from .runner import run
 
@@ -284,6 +290,10 @@ def run_ablation(
                             f"{seed} finished before, skipped ({unit.name})"
                         )
                     continue
+            if not run_missing:
+                if console is not None:
+                    console.print(f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet")
+                continue
             if console is not None:
                 console.print(
                     f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}"
@@ -314,6 +324,8 @@ def run_ablation(
             if console is not None:
                 curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
                 console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
+    if not runs:
+        raise ValueError(f"no finished units in {units} for these arms and seeds")
     report = summarize(runs, arms, seeds, config_name)
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:

@@ -718,6 +718,14 @@ def bench_learning(
         str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            "--report-only",
+            help="Run nothing: write the report from the units finished so far (a bench run "
+            "in pieces, read between them).",
+        ),
+    ] = False,
     overrides: SetOption = None,
 ) -> None:
     """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
@@ -752,6 +760,8 @@ def bench_learning(
     if seeds < 1:
         raise _fail("--seeds must be at least 1 (2 or more for intervals)")
     out_dir = Path(out or ("runs/bench-learning-quick" if quick else "runs/bench-learning"))
+    if report_only and not any((out_dir / "units").glob("*.json")):
+        raise _fail(f"--report-only: no finished units in {out_dir / 'units'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "base-config.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
     quiet = Console(stderr=True) if as_json else console
@@ -763,6 +773,7 @@ def bench_learning(
             out_dir=out_dir,
             config_name=_display_path(source),
             console=quiet,
+            run_missing=not report_only,
         )
     except ConfigError as err:
         raise _fail(str(err)) from None

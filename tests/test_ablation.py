@@ -118,7 +118,7 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert len({c.run_dir for c in configs.values()}) == len(ARMS)
 
 
-def quick_bench(out_dir, arms: str, seeds: int):
+def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
     """`coevolve bench learning --quick --json`, run as a user runs it; fails on a non-zero exit."""
     out = subprocess.run(
         [
@@ -135,6 +135,7 @@ def quick_bench(out_dir, arms: str, seeds: int):
             arms,
             "--out",
             str(out_dir),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -164,6 +165,12 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
     assert "paired differences" in out.stderr
+
+    # --report-only runs nothing: seed 2 is listed as not run, the report keeps the six units
+    out = quick_bench(tmp_path, "static,random,coevolve", 3, "--report-only")
+    assert len(json.loads(out.stdout)["runs"]) == 6
+    assert "coevolve, seed 2: not run yet" in out.stderr
+    assert not (tmp_path / "coevolve-seed2").exists()
 
 
 def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
