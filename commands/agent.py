@@ -1,0 +1,171 @@
+"""``coevolve bootstrap`` and ``coevolve eval``: build the bootstrap agent, evaluate a policy."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import console, env_scopes, err_console, fail, load_env_tasks, load_policy
+
+
+def bootstrap_command(
+    config_path: Annotated[
+        str | None, typer.Option("--config", help="YAML config with a bootstrap section.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even if a cached build exists.")
+    ] = False,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--base",
+            help="smollm2: LoRA SFT of SmolLM2-135M-Instruct (the default agent); tiny: the "
+            "seconds-long from-scratch test preset (learns nothing useful).",
+        ),
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="Same as --base tiny.")] = False,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the build's metadata as JSON.")
+    ] = False,
+) -> None:
+    """Build the bootstrap agent: SmolLM2-135M-Instruct after LoRA SFT on the seed split. Cached."""
+    from ..config import ConfigError, load_config
+    from ..training.bootstrap import (
+        BootstrapConfig,
+        bootstrap,
+        bootstrap_dir,
+        is_complete,
+        load_metadata,
+    )
+
+    if base not in (None, "smollm2", "tiny"):
+        raise fail(f"--base {base!r} is not a base model; use smollm2 or tiny")
+    try:
+        if tiny or base == "tiny":
+            config = BootstrapConfig.tiny()
+        else:
+            config = load_config(config_path).bootstrap
+            if base == "smollm2" and config.base != "smollm2":
+                config = BootstrapConfig()
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    cached = is_complete(bootstrap_dir(config, cache_dir)) and not force
+    path = bootstrap(config, cache_dir=cache_dir, force=force, progress=not as_json)
+    metadata = load_metadata(path)
+    if as_json:
+        print(json.dumps({"path": str(path), "cached": cached, **metadata}, default=str))
+        return
+    console.print(f"bootstrap model: {path}{'  (cached)' if cached else ''}")
+    for key in ("base", "parameters", "steps", "train_time_s", "build_time_s", "final_loss"):
+        if key in metadata:
+            console.print(f"  {key}: {metadata[key]}")
+    evaluation = metadata.get("eval") or {}
+    if evaluation:
+        overall = evaluation.get("overall", {})
+        console.print(
+            f"  {evaluation.get('split', 'validation')} success: "
+            f"{overall.get('success_rate', 0):.1%} of {overall.get('episodes', '?')} tasks"
+        )
+
+
+def eval_command(
+    env: Annotated[str, typer.Option("--env", help="Environment: world or bfcl.")] = "world",
+    split: Annotated[str | None, typer.Option(help="World split (default: heldout).")] = None,
+    category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="oracle, bootstrap, a model directory, or a YAML config with a policy section."
+        ),
+    ] = "bootstrap",
+    k: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Steps per user turn (world 12, bfcl 20 as BFCL).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks of each set.")] = None,
+    save: Annotated[
+        str | None, typer.Option(help="Write the trajectories to this JSONL file.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    report_path: Annotated[
+        str | None, typer.Option("--report", help="Also write the JSON report to this file.")
+    ] = None,
+) -> None:
+    """Roll out a policy on a task set and report success overall and per family/category."""
+    from ..agents.evaluation import evaluate
+    from ..agents.policy import PolicyError
+    from ..agents.rollout import run_rollouts
+    from ..config import ConfigError
+
+    scopes, key = env_scopes(env, split or ("heldout" if env == "world" else None), category)
+    tasks = []
+    env_class: Any = None
+    for scope in scopes:
+        try:
+            env_class, scope_tasks = load_env_tasks(env, scope)
+        except RuntimeError as err:
+            raise fail(str(err)) from None
+        tasks += scope_tasks[:limit] if limit is not None else scope_tasks
+    try:
+        agent = load_policy(policy)
+    except (ConfigError, PolicyError, FileNotFoundError, OSError) as err:
+        raise fail(str(err)) from None
+    try:
+        trajectories = run_rollouts(
+            agent,
+            env_class,
+            tasks,
+            k=k,
+            temperature=temperature,
+            max_steps=max_steps or (20 if env == "bfcl" else 12),
+            progress=not as_json,
+            description=f"eval {env} {','.join(scopes)}",
+        )
+    except PolicyError as err:
+        raise fail(str(err)) from None
+    if save:
+        from pathlib import Path
+
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        with open(save, "w", encoding="utf-8") as handle:
+            for trajectory in trajectories:
+                handle.write(trajectory.model_dump_json() + "\n")
+    report = evaluate(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
+    if report_path:
+        from pathlib import Path
+
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
+    table = Table()
+    name_column = "family" if env == "world" else "category"
+    table.add_column(name_column, no_wrap=True)
+    for column in ("episodes", "success", "tool seq", "calls", "errors", "cut off"):
+        table.add_column(column, justify="right", no_wrap=True)
+    rows = [*report.by_family.items(), ("overall", report.overall)]
+    for name, stats in rows:
+        table.add_row(
+            f"[bold]{name}[/bold]" if name == "overall" else name,
+            str(stats.episodes),
+            f"{stats.success_rate:.1%} ({stats.successes})",
+            f"{stats.tool_sequence_accuracy:.1%}",
+            f"{stats.call_accuracy:.1%}",
+            str(stats.errors),
+            str(stats.cut_off),
+        )
+    console.print(table)
+    if report.overall.errors:
+        err_console.print(
+            f"[yellow]{report.overall.errors} episodes ended on a policy error; see --save[/yellow]"
+        )

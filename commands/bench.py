@@ -1,0 +1,119 @@
+"""``coevolve bench``: benchmarks of the method itself (the learning ablation)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from .common import PACKAGE_DIR, SetOption, console, display_path, fail
+
+bench_app = typer.Typer(help="Benchmarks of the method itself.", no_args_is_help=True)
+
+
+@bench_app.command("learning")
+def bench_learning(
+    config_path: Annotated[
+        str | None,
+        typer.Option("--config", help="Base config (default: configs/bench-learning.yaml)."),
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per arm (0..N-1).")] = 3,
+    arms: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated arms (default: all): static, random, coevolve, "
+            "coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
+            "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, seal, "
+            "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives. "
+            "Finished (arm, seed) units are skipped on a rerun."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Seconds-long settings (the tiny test model, one cycle, a few tasks): checks "
+            "the bench runs end to end; its numbers mean nothing.",
+        ),
+    ] = False,
+    out: Annotated[
+        str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            "--report-only",
+            help="Run nothing: write the report from the units finished so far (a bench run "
+            "in pieces, read between them).",
+        ),
+    ] = False,
+    overrides: SetOption = None,
+) -> None:
+    """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
+    from pathlib import Path
+
+    import yaml
+
+    from ..ablation import ARMS, print_report, run_ablation
+    from ..config import ConfigError, load_config
+
+    source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
+    try:
+        base = load_config(source).model_dump(mode="json")
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    if quick:
+        from ..training.bootstrap import BootstrapConfig
+
+        base.update(QUICK_BENCH)
+        base["bootstrap"] = BootstrapConfig.tiny().model_dump(mode="json")
+        source += " (--quick)"
+    if overrides:  # after --quick: what the command line sets wins
+        try:
+            base = load_config(base, overrides).model_dump(mode="json")
+        except ConfigError as err:
+            raise fail(str(err)) from None
+        source += "".join(f" --set {item}" for item in overrides)
+    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown:
+        raise fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    if seeds < 1:
+        raise fail("--seeds must be at least 1 (2 or more for intervals)")
+    out_dir = Path(out or ("runs/bench-learning-quick" if quick else "runs/bench-learning"))
+    if report_only and not any((out_dir / "units").glob("*.json")):
+        raise fail(f"--report-only: no finished units in {out_dir / 'units'}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "base-config.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+    quiet = Console(stderr=True) if as_json else console
+    try:
+        report = run_ablation(
+            base,
+            seeds=list(range(seeds)),
+            arms=chosen,
+            out_dir=out_dir,
+            config_name=display_path(source),
+            console=quiet,
+            run_missing=not report_only,
+        )
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    print_report(quiet, report)
+    quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")
+    if as_json:
+        print(report.model_dump_json(indent=2))
+
+
+# The --quick bench: everything small enough for the test suite.
+QUICK_BENCH: dict[str, Any] = {
+    "cycles": 1,
+    "rollout": {"k": 2, "temperature": 0.9, "eval_temperature": 0.0, "max_steps": 2},
+    "policy": {"kind": "local", "model": "bootstrap", "max_new_tokens": 16},
+    "pool": {"rollout_tasks": 6, "seed_tasks": 60, "replay_demonstrations": 2},
+    "signals": {"rare_min_observations": 4, "budget": 4},
+    "synthesis": {"max_accepted": 2, "max_concurrency": 2},
+    "training": {"max_steps": 1, "batch_size": 2},
+    "evaluation": {"split": "heldout", "per_family": 1},
+}

@@ -1,0 +1,30 @@
+"""``coevolve config``: inspect configuration."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .common import SetOption, fail
+
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def config_show(
+    path: Annotated[
+        str | None, typer.Argument(help="YAML config (default: built-in defaults).")
+    ] = None,
+    overrides: SetOption = None,
+) -> None:
+    """Validate a config and print it with every default filled in (and --set applied)."""
+    import yaml
+
+    from ..config import ConfigError, load_config
+
+    try:
+        config = load_config(path, overrides or [])
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")

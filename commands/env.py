@@ -1,0 +1,146 @@
+"""``coevolve env``: list the environments, check their reference solutions, show a task."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import (
+    ENV_DESCRIPTIONS,
+    bfcl_scopes,
+    console,
+    env_scopes,
+    fail,
+    load_env_tasks,
+    task_progress,
+    world_scopes,
+)
+
+if TYPE_CHECKING:
+    from ..envs.base import CheckReport
+
+env_app = typer.Typer(help="Inspect and check environments.", no_args_is_help=True)
+
+
+@env_app.command("list")
+def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List the environments and their task sets."""
+    from ..envs.bfcl import CATEGORIES
+    from ..envs.world import DEFAULT_SIZES, FAMILIES, TOOL_NAMES
+
+    try:
+        import bfcl_eval  # noqa: F401
+
+        bfcl_status = "installed"
+    except ImportError:
+        bfcl_status = "not installed: pip install --no-deps bfcl-eval==2026.3.23 mpmath"
+    rows: list[dict[str, Any]] = [
+        {
+            "env": "world",
+            "description": ENV_DESCRIPTIONS["world"],
+            "task_sets": {split: size for split, size in DEFAULT_SIZES.items()},
+            "tools": len(TOOL_NAMES),
+            "families": len(FAMILIES),
+            "status": "built in",
+        },
+        {
+            "env": "bfcl",
+            "description": ENV_DESCRIPTIONS["bfcl"],
+            "task_sets": {category: 200 for category in CATEGORIES},
+            "status": bfcl_status,
+        },
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="environments")
+    for column in ("env", "description", "task sets (--split / --category)", "status"):
+        table.add_column(column)
+    for row in rows:
+        sets = "\n".join(f"{name} ({size})" for name, size in row["task_sets"].items())
+        table.add_row(row["env"], row["description"], sets, row["status"])
+    console.print(table)
+
+
+@env_app.command("check")
+def env_check(
+    env: Annotated[str, typer.Argument(help="Environment: world or bfcl.")],
+    split: Annotated[str | None, typer.Option(help="World split (default: all).")] = None,
+    category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    show_failures: Annotated[int, typer.Option(help="Failures to print per task set.")] = 5,
+) -> None:
+    """Replay every reference solution through the environment and its verifier."""
+    from ..envs.base import check_references
+
+    scopes, key = env_scopes(env, split, category)
+
+    all_verified = True
+    for scope in scopes:
+        try:
+            env_class, tasks = load_env_tasks(env, scope)
+        except RuntimeError as err:  # e.g. bfcl-eval missing
+            raise fail(str(err)) from None
+        report: CheckReport = check_references(
+            env_class,
+            tasks,
+            env,
+            {key: scope},
+            progress=task_progress(f"{env} {scope}", not as_json),
+        )
+        all_verified &= report.verified == report.total
+        if as_json:
+            print(json.dumps(report.as_json()), flush=True)
+            continue
+        colour = "green" if report.verified == report.total else "red"
+        console.print(
+            f"{env} {key}={scope}: [{colour}]verified {report.verified}/{report.total}[/{colour}]"
+        )
+        for failure in report.failures[:show_failures]:
+            console.print(f"  [red]failed[/red] {failure}")
+    if not all_verified:
+        raise typer.Exit(1)
+
+
+@env_app.command("show")
+def env_show(
+    env: Annotated[str, typer.Argument(help="Environment: world or bfcl.")],
+    split: Annotated[str | None, typer.Option(help="World split.")] = None,
+    category: Annotated[str | None, typer.Option(help="BFCL category.")] = None,
+    index: Annotated[int, typer.Option(help="Which task of the set.")] = 0,
+) -> None:
+    """Show one task and replay its reference solution step by step."""
+    from ..envs.parsing import render_call
+
+    scope = (
+        world_scopes(split or "train")
+        if env == "world"
+        else bfcl_scopes(category or "multi_turn_base")
+    )[0]
+    if env not in ENV_DESCRIPTIONS:
+        raise fail(f"unknown environment {env!r}; allowed: world, bfcl")
+    try:
+        env_class, tasks = load_env_tasks(env, scope)
+    except RuntimeError as err:
+        raise fail(str(err)) from None
+    if not 0 <= index < len(tasks):
+        raise fail(f"--index must be in 0..{len(tasks) - 1}")
+    task = tasks[index]
+    environment = env_class()
+    query: str | None = environment.reset(task)
+    console.print(f"[bold]{task.id}[/bold]  family={task.family}  tools={len(environment.tools())}")
+    for turn in task.turns:
+        console.print(f"[cyan]user:[/cyan] {query}")
+        for call in turn.reference_calls:
+            observation = environment.step(call)
+            console.print(f"  [yellow]call:[/yellow] {render_call(call)}")
+            style = "red" if observation.error else "dim"
+            console.print(f"  [{style}]→ {observation.text}[/{style}]")
+        is_last = turn is task.turns[-1]
+        query = environment.end_turn(task.reference_answer if is_last else None)
+    if task.reference_answer is not None:
+        console.print(f"[cyan]answer:[/cyan] {task.reference_answer}")
+    console.print(f"verifier score: [bold]{environment.score():.2f}[/bold]")

@@ -1,0 +1,165 @@
+"""``coevolve run`` (the closed loop, and the one-line message when an error stops it) and
+``coevolve export`` (a run's tasks and training examples)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .common import PACKAGE_DIR, SetOption, console, err_console, fail
+
+
+def run_command(
+    config_path: Annotated[
+        str | None,
+        typer.Argument(help="YAML config (default: configs/quickstart.yaml, the CPU quickstart)."),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option("--resume", help="Continue the killed run in this run directory."),
+    ] = None,
+    cycles: Annotated[int | None, typer.Option(help="Override the config's cycles.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Override the config's run_dir.")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Delete a finished or killed run in run_dir first.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the per-cycle summaries as JSON at the end.")
+    ] = False,
+    overrides: SetOption = None,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="On an error that stops the run, show the full traceback."),
+    ] = False,
+) -> None:
+    """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval).
+
+    An error that stops a run (an endpoint that refuses an adapter or is gone
+    for longer than its retries) prints one line: what failed and the
+    `coevolve run --resume` command that continues; --debug shows the traceback.
+    """
+
+    from ..config import ConfigError, load_config
+    from ..report import print_summary
+    from ..runner import RunError, run, summary_payload
+    from ..runner import resume as resume_run
+
+    quiet = Console(stderr=True) if as_json else console
+    target = resume or run_dir or "RUN_DIR"  # the run directory, once known
+    try:
+        if resume is not None:
+            if config_path is not None or cycles is not None or run_dir is not None or overrides:
+                raise fail(
+                    "--resume takes the run's saved config; give no CONFIG, --cycles, --run-dir "
+                    "or --set"
+                )
+            target = resume
+            result = resume_run(resume, console=quiet)
+        else:
+            source = config_path or str(PACKAGE_DIR / "configs" / "quickstart.yaml")
+            sets = list(overrides or [])
+            if cycles is not None:
+                sets.append(f"cycles={cycles}")
+            if run_dir is not None:
+                sets.append(f"run_dir={json.dumps(run_dir)}")
+            config = load_config(source, sets)
+            try:
+                from ..tracking import require_backends
+
+                require_backends(config.tracking)
+            except RuntimeError as err:
+                raise fail(str(err)) from None
+            quiet.print(
+                f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
+                f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
+                f"training {config.training.algorithm} → {config.run_dir}"
+            )
+            target = config.run_dir
+            result = run(config, overwrite=overwrite, console=quiet, overrides=sets)
+    except (ConfigError, RunError) as err:
+        raise fail(str(err)) from None
+    except typer.Exit:  # an error already reported (it is a RuntimeError too)
+        raise
+    except Exception as err:
+        if debug:
+            raise
+        raise fail(stop_message(err, target), code=1) from None
+    print_summary(quiet, result.cycles, result.pool)
+    quiet.print(
+        f"report: {result.report}  metrics: {result.metrics}  tasks: {result.tasks}  "
+        f"({result.elapsed_s / 60:.1f} min)"
+    )
+    if as_json:
+        print(json.dumps(summary_payload(result), indent=2))
+
+
+def stop_message(err: BaseException, run_dir: str) -> str:
+    """One line for an error that stopped a run: what failed, and how to continue."""
+    import shlex
+
+    from ..agents.policy import PolicyError
+
+    what = _endpoint_error(err)
+    hint = ""
+    if what is None:
+        if isinstance(err, PolicyError):
+            what = str(err)  # it names the endpoint
+        else:
+            what = f"{type(err).__name__}: {err}"
+            hint = " (--debug shows the traceback)"
+    what = " ".join(what.split())  # one line
+    if len(what) > 600:
+        what = what[:600] + "..."
+    return (
+        f"{what}; the run stopped, continue it with: coevolve run --resume "
+        f"{shlex.quote(str(run_dir))}{hint}"
+    )
+
+
+def _endpoint_error(err: BaseException) -> str | None:
+    """'endpoint URL: error' for an HTTP error that escaped a client (openai, httpx)."""
+    import httpx
+
+    request = getattr(err, "request", None)
+    if isinstance(err, httpx.HTTPError):
+        try:
+            request = err.request
+        except RuntimeError:  # an httpx error made without its request
+            request = None
+    elif type(err).__module__.split(".")[0] != "openai":
+        return None
+    url = getattr(request, "url", None)
+    where = f"endpoint {url}" if url is not None else "endpoint"
+    return f"{where}: {type(err).__name__}: {err}"
+
+
+def export_command(
+    run_dir: Annotated[str, typer.Argument(help="A run directory (coevolve run).")],
+    out: Annotated[str, typer.Argument(help="Output directory.")],
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl; hf: a datasets "
+            "DatasetDict with those splits (datasets.load_from_disk(OUT)).",
+        ),
+    ] = "jsonl",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
+) -> None:
+    """Export a run's synthesized tasks (with provenance) and each cycle's training examples."""
+    from ..export import export_run
+
+    if format not in ("jsonl", "hf"):
+        raise fail(f"unknown --format {format!r}; allowed: jsonl, hf")
+    try:
+        counts = export_run(run_dir, out, format)  # type: ignore[arg-type]
+    except (FileNotFoundError, ValueError) as err:
+        raise fail(str(err)) from None
+    if as_json:
+        print(json.dumps(counts))
+    else:
+        rows = ", ".join(f"{name} {count}" for name, count in counts.items())
+        err_console.print(f"exported {rows} rows to {out} ({format})")

@@ -1,0 +1,147 @@
+"""``coevolve synthesize``: one synthesis pass from saved trajectories."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import console, err_console, fail
+
+
+def _read_trajectories(path: str) -> list[Any]:
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from ..records import Trajectory
+
+    file = Path(path)
+    if not file.is_file():
+        raise fail(f"{path} does not exist (write rollouts with `coevolve eval --save FILE`)")
+    trajectories = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            trajectories.append(Trajectory.model_validate_json(line))
+        except ValidationError as err:
+            raise fail(f"{path}:{number} is not a trajectory: {err.errors()[0]['msg']}") from None
+    if not trajectories:
+        raise fail(f"{path} holds no trajectories")
+    return trajectories
+
+
+def synthesize_command(
+    rollouts: Annotated[
+        str, typer.Argument(help="Trajectories as JSON lines (coevolve eval --save).")
+    ],
+    config_path: Annotated[
+        str | None, typer.Option("--config", help="YAML config (signals, synthesis, endpoints).")
+    ] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Chroma store directory (default: <run_dir>/task_store).")
+    ] = None,
+    cycle: Annotated[int, typer.Option(help="Cycle number recorded as provenance.")] = 0,
+    out: Annotated[
+        str | None,
+        typer.Option(help="Where to write accepted tasks (default: ROLLOUTS.synthesized.jsonl)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print counts and roles as JSON.")
+    ] = False,
+) -> None:
+    """One synthesis pass from saved trajectories: signals, the synthesis graph, dedup."""
+    import asyncio
+    import logging
+    from collections import Counter
+    from pathlib import Path
+
+    from ..agents.roles import build_roles
+    from ..config import ConfigError, load_config
+    from ..envs.catalog import seed_tasks_by_id
+    from ..graph.synthesis import SynthesisRuntime, env_factory, synthesize
+    from ..memory.history import OutcomeHistory
+    from ..memory.patterns import PatternCounts
+    from ..memory.signals import detect_signals
+    from ..memory.store import TaskStore
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    trajectories = _read_trajectories(rollouts)
+    envs = {t.env for t in trajectories}
+    if len(envs) != 1:
+        raise fail(
+            f"{rollouts} mixes environments ({', '.join(sorted(envs))}); synthesize one at a time"
+        )
+    env_name = envs.pop()
+    parents = seed_tasks_by_id(env_name, {t.task_id for t in trajectories})
+    missing = {t.task_id for t in trajectories} - set(parents)
+    if missing:
+        err_console.print(
+            f"[yellow]{len(missing)} trajectories name tasks that are not seed tasks; skipped[/yellow]"
+        )
+    trajectories = [t for t in trajectories if t.task_id in parents]
+    flagged = detect_signals(trajectories, OutcomeHistory(), PatternCounts(), config.signals, cycle)
+    kinds = Counter(kind for item in flagged for kind in item.kinds)
+    if not as_json:
+        console.print(
+            f"{len(trajectories)} trajectories of {len(parents)} tasks; flagged {len(flagged)} "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none'})"
+        )
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        roles = build_roles(config.synthesis.roles, config.endpoints)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    store_path = store or config.store_path()
+    task_store = TaskStore(
+        None if config.synthesis.store_url else store_path,
+        server_url=config.synthesis.store_url,
+        threshold=config.synthesis.dedup_threshold,
+    )
+    runtime = SynthesisRuntime(
+        roles=roles,
+        make_env=env_factory(env_name),
+        store=task_store,
+        neighbours=config.synthesis.neighbours,
+    )
+    result = asyncio.run(
+        synthesize(
+            flagged, list(parents.values()), runtime, cycle, config.synthesis.max_concurrency
+        )
+    )
+    target = Path(out or f"{Path(rollouts).with_suffix('')}.synthesized.jsonl")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(
+        "".join(task.model_dump_json() + "\n" for task in result.accepted), encoding="utf-8"
+    )
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "counts": result.counts,
+                    "signals": dict(kinds),
+                    "roles": result.roles,
+                    "out": str(target),
+                }
+            )
+        )
+        return
+    table = Table(title="synthesis stages")
+    table.add_column("stage")
+    table.add_column("count", justify="right")
+    for stage, count in result.counts.items():
+        table.add_row(stage, str(count))
+    console.print(table)
+    console.print("roles: " + ", ".join(f"{k}={v}" for k, v in result.roles.items()))
+    reasons = Counter(f"{r.stage}: {r.reason.split(' (')[0][:70]}" for r in result.rejections)
+    for reason, count in reasons.most_common(5):
+        console.print(f"  [dim]{count:4d} × {reason}[/dim]")
+    console.print(
+        f"accepted tasks → {target}  (store: {store_path if not config.synthesis.store_url else config.synthesis.store_url})"
+    )
