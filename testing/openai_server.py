@@ -26,155 +26,43 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
 import itertools
 import json
-import math
-import re
 import socket
 import struct
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .openai_script import (
+    RecordedRequest,
+    Reply,
+    Script,
+    calls_then_answer,
+    count_tokens,
+    echo_reply,
+    hash_embedding,
+    message_text,
+)
+
+__all__ = [
+    "CHAT_PATH",
+    "DEFAULT_MODEL",
+    "RecordedRequest",
+    "Reply",
+    "Script",
+    "ScriptedOpenAIServer",
+    "calls_then_answer",
+    "hash_embedding",
+    "main",
+]
+
 DEFAULT_MODEL = "scripted-model"
 CHAT_PATH = "/v1/chat/completions"
-
-
-# --------------------------------------------------------------------------- replies
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the server answers to one chat completion. Build one with the class helpers.
-
-    A reply is either a completion (``content`` and/or ``calls``), an HTTP error
-    (``status_code`` other than 200), a 200 with a broken body (``raw_body``) or
-    a dropped connection; ``delay_s`` waits before any of them.
-    """
-
-    content: str | None = None
-    # (name, arguments): arguments as a dict, or as a raw string to simulate bad JSON.
-    calls: tuple[tuple[str, dict[str, Any] | str], ...] = ()
-    finish_reason: str | None = None
-    status_code: int = 200
-    error_message: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    raw_body: str | None = None
-    drop_connection: bool = False
-    delay_s: float = 0.0
-
-    @classmethod
-    def text(cls, content: str, finish_reason: str = "stop") -> Reply:
-        return cls(content=content, finish_reason=finish_reason)
-
-    @classmethod
-    def tool_calls(
-        cls,
-        calls: Iterable[tuple[str, Mapping[str, Any] | str]],
-        content: str | None = None,
-    ) -> Reply:
-        """Structured tool calls; an arguments string is sent verbatim (e.g. broken JSON)."""
-        normalised = tuple(
-            (name, args if isinstance(args, str) else dict(args)) for name, args in calls
-        )
-        return cls(content=content, calls=normalised)
-
-    @classmethod
-    def json_content(cls, obj: Any) -> Reply:
-        """Content that is JSON text, as a structured-output (``response_format``) role expects."""
-        return cls(content=json.dumps(obj, ensure_ascii=False), finish_reason="stop")
-
-    @classmethod
-    def status(
-        cls, code: int, message: str | None = None, headers: Mapping[str, str] | None = None
-    ) -> Reply:
-        """An HTTP error with an OpenAI-style error body (e.g. 500, 503, 429 with Retry-After)."""
-        return cls(status_code=code, error_message=message, headers=tuple((headers or {}).items()))
-
-    @classmethod
-    def malformed(cls, body: str = "not json") -> Reply:
-        """A 200 whose body is not a chat completion."""
-        return cls(raw_body=body)
-
-    @classmethod
-    def drop(cls) -> Reply:
-        """Close the connection without answering."""
-        return cls(drop_connection=True)
-
-    @classmethod
-    def delay(cls, seconds: float, then: Reply | None = None) -> Reply:
-        """Wait ``seconds`` before answering ``then`` (default: a short text), to cause timeouts."""
-        return replace(then if then is not None else cls.text("(delayed)"), delay_s=seconds)
-
-    def delayed(self, seconds: float) -> Reply:
-        """This reply, sent after ``seconds``."""
-        return replace(self, delay_s=seconds)
-
-
-Script = Sequence[Reply | str] | Callable[[dict[str, Any]], Reply | str]
-
-
-@dataclass
-class RecordedRequest:
-    """One request as the server saw it. ``time`` is ``time.monotonic()`` at arrival."""
-
-    path: str
-    method: str
-    body: Any
-    time: float
-    headers: dict[str, str] = field(default_factory=dict)
-    status: int | None = None  # None until answered, and for a dropped connection
-    note: str | None = None  # what the server did out of the ordinary (script exhausted, ...)
-
-
-# --------------------------------------------------------------------------- embeddings
-
-_WORD = re.compile(r"\w+")
-
-
-def hash_embedding(text: str, dim: int = 256) -> list[float]:
-    """A deterministic unit vector: hashed bag of lowercased words.
-
-    Equal texts give equal vectors, texts sharing most words give close ones,
-    which is all dedup tests need, without any model weights.
-    """
-    vector = [0.0] * dim
-    words = _WORD.findall(text.lower()) or ["<empty>"]  # an all-zero vector has no cosine
-    for word in words:
-        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
-        index = int.from_bytes(digest[:4], "little") % dim
-        vector[index] += 1.0 if digest[4] & 1 else -1.0
-    norm = math.sqrt(sum(v * v for v in vector))
-    if norm == 0.0:  # words whose signs cancelled out in the same bucket
-        vector[0], norm = 1.0, 1.0
-    return [v / norm for v in vector]
-
-
-def _count_tokens(text: str) -> int:
-    return len(text.split())
-
-
-def _message_text(message: Any) -> str:
-    """All the text of one chat message, for rough token counts."""
-    if not isinstance(message, Mapping):
-        return ""
-    parts: list[str] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        parts += [p.get("text", "") for p in content if isinstance(p, Mapping)]
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {}) if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments", "")
-        parts += [str(function.get("name", "")), arguments if isinstance(arguments, str) else ""]
-    return " ".join(parts)
 
 
 # --------------------------------------------------------------------------- the server
@@ -408,7 +296,7 @@ class ScriptedOpenAIServer:
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         script = self.script
         if script is None:
-            return _echo(body)
+            return echo_reply(body)
         if callable(script):
             try:
                 reply = script(body)
@@ -447,8 +335,8 @@ class ScriptedOpenAIServer:
                 for name, args in reply.calls
             ]
         finish_reason = reply.finish_reason or ("tool_calls" if reply.calls else "stop")
-        prompt_tokens = sum(_count_tokens(_message_text(m)) for m in body["messages"])
-        completion_tokens = _count_tokens(_message_text(message))
+        prompt_tokens = sum(count_tokens(message_text(m)) for m in body["messages"])
+        completion_tokens = count_tokens(message_text(message))
         return {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion",
@@ -507,7 +395,7 @@ class ScriptedOpenAIServer:
             if as_base64:
                 encoded = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
             data.append({"object": "embedding", "index": index, "embedding": encoded})
-        tokens = sum(_count_tokens(t) if isinstance(t, str) else len(t) for t in texts)
+        tokens = sum(count_tokens(t) if isinstance(t, str) else len(t) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         payload = {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
         self._send_json(handler, record, 200, payload)
@@ -595,14 +483,6 @@ class ScriptedOpenAIServer:
             handler.close_connection = True
 
 
-def _echo(body: dict[str, Any]) -> Reply:
-    """The default script: answer with the last user message."""
-    for message in reversed(body["messages"]):
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            return Reply.text(_message_text(message))
-    return Reply.text("")
-
-
 class _ScriptProblem(Exception):
     """The script could not give a reply; the request is answered with a 500."""
 
@@ -653,17 +533,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # --------------------------------------------------------------------------- manual use
-
-
-def calls_then_answer(calls: int, name: str = "get_balance", arguments: str = "{}") -> Script:
-    """A script for load tests: call ``name`` until the conversation holds ``calls`` tool
-    results, then answer. Every episode then takes exactly ``calls + 1`` replies."""
-
-    def reply(body: dict[str, Any]) -> Reply:
-        done = sum(1 for m in body.get("messages", []) if m.get("role") == "tool")
-        return Reply.tool_calls([(name, arguments)]) if done < calls else Reply.text("done")
-
-    return reply
 
 
 def main(argv: Sequence[str] | None = None) -> None:
