@@ -151,15 +151,14 @@ def train_preference_adapter(
     from trl import DPOConfig, DPOTrainer
 
     from ..tokenization import load_tokenizer
-    from .trainers import (
-        _model_and_peft,
-        _ProgressBars,
-        _quiet,
-        _run,
-        _save_adapter,
+    from .adapters import model_and_peft, save_adapter
+    from .tokenized_datasets import dpo_dataset
+    from .trainer_common import (
+        ProgressBars,
         common_arguments,
-        dpo_dataset,
+        quiet_trainer,
         resolve_device,
+        run_trainer,
     )
 
     output = Path(output_dir)
@@ -179,7 +178,7 @@ def train_preference_adapter(
     )
     tokenizer = load_tokenizer(model_dir)
     work = Path(tempfile.mkdtemp(prefix=f"coevolve-{objective.agent}-"))
-    bars = _ProgressBars(progress)
+    bars = ProgressBars(progress)
     try:
         dataset = dpo_dataset(tokenizer, pairs)
         if dataset is None:
@@ -192,7 +191,7 @@ def train_preference_adapter(
             max_length=config.max_length,
             precompute_ref_log_probs=False,
         )
-        model, peft_config = _model_and_peft(config, model_dir, previous_adapter)
+        model, peft_config = model_and_peft(config, model_dir, previous_adapter)
         transformers.logging.set_verbosity_error()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -203,10 +202,10 @@ def train_preference_adapter(
                 processing_class=tokenizer,
                 peft_config=peft_config,
             )
-        _quiet(trainer, progress)
+        quiet_trainer(trainer, progress)
         if tracking is not None:
             tracking.attach(trainer)
-        steps, final_loss, mean_loss, elapsed, _ = _run(trainer)
+        steps, final_loss, mean_loss, elapsed, _ = run_trainer(trainer)
         result = TrainResult(
             algorithm="dpo",
             adapter_dir=str(output),
@@ -219,7 +218,7 @@ def train_preference_adapter(
             steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
             device=device,
         )
-        _save_adapter(trainer.model, output, result, config)
+        save_adapter(trainer.model, output, result, config)
         (output / OBJECTIVE_FILE).write_text(objective.model_dump_json(indent=2) + "\n")
         return result
     finally:

@@ -1,0 +1,106 @@
+"""LoRA adapters on disk and in memory: the ``TrainResult`` stored with each one, whether a
+directory holds a finished adapter, loading the base model with a trainable adapter, and
+saving an adapter atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import Algorithm, TrainingConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
+
+ADAPTER_MARKER = "training.json"
+
+
+class TrainResult(BaseModel):
+    """What one training step did; also stored as ``training.json`` in the adapter directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Algorithm
+    adapter_dir: str | None = Field(
+        description="The new adapter; when skipped, the previous adapter (or None)."
+    )
+    previous_adapter: str | None = None
+    steps: int = 0
+    examples: int = Field(
+        default=0, description="Conversations (sft), pairs (dpo) or tasks (grpo) trained on."
+    )
+    final_loss: float | None = None
+    mean_loss: float | None = None
+    mean_reward: float | None = Field(default=None, description="GRPO: mean episode reward.")
+    train_time_s: float = 0.0
+    steps_per_s: float | None = None
+    device: str | None = None
+    skipped: str | None = Field(
+        default=None, description="Why nothing was trained (no data); None when trained."
+    )
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def is_adapter_complete(path: str | Path) -> bool:
+    """A finished adapter: ``training.json`` (written last) is there and readable."""
+    try:
+        json.loads((Path(path) / ADAPTER_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (Path(path) / "adapter_config.json").exists()
+
+
+def load_train_result(path: str | Path) -> TrainResult:
+    """The ``TrainResult`` stored with a finished adapter."""
+    return TrainResult.model_validate(
+        json.loads((Path(path) / ADAPTER_MARKER).read_text())["result"]
+    )
+
+
+def load_trainable_model(
+    model_dir: str | Path, previous_adapter: str | Path | None = None
+) -> PreTrainedModel:
+    """The base model in float32, with the previous adapter loaded trainable when one is given.
+
+    Without a previous adapter the plain model comes back and the trainer adds a
+    new LoRA from ``peft_config``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if previous_adapter is None:
+        return model
+    if not (Path(previous_adapter) / "adapter_config.json").exists():
+        raise FileNotFoundError(
+            f"no LoRA adapter at {previous_adapter} (adapter_config.json missing); "
+            "pass previous_adapter=None to start a new one"
+        )
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(previous_adapter), is_trainable=True)  # type: ignore[return-value]
+
+
+def save_adapter(model: Any, output_dir: Path, result: TrainResult, config: TrainingConfig) -> None:
+    """Write the adapter beside ``output_dir``, marker last, then rename it into place."""
+    from ..files import atomic_directory
+
+    with atomic_directory(output_dir, hidden=True) as work:
+        model.save_pretrained(str(work))
+        metadata = {"result": result.model_dump(), "config": config.model_dump()}
+        (work / ADAPTER_MARKER).write_text(json.dumps(metadata, indent=2) + "\n")
+
+
+def model_and_peft(
+    config: TrainingConfig, model_dir: str | Path, previous_adapter: str | Path | None
+) -> tuple[Any, Any]:
+    """(model, peft_config): a new LoRA through TRL, or the previous adapter already attached."""
+    model = load_trainable_model(model_dir, previous_adapter)
+    if previous_adapter is not None:
+        return model, None
+    return model, config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
