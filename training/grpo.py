@@ -282,7 +282,7 @@ def make_grpo_trainer(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from .trainers import load_trainable_model
+    from .adapters import load_trainable_model
 
     seal = config.seal
 
