@@ -157,7 +157,7 @@ class BfclDiagnosis:
 def bfcl_model_turns(task: Task, steps: Sequence[Step]) -> list[ModelTurn]:
     """The model's turns from recorded steps; turns never reached are empty (SEAL's padding)."""
     from .base import ToolError
-    from .bfcl import bfcl_call_string
+    from .bfcl_checking import bfcl_call_string
 
     turns = [ModelTurn() for _ in task.turns]
     for step in steps:
@@ -176,13 +176,13 @@ def bfcl_model_turns(task: Task, steps: Sequence[Step]) -> list[ModelTurn]:
 
 def diagnose_bfcl(task: Task, model_turns: Sequence[ModelTurn]) -> BfclDiagnosis:
     """SEAL's per-ground-truth-turn labels (module docstring) and the progress score."""
-    from .bfcl import _forget_instances, _ground_truth, require_bfcl
+    from .bfcl_checking import forget_checker_instances, ground_truth_strings, require_bfcl
 
     require_bfcl()
     checker = importlib.import_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
     utils = importlib.import_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils")
     setup = task.setup
-    ground_truth = _ground_truth(task)
+    ground_truth = ground_truth_strings(task)
     entry_id = str(setup.get("entry_id", task.id))
     options = {
         "initial_config": setup.get("initial_config", {}),
@@ -220,7 +220,7 @@ def diagnose_bfcl(task: Task, model_turns: Sequence[ModelTurn]) -> BfclDiagnosis
                 )
             )  # fmt: skip
     finally:
-        _forget_instances(model_name)
+        forget_checker_instances(model_name)
     scorable = [
         label for label, gt in zip(labels, ground_truth, strict=True)
         if gt and label not in EXCLUDED_LABELS
@@ -282,13 +282,13 @@ def _changed(before: Mapping[tuple[str, ...], Any], after: Mapping[tuple[str, ..
 
 def world_progress(task: Task, final_state: Mapping[str, Any], answer: str | None) -> float:
     """The fraction of expected state changes (and the asked-for answer) the episode achieved."""
-    from .world.env import _comparable, answer_matches, replay
+    from .world.verifier import answer_matches, comparable_view, replay
 
     initial = task.setup["state"]
     check = task.setup.get("check", {})
-    start = _flatten(_comparable(initial, initial, check))
-    expected = _flatten(_comparable(replay(initial, task.reference_calls), initial, check))
-    final = _flatten(_comparable(dict(final_state), initial, check))
+    start = _flatten(comparable_view(initial, initial, check))
+    expected = _flatten(comparable_view(replay(initial, task.reference_calls), initial, check))
+    final = _flatten(comparable_view(dict(final_state), initial, check))
     wanted = _changed(start, expected)
     extra = {
         unit for unit in _changed(start, final) - wanted if final.get(unit) != expected.get(unit)
@@ -305,7 +305,7 @@ def world_progress(task: Task, final_state: Mapping[str, Any], answer: str | Non
 
 def world_final_state(task: Task, steps: Sequence[Step]) -> dict[str, Any]:
     """The state a trajectory's successful calls leave (the world is deterministic)."""
-    from .world.env import replay
+    from .world.verifier import replay
 
     calls = [
         step.call for step in steps if step.call is not None and step.observation.error is None
@@ -316,14 +316,14 @@ def world_final_state(task: Task, steps: Sequence[Step]) -> dict[str, Any]:
 def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> list[str]:
     """One label per step plus one outcome label (module docstring)."""
     from .world.apps import APPS, World
-    from .world.env import _comparable, answer_matches, clone, replay
+    from .world.verifier import answer_matches, clone, comparable_view, replay
 
     app_of = {tool: app for app, tools in APPS.items() for tool in tools}
     initial = task.setup["state"]
     check = task.setup.get("check", {})
 
     def units(state: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
-        return _flatten(_comparable(dict(state), initial, check))
+        return _flatten(comparable_view(dict(state), initial, check))
 
     # Everything the reference touches on its way, intermediate changes included.
     reference_world = World(clone(initial))
@@ -374,7 +374,9 @@ def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> lis
         outcome = EMPTY_TURN
     else:
         expected = replay(initial, task.reference_calls)
-        if _comparable(world.state, initial, check) != _comparable(expected, initial, check):
+        if comparable_view(world.state, initial, check) != comparable_view(
+            expected, initial, check
+        ):
             outcome = STATE_MISMATCH
         elif task.reference_answer is not None and not answer_matches(
             answer, task.reference_answer

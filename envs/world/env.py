@@ -1,10 +1,12 @@
-"""The built-in world as an Environment: reset, step, verifier, describer, sampler."""
+"""The built-in world as an Environment: reset, step, describer, sampler.
+
+The verifier (``verify``) and its pieces (``replay``, ``answer_matches``,
+``normalize_text``, ``clone``) live in ``coevolve.envs.world.verifier`` and are
+re-exported here."""
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,93 +14,9 @@ from ...records import Task, ToolCall, Trajectory
 from ..base import ToolEnvironment, ToolError
 from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
 from .families import clock, date, phone, pools_for
+from .verifier import answer_matches, clone, normalize_text, replay, verify
 
-
-def clone(state: Any) -> Any:
-    """A deep copy of JSON-able state; several times faster than copy.deepcopy."""
-    return json.loads(json.dumps(state))
-
-
-_TOKEN = re.compile(r"[a-z0-9]+(?:[-:.][a-z0-9]+)*")
-
-
-def normalize_text(text: str) -> str:
-    """Case, spacing, quotes and trailing punctuation do not change a message's meaning."""
-    return " ".join(_TOKEN.findall(text.lower()))
-
-
-def answer_matches(answer: str | None, expected: str) -> bool:
-    """The expected value appears in the answer as whole tokens (numbers compared as numbers)."""
-    if answer is None:
-        return False
-    tokens = _TOKEN.findall(answer.lower())
-    wanted = _TOKEN.findall(expected.lower())
-    if not wanted:
-        return True
-    if len(wanted) == 1 and _is_number(wanted[0]):
-        return any(_is_number(tok) and float(tok) == float(wanted[0]) for tok in tokens)
-    return any(tokens[i : i + len(wanted)] == wanted for i in range(len(tokens) - len(wanted) + 1))
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
-def replay(state: State, calls: Sequence[ToolCall]) -> State:
-    """Apply calls to a copy of ``state``; failing calls change nothing, as in an episode."""
-    world = World(clone(state))
-    for tool_call in calls:
-        try:
-            world.run(tool_call.name, dict(tool_call.arguments))
-        except (ToolError, TypeError, KeyError, ValueError):
-            pass
-    return world.state
-
-
-def _comparable(state: State, initial: State, check: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a state the verifier compares, with free text normalised."""
-    ignore = set(check.get("ignore", ()))
-    must_contain = [normalize_text(text) for text in check.get("message_must_contain", ())]
-    view: dict[str, Any] = {}
-    for key, value in state.items():
-        if key in ignore or key == "next_id":
-            continue
-        value = clone(value)
-        if key == "messages":
-            for message_id, message in value.items():
-                text = normalize_text(message["text"])
-                is_new = message_id not in initial["messages"]
-                if is_new and must_contain and all(part in text for part in must_contain):
-                    text = "<contains required values>"
-                message["text"] = text
-        elif key in ("notes", "events", "reminders", "contacts"):
-            for item in value.values():
-                for field in ("title", "body", "text", "name"):
-                    if field in item:
-                        item[field] = normalize_text(item[field])
-        view[key] = value
-    return view
-
-
-def verify(task: Task, final_state: State, answer: str | None) -> float:
-    """Executable checker: the final state matches the reference's, and the answer is right.
-
-    The expected state comes from replaying the reference solution on the task's
-    initial state, so any task with a valid reference (seed or synthesized) can
-    be checked; ``setup["check"]`` relaxes what the task leaves to the agent.
-    """
-    initial = task.setup["state"]
-    check = task.setup.get("check", {})
-    expected = replay(initial, task.reference_calls)
-    if _comparable(final_state, initial, check) != _comparable(expected, initial, check):
-        return 0.0
-    if task.reference_answer is not None and not answer_matches(answer, task.reference_answer):
-        return 0.0
-    return 1.0
+__all__ = ["WorldEnvironment", "answer_matches", "clone", "normalize_text", "replay", "verify"]
 
 
 class WorldEnvironment(ToolEnvironment):
