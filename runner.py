@@ -111,7 +111,7 @@ def evaluation_tasks(config: CoevolveConfig) -> list[Any]:
 def build_runtime(
     config: CoevolveConfig, console: Any = None, progress: bool = True
 ) -> CycleRuntime:
-    from .agents.roles import build_roles
+    from .agents.role_factory import build_roles
     from .envs.catalog import load_tasks
     from .graph.cycle import CycleRuntime
     from .graph.synthesis import env_factory

@@ -3,7 +3,9 @@
 Each role has two implementations: an LLM one (an OpenAI-compatible endpoint
 through langchain-openai, structured output with a tolerant JSON fallback) and
 an environment-grounded offline one that needs no LLM. The synthesis graph
-only sees these protocols; which implementation runs is configuration.
+only sees these protocols; which implementation runs is configuration
+(``RolesConfig``, here), built by ``coevolve.agents.role_factory.build_roles``.
+This module imports no concrete role; the roles import it.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ from ..records import (
 from .prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
 
 if TYPE_CHECKING:
-    from ..config import EndpointConfig
-    from .policy import Policy
+    pass
 
 
 class Interaction(BaseModel):
@@ -323,80 +324,3 @@ class Roles:
     def names(self) -> dict[str, str]:
         """Which implementation each role uses (for the run log)."""
         return {role: getattr(self, role).name for role in ROLE_NAMES}
-
-
-def build_roles(
-    config: RolesConfig,
-    endpoints: Mapping[str, EndpointConfig],
-    policy: Policy | None = None,
-) -> Roles:
-    """Build the roles: LLM ones on their endpoints, offline ones elsewhere.
-
-    One semaphore bounds the LLM requests of all roles together. ``policy`` (the
-    current policy) drives some offline exploration rounds. An endpoint name not
-    in ``endpoints`` is a ValueError naming the known ones.
-    """
-    from .abstractor import LLMAbstractor, OfflineAbstractor
-    from .explorer import LLMExplorer, OfflineExplorer
-    from .judge import ExecutableJudge, LLMJudge
-    from .llm import chat_model
-    from .summarizer import LLMSummarizer, OfflineSummarizer
-
-    chosen: dict[str, str | None] = {}
-    for role in ROLE_NAMES:
-        name = config.endpoint_for(role)
-        if name is not None and name not in endpoints:
-            known = ", ".join(sorted(endpoints)) or "none defined"
-            source = role if getattr(config, role) is not None else "default_endpoint"
-            raise ValueError(
-                f"synthesis role {role!r} uses endpoint {name!r} (from {source}), which is not "
-                f"in `endpoints` (known: {known}; or use 'offline')"
-            )
-        chosen[role] = name
-    limiter = asyncio.Semaphore(config.llm_concurrency) if any(chosen.values()) else None
-
-    def model(role: str) -> Any:
-        name = chosen[role]
-        assert name is not None
-        return chat_model(endpoints[name], temperature=getattr(config, f"{role}_temperature"))
-
-    rounds, steps = config.explorer_rounds, config.explorer_steps
-    summarizer: Summarizer = (
-        LLMSummarizer(model("summarizer"), limiter, prompt=config.summarizer_prompt)
-        if chosen["summarizer"]
-        else OfflineSummarizer()
-    )
-    explorer: Explorer = (
-        LLMExplorer(
-            model("explorer"),
-            limiter,
-            rounds=rounds or 2,
-            steps=steps or 5,
-            prompt=config.explorer_prompt,
-        )
-        if chosen["explorer"]
-        else OfflineExplorer(
-            rounds=rounds or 3,
-            steps=steps or 4,
-            seed=config.explorer_seed,
-            policy=policy,
-            policy_temperature=config.policy_temperature,
-            policy_rounds=config.explorer_policy_rounds,
-        )
-    )
-    abstractor: Abstractor = (
-        LLMAbstractor(
-            model("abstractor"),
-            limiter,
-            prompt=config.abstractor_prompt,
-            max_candidates=config.max_candidates,
-        )
-        if chosen["abstractor"]
-        else OfflineAbstractor(max_candidates=config.max_candidates, steer=config.steer)
-    )
-    judge: Judge = (
-        LLMJudge(model("judge"), limiter, prompt=config.judge_prompt)
-        if chosen["judge"]
-        else ExecutableJudge()
-    )
-    return Roles(summarizer, explorer, abstractor, judge, limiter)

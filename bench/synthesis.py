@@ -67,7 +67,8 @@ def _free_port() -> int:
 
 def bench_graph() -> float:
     from coevolve.agents.oracle import OraclePolicy
-    from coevolve.agents.roles import RolesConfig, build_roles
+    from coevolve.agents.role_factory import build_roles
+    from coevolve.agents.roles import RolesConfig
     from coevolve.agents.rollout import run_rollouts
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split

@@ -59,7 +59,7 @@ def synthesize_command(
     from collections import Counter
     from pathlib import Path
 
-    from ..agents.roles import build_roles
+    from ..agents.role_factory import build_roles
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
     from ..graph.synthesis import SynthesisRuntime, env_factory, synthesize

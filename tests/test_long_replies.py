@@ -34,7 +34,8 @@ from coevolve.agents.llm import (
     structured_call,
 )
 from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT
-from coevolve.agents.roles import RolesConfig, build_roles
+from coevolve.agents.role_factory import build_roles
+from coevolve.agents.roles import RolesConfig
 from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig

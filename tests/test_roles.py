@@ -24,12 +24,12 @@ from coevolve.agents.prompts import (
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
 )
+from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import (
     ExplorationRound,
     Interaction,
     Neighbour,
     RolesConfig,
-    build_roles,
     candidate_to_task,
 )
 from coevolve.agents.rollout import run_rollouts

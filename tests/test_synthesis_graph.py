@@ -16,7 +16,8 @@ from coevolve.agents.prompts import (
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
 )
-from coevolve.agents.roles import RolesConfig, build_roles
+from coevolve.agents.role_factory import build_roles
+from coevolve.agents.roles import RolesConfig
 from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.summarizer import OfflineSummarizer
 from coevolve.config import EndpointConfig
