@@ -25,7 +25,7 @@ from .files import dump_jsonl, load_jsonl, read_jsonl
 from .records import Task
 
 ExportFormat = Literal["jsonl", "hf"]
-# Written by runner.train_cycle in each cycle directory.
+# Written by graph.training_step.train_cycle in each cycle directory.
 TRAIN_DATA_FILE = "train_data.jsonl"
 
 

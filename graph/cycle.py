@@ -10,7 +10,8 @@
 - *synthesize* runs the synthesis graph (graph/synthesis.py) as a subgraph;
 - *update_pool* adds the accepted tasks, with provenance, to the training pool;
 - *train* runs the configured TRL step (sft / grpo / dpo) with a LoRA adapter,
-  saves ``adapters/cycle-N`` and swaps it into the policy;
+  saves ``adapters/cycle-N`` and swaps it into the policy
+  (``graph/training_step.py``);
 - *evaluate* measures held-out success per family.
 
 The state stays small and JSON-friendly (figures and file paths): the
@@ -24,18 +25,18 @@ task store before it runs again, the pool adds by task id, and a finished
 adapter is reused.
 
 The heavy objects a node needs (policy, environment factory, pool, store,
-roles) are injected as the graph's runtime context, a ``CycleRuntime``.
+roles) are injected as the graph's runtime context, a ``CycleRuntime``
+(``graph/runtime.py``, re-exported here with ``seed_everything``). Under
+LangGraph Studio the context is JSON, and ``graph/runtime_factory.py`` builds the
+runtime from the config it names.
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, cast
 
 from langgraph.graph import END, START, StateGraph
@@ -43,35 +44,7 @@ from langgraph.runtime import Runtime
 
 from ..records import Task, Trajectory
 from ..tracking import log_cycle
-
-
-@dataclass
-class CycleRuntime:
-    """What the nodes use; built by coevolve.runner from a CoevolveConfig."""
-
-    config: Any  # CoevolveConfig
-    run_dir: Path
-    policy: Any  # Policy: LocalPolicy or EndpointPolicy
-    make_env: Any  # Callable[[], Environment]
-    pool: Any  # memory.pool.TaskPool
-    history: Any  # memory.history.OutcomeHistory
-    patterns: Any  # memory.patterns.PatternCounts
-    store: Any  # memory.store.TaskStore
-    roles: Any  # agents.roles.Roles
-    eval_tasks: list[Task]
-    model_dir: Path | None  # the local base model, for training
-    console: Any = None  # rich Console, or None for silence
-    progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def say(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(text)
-
-    def cycle_dir(self, cycle: int) -> Path:
-        path = self.run_dir / "cycles" / f"{cycle:03d}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+from .runtime import CycleRuntime, seed_everything
 
 
 class CycleState(TypedDict, total=False):
@@ -82,28 +55,12 @@ class CycleState(TypedDict, total=False):
     finished: Annotated[list[dict[str, Any]], operator.add]  # one summary per finished cycle
 
 
-def seed_everything(*parts: object) -> int:
-    """Seed Python, NumPy and torch from the parts; returns the seed (so a rerun samples alike)."""
-    import random
-
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    seed = int.from_bytes(digest[:4], "big")
-    random.seed(seed)
-    import numpy as np
-    import torch
-
-    np.random.seed(seed)
-
-    torch.manual_seed(seed)
-    return seed
-
-
 def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
     context = getattr(runtime, "context", None)
     if isinstance(context, CycleRuntime):
         return context
     # Studio passes a JSON context: {"config": "configs/quickstart.yaml"}.
-    from ..runner import studio_runtime
+    from .runtime_factory import studio_runtime
 
     return studio_runtime(context if isinstance(context, dict) else None)
 
@@ -440,7 +397,7 @@ async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     cycle = state["cycle"]
     started = time.perf_counter()
-    from ..runner import train_cycle
+    from .training_step import train_cycle
 
     result = await train_cycle(rt, cycle, state.get("adapter"))
     figures = {**result.model_dump(), "stage_time_s": time.perf_counter() - started}

@@ -1,7 +1,7 @@
 """The training step of a cycle with a failure agent (Co-Evolving Agents, arXiv 2511.22254).
 
 Runs in place of the plain training step when ``hard_negatives.enabled``
-(``coevolve.runner.train_cycle`` hands over to ``train_with_hard_negatives``):
+(``coevolve.graph.training_step.train_cycle`` hands over to ``train_with_hard_negatives``):
 
 1. the **failure agent** (a second LoRA adapter, ``adapters/failure-cycle-N``,
    on the policy's base model, switched in with peft) rolls out on the cycle's
@@ -91,7 +91,7 @@ async def train_with_hard_negatives(
         with_progress,
     )
     from ..training.trainers import is_adapter_complete, load_train_result
-    from .cycle import seed_everything
+    from .runtime import seed_everything
 
     config = rt.config
     settings = config.hard_negatives
@@ -100,7 +100,7 @@ async def train_with_hard_negatives(
     if record.exists():  # finished before a kill
         return HardNegativeTrainResult.model_validate_json(record.read_text())
     if rt.model_dir is None:
-        from ..runner import RunError
+        from .runtime import RunError
 
         raise RunError(
             "training needs the base model locally: set policy.train_model to the "

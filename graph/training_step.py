@@ -1,0 +1,158 @@
+"""The training step of a cycle (the cycle graph's *train* node): ``train_cycle``.
+
+It gathers the cycle's training data (successful conversations, demonstrations
+of the accepted and replayed tasks, preference pairs; SEAL weights from
+``sft_weights``), writes what it trains on for ``coevolve export``, runs the TRL
+step (``training.trainers.train_adapter``) or, with ``hard_negatives.enabled``,
+hands over to ``graph.hard_negatives.train_with_hard_negatives``, and makes the
+policy serve the new adapter (``use_adapter``). A finished step is reused after a
+kill. ``coevolve.runner`` re-exports these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .runtime import CycleRuntime, RunError, seed_everything
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..training.trainers import TrainResult
+
+
+async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
+    """Make the policy serve ``adapter``: reload in-process, or hot-load into vLLM.
+
+    vLLM serves it as ``<model>-coevolve-<adapter directory>``, e.g. ``...-coevolve-cycle-2``.
+    """
+    if adapter is None:
+        return
+    if rt.config.policy.kind == "endpoint":
+        base = rt.config.endpoint(rt.config.policy.endpoint).model
+        path = Path(adapter).resolve()
+        await rt.policy.load_adapter(f"{base}-coevolve-{path.name}", str(path))
+    else:
+        rt.policy.reload_adapter(adapter)
+
+
+async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
+    """The cycle's training data, the TRL step, and the policy update."""
+    from ..export import TRAIN_DATA_FILE
+    from ..files import dump_jsonl, load_jsonl, write_atomically
+    from ..records import Task, Trajectory
+    from ..tracking import for_training
+    from ..training.datasets import (
+        demonstrations_by_task,
+        json_arguments,
+        preference_pairs,
+        successful_conversations,
+    )
+    from ..training.trainers import (
+        TrainResult,
+        is_adapter_complete,
+        load_train_result,
+        train_adapter,
+    )
+
+    config = rt.config
+    if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (graph/hard_negatives.py)
+        from .hard_negatives import train_with_hard_negatives
+
+        coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter)
+        await use_adapter(rt, coevolved.adapter_dir)
+        return coevolved
+    cycle_dir = rt.cycle_dir(cycle)
+    record = cycle_dir / "train.json"
+    output_dir = rt.run_dir / "adapters" / f"cycle-{cycle}"
+    if record.exists():  # trained before a kill; the adapter is complete (saved atomically)
+        result = TrainResult.model_validate_json(record.read_text())
+    elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
+        result = load_train_result(output_dir)
+        write_atomically(record, result.model_dump_json(indent=2))
+    else:
+        if rt.model_dir is None:
+            raise RunError(
+                "training needs the base model locally: set policy.train_model to the "
+                "directory of the model the endpoint serves"
+            )
+        trajectories = load_jsonl(cycle_dir / "rollouts.jsonl", Trajectory)
+        accepted = load_jsonl(cycle_dir / "synthesized.jsonl", Task)
+        replay = rt.pool.replay_sample(
+            cycle, config.pool.replay_demonstrations, {t.id for t in accepted}, config.pool.seed
+        )
+        training = config.training
+        conversations = successful_conversations(
+            trajectories, max_per_task=training.sft_max_per_task, min_score=training.sft_min_score
+        )
+        successes = len(conversations)
+        demonstrated = demonstrations_by_task(
+            accepted + replay, rt.make_env, config.policy.system_prompt
+        )
+        conversations += [messages for _, messages in demonstrated]
+        example_weights = None
+        if training.algorithm == "sft" and training.seal.reweight.enable:
+            example_weights = [1.0] * successes + sft_weights(
+                [task for task, _ in demonstrated], cycle_dir, training.seal.reweight
+            )
+        task_ids = {t.task_id for t in trajectories}
+        tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
+        pairs = preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
+        # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
+        if training.algorithm == "sft":
+            dump_jsonl(
+                cycle_dir / TRAIN_DATA_FILE,
+                [
+                    {"messages": json_arguments(c), "weight": w}
+                    for c, w in zip(
+                        conversations, example_weights or [1.0] * len(conversations), strict=True
+                    )
+                ],
+            )
+        elif training.algorithm == "dpo":
+            dump_jsonl(cycle_dir / TRAIN_DATA_FILE, pairs)
+        seed_everything(config.seed, cycle, "train")
+        result = await asyncio.to_thread(
+            train_adapter,
+            training,
+            model_dir=rt.model_dir,
+            output_dir=output_dir,
+            previous_adapter=previous_adapter,
+            conversations=conversations,
+            pairs=pairs,
+            tasks=tasks,
+            make_env=rt.make_env,
+            system_prompt=config.policy.system_prompt,
+            progress=rt.progress,
+            tracking=for_training(config, rt.run_dir, cycle),
+            capability_state_path=rt.run_dir / "capability_state.json",
+            example_weights=example_weights,
+        )
+        write_atomically(record, result.model_dump_json(indent=2))
+    await use_adapter(rt, result.adapter_dir)
+    return result
+
+
+def sft_weights(tasks: list[Any], cycle_dir: Path, settings: Any) -> list[float]:
+    """SEAL's weight per demonstrated task: the diagnosis of the failure it answers.
+
+    A task synthesized this cycle takes the labels of the flagged episode of its
+    parent task (``flagged.jsonl``), so the demonstrations answering severe
+    failures (a spurious call, an invalid tool) weigh more; replayed tasks and
+    tasks whose parent episode is unknown weigh 1.0.
+    """
+    from ..files import load_jsonl
+    from ..memory.signals import FlaggedTrajectory
+    from ..training.seal import trajectory_weight
+
+    labels: dict[str, list[str]] = {}
+    flagged = cycle_dir / "flagged.jsonl"
+    if flagged.exists():
+        for item in load_jsonl(flagged, FlaggedTrajectory):
+            labels.setdefault(item.trajectory.task_id, list(item.trajectory.diagnosis))
+    return [
+        trajectory_weight(labels[task.parent_task_id], settings)
+        if task.source == "synthesized" and task.parent_task_id in labels
+        else 1.0
+        for task in tasks
+    ]
