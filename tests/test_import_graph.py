@@ -1,0 +1,184 @@
+"""The package's import graph, built from the source, has no circles.
+
+Every import counts, imports inside functions included; only ``if TYPE_CHECKING:``
+blocks are left out (they never run). Relative imports are resolved, only modules
+of the package are nodes, and tests/, bench/ and examples/ are not part of it.
+
+Run as a script to draw the graph at folder level as Mermaid (the "Import graph"
+section of docs/architecture.md):
+
+    python tests/test_import_graph.py --mermaid
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+PACKAGE = "coevolve"
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+EXCLUDED_FOLDERS = frozenset({"tests", "bench", "examples"})
+ROOT_MODULES = "root modules"
+
+
+def module_files(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[0] in EXCLUDED_FOLDERS or any(part.startswith(".") for part in parts):
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join((PACKAGE, *parts))] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import under ``node``, at any depth, outside ``if TYPE_CHECKING:`` bodies."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in child.orelse:
+                yield from _import_nodes(ast.Module(body=[other], type_ignores=[]))
+            continue
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            yield child
+        yield from _import_nodes(child)
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The module an ``from ... import`` names, relative levels resolved."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Module -> the package modules it imports."""
+    modules = module_files(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                target = _absolute(name, is_package, node)
+                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        # Iterative depth-first search: (node, the neighbours still to visit).
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, neighbours = work[-1]
+            for neighbour in neighbours:
+                if neighbour not in index:
+                    index[neighbour] = low[neighbour] = len(index)
+                    stack.append(neighbour)
+                    on_stack.add(neighbour)
+                    work.append((neighbour, iter(sorted(graph[neighbour]))))
+                    break
+                if neighbour in on_stack:
+                    low[node] = min(low[node], index[neighbour])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def folder_of(module: str) -> str:
+    """The top-level folder a module lives in (``envs``, ``graph``, ...), or ROOT_MODULES."""
+    parts = module.split(".")[1:]
+    folder = parts[0] if parts else ""
+    return folder if (PACKAGE_ROOT / folder).is_dir() and folder else ROOT_MODULES
+
+
+def folder_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with the modules of each top-level folder merged into one node."""
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = folder_of(module)
+        folders.setdefault(source, set())
+        folders[source].update(folder_of(t) for t in targets if folder_of(t) != source)
+    return folders
+
+
+def mermaid(folders: Mapping[str, set[str]]) -> str:
+    """A Mermaid flowchart of a folder-level graph, one edge per line, sorted."""
+    ids = {folder: folder.replace(" ", "_") for folder in folders}
+    lines = ["flowchart TD"]
+    lines += [f'    {ids[f]}["{f}"]' for f in sorted(folders) if " " in f]
+    for source in sorted(folders):
+        lines += [f"    {ids[source]} --> {ids[target]}" for target in sorted(folders[source])]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_the_graph_sees_imports_inside_functions() -> None:
+    graph = import_graph()
+    # graph/cycle.py imports the training step inside its train node only.
+    assert "coevolve.graph.training_step" in graph["coevolve.graph.cycle"]
+    assert "coevolve.graph.cycle" in graph["coevolve.runner"]
+    assert not any(module.startswith("coevolve.tests") for module in graph)
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--mermaid", action="store_true", help="print the folder-level graph as Mermaid"
+    )
+    arguments = parser.parse_args()
+    module_graph = import_graph()
+    if arguments.mermaid:
+        print(mermaid(folder_graph(module_graph)))
+    else:
+        for circle in circles(module_graph):
+            print(" <-> ".join(circle))
