@@ -334,6 +334,10 @@ def run_ablation(
     return report
 
 
+def _seeds(count: int) -> str:
+    return "1 seed" if count == 1 else f"{count} seeds"
+
+
 def plot_curves(report: AblationReport, path: Path) -> Path:
     import matplotlib
 
@@ -348,7 +352,7 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
         lows = [100 * p.low for p in points]
         if not any(math.isnan(v) for v in lows):
             curves.fill_between(xs, lows, [100 * p.high for p in points], alpha=0.12)
-    curves.set_title(f"held-out success by cycle (mean, 95% CI over {len(report.seeds)} seeds)")
+    curves.set_title(f"held-out success by cycle (mean, 95% CI over {_seeds(len(report.seeds))})")
     curves.set_xlabel("cycle")
     curves.set_xticks(range(max((len(report.curves[a]) for a in report.arms), default=1)))
     curves.set_ylabel("success %")
@@ -386,6 +390,7 @@ def plot_family_curves(report: AblationReport, path: Path) -> Path:
         for arm, curves in report.family_curves.items():
             points = curves.get(family, [])
             panel.plot(range(len(points)), [100 * p.mean for p in points], marker=".", label=arm)
+            panel.set_xticks(range(len(points)))  # cycles are whole numbers
         panel.set_title(family, fontsize=9)
         panel.set_ylim(-5, 105)
         panel.tick_params(labelsize=7)
@@ -394,7 +399,8 @@ def plot_family_curves(report: AblationReport, path: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     figure.suptitle(
-        f"held-out success per family by cycle (mean over {len(report.seeds)} seeds)", fontsize=11
+        f"held-out success per family by cycle (mean over {_seeds(len(report.seeds))})",
+        fontsize=11,
     )
     figure.tight_layout(rect=(0, 0.05, 1, 0.96))
     figure.savefig(path, dpi=90)
