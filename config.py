@@ -1,4 +1,12 @@
-"""Configuration: pydantic models loaded from YAML, with errors a person can act on.
+"""Configuration: the composition of the config sections, loaded from YAML, with errors a
+person can act on.
+
+Each section lives beside the code it configures (``envs/config.py``,
+``agents/config.py``, ``graph/synthesis_config.py``, ``memory/signals.py``,
+``memory/pool.py``, ``training/config.py``, ...); this module only composes them
+into ``CoevolveConfig``, checks what spans sections, loads YAML, applies ``--set``
+overrides and explains errors, and nothing below it imports it. The section
+models are re-exported here, since users and docs name them as ``coevolve.config``.
 
 Every field carries help text (``description``); unknown keys are errors, and an
 error names the key's full path, the allowed keys or values, and a likely
@@ -8,250 +16,46 @@ intended spelling. ``coevolve config show`` prints the defaults.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from .agents.prompts import POLICY_SYSTEM_PROMPT
-from .agents.roles import RolesConfig
-from .envs.bfcl import CATEGORIES as BFCL_CATEGORIES
-from .envs.bfcl import SPLITS as BFCL_SPLITS
+from .agents.config import (
+    CHARS_PER_TOKEN,
+    EndpointConfig,
+    EvaluationConfig,
+    PolicyConfig,
+    RolloutConfig,
+)
+from .config_base import ConfigError, Section
+from .envs.config import EnvConfig
 from .envs.world.families import SPLITS as WORLD_SPLITS
+from .graph.synthesis_config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .tracking import TrackingConfig
-from .training.bootstrap import BootstrapConfig
+from .training.bootstrap_config import BootstrapConfig
 from .training.config import TrainingConfig
-from .training.hard_negatives import HardNegativeSettings
+from .training.hard_negative_settings import HardNegativeSettings
 
-# Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
-CHARS_PER_TOKEN = 16
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says what to change."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class EndpointConfig(Section):
-    """An OpenAI-compatible chat-completions endpoint (vLLM, a hosted API, a test server)."""
-
-    base_url: str = Field(description="Server URL including /v1, e.g. http://127.0.0.1:8000/v1.")
-    model: str = Field(
-        description="Model name the server knows; with vLLM a LoRA adapter name works too."
-    )
-    api_key_env: str | None = Field(
-        default=None,
-        description="Name of the environment variable holding the API key (None: no key).",
-    )
-    temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
-    max_tokens: int = Field(default=512, gt=0, description="Most tokens per reply.")
-    timeout_s: float = Field(
-        default=60.0, gt=0, description="Seconds before one request is abandoned."
-    )
-    max_retries: int = Field(
-        default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
-    )
-    concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
-    max_reply_chars: int | None = Field(
-        default=None,
-        gt=0,
-        description="Longest reply (text plus tool-call arguments, in characters) that is read; "
-        f"a longer one is rejected unparsed as 'reply too long'. None: {CHARS_PER_TOKEN} × "
-        "max_tokens, far above real text (3-5 characters a token), so only a server that "
-        "ignores max_tokens (a proxy, a misconfigured or hostile server) reaches it.",
-    )
-
-    def reply_limit(self) -> int:
-        """The longest reply, in characters, that a role reads from this endpoint."""
-        return self.max_reply_chars or CHARS_PER_TOKEN * self.max_tokens
-
-    def api_key(self) -> str:
-        if self.api_key_env is None:
-            return "EMPTY"
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"endpoint {self.base_url}: environment variable {self.api_key_env} is not set"
-            )
-        return key
-
-
-class EnvConfig(Section):
-    """Which environment to run, and which of its task sets."""
-
-    name: Literal["world", "bfcl"] = Field(
-        default="world", description="Environment: the built-in world or BFCL."
-    )
-    split: str = Field(
-        default="train",
-        description=f"Task split the loop rolls out and trains on: world {', '.join(WORLD_SPLITS)}; "
-        f"BFCL {', '.join(BFCL_SPLITS)} (half of the category each, or all of it).",
-    )
-    category: str = Field(
-        default="multi_turn_base", description=f"BFCL category: {', '.join(BFCL_CATEGORIES)}."
-    )
-    seed: int = Field(default=0, description="Seed of the world's task generator.")
-
-    @model_validator(mode="after")
-    def _known_task_set(self) -> EnvConfig:
-        if self.name == "world" and self.split not in WORLD_SPLITS:
-            raise ValueError(
-                f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}"
-            )
-        if self.name == "bfcl" and self.category not in BFCL_CATEGORIES:
-            raise ValueError(
-                f"category {self.category!r} is not a BFCL category; allowed values: {', '.join(BFCL_CATEGORIES)}"
-            )
-        if self.name == "bfcl" and self.split not in BFCL_SPLITS:
-            raise ValueError(
-                f"split {self.split!r} is not a BFCL split; allowed values: {', '.join(BFCL_SPLITS)}"
-            )
-        return self
-
-
-class PolicyConfig(Section):
-    """The agent being trained: an in-process model or an OpenAI-compatible endpoint."""
-
-    kind: Literal["local", "endpoint"] = Field(
-        default="local",
-        description="local: a transformers model in this process; endpoint: a server.",
-    )
-    model: str = Field(
-        default="bootstrap",
-        description="local: 'bootstrap' (the cached bootstrap model, built if missing) or a model directory.",
-    )
-    adapter: str | None = Field(
-        default=None, description="local: a peft LoRA adapter directory to apply."
-    )
-    device: str = Field(default="cpu", description="local: torch device, e.g. cpu or cuda.")
-    max_new_tokens: int = Field(
-        default=96, gt=0, description="local: most tokens generated per message."
-    )
-    batch_size: int = Field(
-        default=64, gt=0, description="local: most conversations in one generate call."
-    )
-    endpoint: str | EndpointConfig | None = Field(
-        default=None,
-        description="endpoint: the name of an entry in `endpoints`, or an inline endpoint.",
-    )
-    system_prompt: str = Field(
-        default=POLICY_SYSTEM_PROMPT, description="System message of every episode."
-    )
-    train_model: str | None = Field(
-        default=None,
-        description="endpoint: the local copy of the served base model (a directory) that "
-        "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
-    )
-
-    @model_validator(mode="after")
-    def _endpoint_matches_kind(self) -> PolicyConfig:
-        if self.kind == "endpoint" and self.endpoint is None:
-            raise ValueError(
-                "kind 'endpoint' needs `endpoint:` (a name from `endpoints` or base_url + model)"
-            )
-        if self.kind == "local" and self.endpoint is not None:
-            raise ValueError(
-                "`endpoint` is only used with kind: endpoint; remove it or set kind: endpoint"
-            )
-        return self
-
-
-class RolloutConfig(Section):
-    """How episodes are sampled."""
-
-    k: int = Field(default=8, gt=0, description="Rollouts per task per cycle (K).")
-    temperature: float = Field(
-        default=0.9, ge=0.0, le=2.0, description="Sampling temperature of rollouts."
-    )
-    eval_temperature: float = Field(
-        default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
-    )
-    max_steps: int = Field(
-        default=12,
-        gt=0,
-        description="Most steps (assistant messages with tool calls) per user turn before the "
-        "episode is cut off.",
-    )
-
-
-class SynthesisConfig(Section):
-    """The synthesis pass: its roles, the task store and dedup."""
-
-    roles: RolesConfig = Field(
-        default_factory=RolesConfig, description="Which implementation each role uses."
-    )
-    store_path: str | None = Field(
-        default=None, description="Chroma store directory (None: <run_dir>/task_store)."
-    )
-    store_url: str | None = Field(
-        default=None,
-        description="A Chroma server (http://host:port) instead of the embedded store.",
-    )
-    dedup_threshold: float = Field(
-        default=0.8, gt=0.0, le=1.0, description="Cosine similarity at which a task is a duplicate."
-    )
-    neighbours: int = Field(
-        default=5, ge=0, description="Nearest stored tasks shown to the abstractor."
-    )
-    max_concurrency: int = Field(default=16, gt=0, description="Flagged items synthesized at once.")
-    enabled: bool = Field(
-        default=True,
-        description="False: no synthesis; the pool stays the seed tasks (the 'static' arm of "
-        "the learning ablation).",
-    )
-    max_accepted: int | None = Field(
-        default=None,
-        gt=0,
-        description="Most synthesized tasks a cycle accepts (None: every novel one); the "
-        "learning ablation fixes it so that every arm gets the same amount of new data.",
-    )
-    dedup_against: Literal["all", "synthesized"] = Field(
-        default="all",
-        description="Which stored tasks a candidate is compared with for dedup (the batch "
-        "always counts): all (the paper's rule), or synthesized tasks only. Structure-keeping "
-        "variants share their family's wording and tool line with the seed tasks (0.8-1.0 "
-        "similarity to the nearest of 1000 seeds, docs/benchmarks.md), so against the seeds "
-        "most of them read as duplicates.",
-    )
-    judge_veto: bool = Field(
-        default=True,
-        description="True: a candidate is accepted only if its replay verifies and the judge "
-        "agrees (an LLM judge's no rejects it). False: the paper's rule, judged successful OR "
-        "rewarded by the environment.",
-    )
-
-
-class EvaluationConfig(Section):
-    """The held-out measurement after every cycle (and before the first)."""
-
-    split: str = Field(
-        default="heldout",
-        description=f"Split evaluated each cycle: world {', '.join(WORLD_SPLITS)}; BFCL "
-        "heldout (the half of env.category the loop never trains on). Synthesis never "
-        "sees it, and it may not be the split the loop trains on (env.split).",
-    )
-    per_family: int | None = Field(
-        default=None,
-        gt=0,
-        description="Evaluate the first N tasks of every family (None: the whole split).",
-    )
-
-    @model_validator(mode="after")
-    def _known_split(self) -> EvaluationConfig:
-        known = dict.fromkeys([*WORLD_SPLITS, *BFCL_SPLITS])
-        if self.split not in known:
-            raise ValueError(
-                f"split {self.split!r} is not a task split; allowed values: {', '.join(known)}"
-            )
-        return self
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "CoevolveConfig",
+    "ConfigError",
+    "EndpointConfig",
+    "EnvConfig",
+    "EvaluationConfig",
+    "PolicyConfig",
+    "RolloutConfig",
+    "Section",
+    "SynthesisConfig",
+    "apply_overrides",
+    "load_config",
+    "parse_override",
+]
 
 
 class CoevolveConfig(Section):

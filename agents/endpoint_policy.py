@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import EndpointConfig
 from ..envs.parsing import ToolCallParseError, parse_tool_calls
 from ..records import ToolCall
+from .config import EndpointConfig
 from .policy import AssistantMessage, InvalidToolCall, Message, PolicyError, parse_assistant_text
 
 

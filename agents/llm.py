@@ -40,7 +40,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
 
-    from ..config import EndpointConfig
+    from .config import EndpointConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from .roles import ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, 
 from .summarizer import LLMSummarizer, OfflineSummarizer
 
 if TYPE_CHECKING:
-    from ..config import EndpointConfig
+    from .config import EndpointConfig
     from .policy import Policy
 
 

@@ -129,9 +129,9 @@ def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
     spec = spec or {}
     key = json.dumps(spec, sort_keys=True, default=str)
     if key not in _default_runtimes:
+        from ..agents.config import EndpointConfig
         from ..agents.role_factory import build_roles
         from ..agents.roles import RolesConfig
-        from ..config import EndpointConfig
         from ..memory.store import TaskStore
 
         env_name = spec.get("env", "world")

@@ -1,0 +1,150 @@
+"""Configuration of the agent side: endpoints, the policy, rollout sampling, evaluation."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..config_base import ConfigError, Section
+from ..envs.bfcl import SPLITS as BFCL_SPLITS
+from ..envs.world.families import SPLITS as WORLD_SPLITS
+from .prompts import POLICY_SYSTEM_PROMPT
+
+# Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
+CHARS_PER_TOKEN = 16
+
+
+class EndpointConfig(Section):
+    """An OpenAI-compatible chat-completions endpoint (vLLM, a hosted API, a test server)."""
+
+    base_url: str = Field(description="Server URL including /v1, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(
+        description="Model name the server knows; with vLLM a LoRA adapter name works too."
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the API key (None: no key).",
+    )
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
+    max_tokens: int = Field(default=512, gt=0, description="Most tokens per reply.")
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="Seconds before one request is abandoned."
+    )
+    max_retries: int = Field(
+        default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
+    )
+    concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
+    max_reply_chars: int | None = Field(
+        default=None,
+        gt=0,
+        description="Longest reply (text plus tool-call arguments, in characters) that is read; "
+        f"a longer one is rejected unparsed as 'reply too long'. None: {CHARS_PER_TOKEN} × "
+        "max_tokens, far above real text (3-5 characters a token), so only a server that "
+        "ignores max_tokens (a proxy, a misconfigured or hostile server) reaches it.",
+    )
+
+    def reply_limit(self) -> int:
+        """The longest reply, in characters, that a role reads from this endpoint."""
+        return self.max_reply_chars or CHARS_PER_TOKEN * self.max_tokens
+
+    def api_key(self) -> str:
+        if self.api_key_env is None:
+            return "EMPTY"
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"endpoint {self.base_url}: environment variable {self.api_key_env} is not set"
+            )
+        return key
+
+
+class PolicyConfig(Section):
+    """The agent being trained: an in-process model or an OpenAI-compatible endpoint."""
+
+    kind: Literal["local", "endpoint"] = Field(
+        default="local",
+        description="local: a transformers model in this process; endpoint: a server.",
+    )
+    model: str = Field(
+        default="bootstrap",
+        description="local: 'bootstrap' (the cached bootstrap model, built if missing) or a model directory.",
+    )
+    adapter: str | None = Field(
+        default=None, description="local: a peft LoRA adapter directory to apply."
+    )
+    device: str = Field(default="cpu", description="local: torch device, e.g. cpu or cuda.")
+    max_new_tokens: int = Field(
+        default=96, gt=0, description="local: most tokens generated per message."
+    )
+    batch_size: int = Field(
+        default=64, gt=0, description="local: most conversations in one generate call."
+    )
+    endpoint: str | EndpointConfig | None = Field(
+        default=None,
+        description="endpoint: the name of an entry in `endpoints`, or an inline endpoint.",
+    )
+    system_prompt: str = Field(
+        default=POLICY_SYSTEM_PROMPT, description="System message of every episode."
+    )
+    train_model: str | None = Field(
+        default=None,
+        description="endpoint: the local copy of the served base model (a directory) that "
+        "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
+    )
+
+    @model_validator(mode="after")
+    def _endpoint_matches_kind(self) -> PolicyConfig:
+        if self.kind == "endpoint" and self.endpoint is None:
+            raise ValueError(
+                "kind 'endpoint' needs `endpoint:` (a name from `endpoints` or base_url + model)"
+            )
+        if self.kind == "local" and self.endpoint is not None:
+            raise ValueError(
+                "`endpoint` is only used with kind: endpoint; remove it or set kind: endpoint"
+            )
+        return self
+
+
+class RolloutConfig(Section):
+    """How episodes are sampled."""
+
+    k: int = Field(default=8, gt=0, description="Rollouts per task per cycle (K).")
+    temperature: float = Field(
+        default=0.9, ge=0.0, le=2.0, description="Sampling temperature of rollouts."
+    )
+    eval_temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
+    )
+    max_steps: int = Field(
+        default=12,
+        gt=0,
+        description="Most steps (assistant messages with tool calls) per user turn before the "
+        "episode is cut off.",
+    )
+
+
+class EvaluationConfig(Section):
+    """The held-out measurement after every cycle (and before the first)."""
+
+    split: str = Field(
+        default="heldout",
+        description=f"Split evaluated each cycle: world {', '.join(WORLD_SPLITS)}; BFCL "
+        "heldout (the half of env.category the loop never trains on). Synthesis never "
+        "sees it, and it may not be the split the loop trains on (env.split).",
+    )
+    per_family: int | None = Field(
+        default=None,
+        gt=0,
+        description="Evaluate the first N tasks of every family (None: the whole split).",
+    )
+
+    @model_validator(mode="after")
+    def _known_split(self) -> EvaluationConfig:
+        known = dict.fromkeys([*WORLD_SPLITS, *BFCL_SPLITS])
+        if self.split not in known:
+            raise ValueError(
+                f"split {self.split!r} is not a task split; allowed values: {', '.join(known)}"
+            )
+        return self
