@@ -145,3 +145,16 @@ def test_every_shipped_config_is_tested():
 def test_shipped_configs_load(path):
     config = load_config(path)
     assert config.run_dir.startswith("runs/")
+
+
+def test_every_section_lives_beside_its_code():
+    """coevolve.config only composes: each section model is defined beside the code it
+    configures, and the sections stay importable from coevolve.config by name."""
+    import coevolve.config
+
+    sections = [model for model in _config_models() if model is not CoevolveConfig]
+    assert len(sections) >= 10
+    defined_here = [model.__name__ for model in sections if model.__module__ == "coevolve.config"]
+    assert defined_here == []
+    for name in coevolve.config.__all__:
+        assert hasattr(coevolve.config, name), name

@@ -43,16 +43,19 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import under ``node``, at any depth, outside ``if TYPE_CHECKING:`` bodies."""
+def _import_nodes(
+    node: ast.AST, type_checking: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import under ``node``, at any depth, outside ``if TYPE_CHECKING:`` bodies
+    (inside them too with ``type_checking``)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
+        if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
             for other in child.orelse:
                 yield from _import_nodes(ast.Module(body=[other], type_ignores=[]))
             continue
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        yield from _import_nodes(child)
+        yield from _import_nodes(child, type_checking)
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -64,13 +67,15 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
-    """Module -> the package modules it imports."""
+def import_graph(root: Path = PACKAGE_ROOT, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (counting ``if TYPE_CHECKING:`` imports too
+    with ``type_checking``)."""
     modules = module_files(root)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in _import_nodes(tree, type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -168,6 +173,42 @@ def test_the_graph_sees_imports_inside_functions() -> None:
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# coevolve.config composes the config sections, which live beside the code they
+# configure; only the modules that turn a whole config (or a YAML file) into a running
+# thing may import it, so a part of the loop depends on its own section, never on all
+# of them. Counted with type-only imports: annotating with CoevolveConfig is depending on it.
+CONFIG_ROOT = f"{PACKAGE}.config"
+CONFIG_ENTRY_POINTS = frozenset(
+    {
+        f"{PACKAGE}.runner",  # coevolve.run / resume: a path, a dict or a CoevolveConfig
+        f"{PACKAGE}.ablation",  # coevolve bench learning: one whole config per arm
+        # The composition: the policy, roles, store and evaluation tasks of a run from a
+        # whole CoevolveConfig, and LangGraph Studio's runtime from a YAML path.
+        f"{PACKAGE}.graph.runtime_factory",
+    }
+)
+CONFIG_ENTRY_FOLDERS = (f"{PACKAGE}.commands.",)  # the CLI: loads YAML, prints ConfigError
+
+
+def test_only_entry_points_import_the_config_composition() -> None:
+    graph = import_graph(type_checking=True)
+    # the graph counts type-only imports: agents/llm.py imports its section for typing only
+    assert "coevolve.agents.config" in graph["coevolve.agents.llm"]
+    assert "coevolve.agents.config" not in import_graph()["coevolve.agents.llm"]
+    importers = {module for module, targets in graph.items() if CONFIG_ROOT in targets}
+    assert "coevolve.runner" in importers
+    below = sorted(
+        module
+        for module in importers
+        if module not in CONFIG_ENTRY_POINTS and not module.startswith(CONFIG_ENTRY_FOLDERS)
+    )
+    assert below == [], (
+        f"{', '.join(below)} import {CONFIG_ROOT}; import the section from its home "
+        "(envs/config.py, agents/config.py, graph/synthesis_config.py, training/config.py, "
+        "config_base.py for ConfigError) instead"
+    )
 
 
 if __name__ == "__main__":
