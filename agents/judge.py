@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..envs.base import Environment
 from ..envs.parsing import render_call
 from ..envs.world.env import answer_matches
-from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict
+from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT
 from .roles import EnvFactory
@@ -91,7 +91,7 @@ class Execution:
                 final_result=False,
                 execution_reward=0.0,
             )
-        success = self.sound and self.score >= 1.0
+        success = self.sound and is_success(self.score)
         if success:
             reason = f"replayed {len(self.steps)} call(s) without errors; verifier score 1.00"
             if self.recovered:
@@ -104,7 +104,7 @@ class Execution:
             api_match=not self.api_problems,
             parameter_usage=not self.parameter_problems,
             logical_flow=not self.flow_problems,
-            final_result=not self.result_problems and self.score >= 1.0,
+            final_result=not self.result_problems and is_success(self.score),
             failed_or_skipped_steps=self.failed_steps(),
             execution_reward=min(max(self.reward, 0.0), 1.0),
         )
@@ -181,7 +181,7 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
             execution.result_problems.append(
                 f"the expected answer {candidate.reference_answer!r} appears in no observation"
             )
-    if execution.score < 1.0:
+    if not is_success(execution.score):
         execution.result_problems.append(
             f"the verifier scores the replay {execution.score:.2f}, not 1.00"
         )
@@ -190,7 +190,7 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
             _, null_score = _run_episode(make_env(), task, with_calls=False)
         except Exception:
             null_score = 0.0
-        if null_score >= 1.0:
+        if is_success(null_score):
             execution.result_problems.append(
                 "the task is trivial: doing nothing already scores 1.00"
             )

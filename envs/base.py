@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..records import Observation, Step, Task, ToolCall
+from ..records import Observation, Step, Task, ToolCall, is_success
 from .parsing import ToolCallParseError, check_arguments, parse_tool_calls
 
 
@@ -221,7 +221,7 @@ def check_references(
         except Exception as err:  # report, do not stop the check
             report.failures.append({"task": task.id, "error": f"{type(err).__name__}: {err}"})
             continue
-        if score >= 1.0:
+        if is_success(score):
             report.verified += 1
         else:
             errors = [s.observation.text for s in steps if s.observation.error]
