@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..envs.base import Environment, SupportsVariants
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, Neighbour, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT
@@ -33,7 +33,6 @@ from .roles import (
     EnvFactory,
     ExplorationRound,
     Interaction,
-    Neighbour,
     RejectionLog,
     candidate_setup,
     primary_signal,

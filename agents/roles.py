@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,7 @@ from ..envs.base import Environment
 from ..memory.signals import FlaggedTrajectory
 from ..records import (
     CandidateTask,
+    Neighbour,
     Observation,
     SignalKind,
     SynthesisContext,
@@ -32,9 +33,6 @@ from ..records import (
     Verdict,
 )
 from .prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
-
-if TYPE_CHECKING:
-    pass
 
 
 class Interaction(BaseModel):
@@ -54,16 +52,6 @@ class ExplorationRound(BaseModel):
     objective: str
     setup: dict = Field(default_factory=dict, description="The task setup the round started from.")
     interactions: list[Interaction] = Field(default_factory=list)
-
-
-class Neighbour(BaseModel):
-    """An existing task close to a candidate: shown to the abstractor as 'do not repeat'."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    text: str
-    similarity: float
 
 
 EnvFactory = Callable[[], Environment]

@@ -28,10 +28,10 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from ..agents.roles import ExplorationRound, Neighbour, Roles, candidate_to_task, primary_signal
+from ..agents.roles import ExplorationRound, Roles, candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, SynthesisContext, Task, Verdict
+from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
 
 log = logging.getLogger("coevolve.synthesis")
 

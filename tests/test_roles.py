@@ -28,7 +28,6 @@ from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import (
     ExplorationRound,
     Interaction,
-    Neighbour,
     RolesConfig,
     candidate_to_task,
 )
@@ -40,6 +39,7 @@ from coevolve.envs.world import WorldEnvironment, make_task
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.records import (
     CandidateTask,
+    Neighbour,
     Observation,
     Signal,
     SynthesisContext,
