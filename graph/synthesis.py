@@ -288,14 +288,15 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     parent = state["parent"]
     neighbours = state.get("parent_neighbours", [])
     try:
-        proposals = await rt.roles.abstractor.abstract(
+        abstraction = await rt.roles.abstractor.abstract(
             item, parent, context, rounds, neighbours, rt.make_env
         )
     except Exception as err:
         return {"proposals": [], **_crashed("abstract", item, err)}
-    pop = getattr(rt.roles.abstractor, "pop_rejections", None)
-    dropped = pop(item.trajectory.id) if pop else []
-    rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
+    proposals = abstraction.candidates
+    rejections = [
+        _reject("abstract", item, d.reason, d.description) for d in abstraction.rejections
+    ]
     if not proposals and not rejections:
         rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
     signal = primary_signal(item) or "none"
