@@ -23,7 +23,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment
+from ..envs.base import replay_reference
 from ..envs.parsing import render_call
 from ..envs.world.env import answer_matches
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
@@ -128,19 +128,6 @@ def _recovers(failed: ToolCall | None, later: ToolCall | None) -> bool:
     return bool(values) and values <= {str(v) for v in later.arguments.values()}
 
 
-def _run_episode(env: Environment, task: Task, with_calls: bool) -> tuple[list[Step], float]:
-    steps: list[Step] = []
-    env.reset(task)
-    for index, turn in enumerate(task.turns):
-        if with_calls:
-            for call in turn.reference_calls:
-                steps.append(Step(turn=index, call=call, observation=env.step(call)))
-        is_last = index == len(task.turns) - 1
-        answer = task.reference_answer if (is_last and with_calls) else None
-        env.end_turn(answer)
-    return steps, env.score()
-
-
 def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Execution:
     """Replay the minimal actions in a fresh environment and check what happened. Never raises."""
     execution = Execution()
@@ -151,7 +138,7 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
         execution.fatal = f"cannot build the candidate task: {type(err).__name__}: {err}"
         return execution
     try:
-        execution.steps, score = _run_episode(env, task, with_calls=True)
+        score, execution.steps = replay_reference(env, task)
         execution.score = min(max(float(score), 0.0), 1.0)
     except Exception as err:  # a setup the environment cannot start from, a verifier crash
         execution.fatal = f"replay failed: {type(err).__name__}: {err}"
@@ -187,7 +174,7 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
         )
     elif not execution.problems:
         try:
-            _, null_score = _run_episode(make_env(), task, with_calls=False)
+            null_score, _ = replay_reference(make_env(), task, calls=False)
         except Exception:
             null_score = 0.0
         if is_success(null_score):

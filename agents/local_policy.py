@@ -21,20 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenization import load_tokenizer
-from .policy import AssistantMessage, Message, PolicyError, arguments_as_dicts, parse_assistant_text
+from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text, prepare_messages
 
 # Text the parser needs even where a tokenizer marks it special.
 _KEEP_TOKENS = ("<tool_call>", "</tool_call>")
-
-
-def _template_messages(messages: Sequence[Message]) -> list[Message]:
-    """Messages as chat templates want them: argument dicts, content never None."""
-    out = []
-    for message in arguments_as_dicts(messages):
-        if message.get("content") is None:
-            message = {**message, "content": ""}
-        out.append(message)
-    return out
 
 
 def _first_user_index(messages: Sequence[Message]) -> int:
@@ -258,7 +248,7 @@ class LocalPolicy:
 
     def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
         return self.tokenizer.apply_chat_template(
-            _template_messages(messages),
+            prepare_messages(messages),
             tools=list(tools) if tools else None,
             add_generation_prompt=True,
             tokenize=False,

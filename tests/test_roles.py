@@ -307,6 +307,18 @@ def test_a_recovered_error_is_not_a_failure():
     assert verdict.accepted and "recovered" in verdict.reason
 
 
+def test_replay_reference_answers_per_turn_or_does_nothing():
+    task = TASKS["phone_lookup"]  # a question: the answer decides the score
+    score, steps = replay_reference(WorldEnvironment(), task)
+    assert score == 1.0 and [s.call for s in steps] == task.reference_calls
+    score, steps = replay_reference(WorldEnvironment(), task, answers=["no idea"])
+    assert score == 0.0 and len(steps) == len(task.reference_calls)
+    score, steps = replay_reference(WorldEnvironment(), task, calls=False)
+    assert score == 0.0 and steps == []
+    with pytest.raises(ValueError, match="2 answers given for the 1 turns"):
+        replay_reference(WorldEnvironment(), task, answers=["a", "b"])
+
+
 def test_candidate_to_task_is_stable_and_verifies():
     task = TASKS["update_phone"]
     calls = task.reference_calls
