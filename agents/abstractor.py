@@ -299,16 +299,7 @@ class OfflineAbstractor:
             if key in seen:
                 continue
             seen.add(key)
-            try:
-                query = describe(calls, setup) if describe else generic_description(calls)
-            except Exception as err:  # a describer bug costs one candidate, not the item
-                rejected.append(
-                    RejectedCandidate(
-                        description=" > ".join(c.name for c in calls),
-                        reason=f"describer failed: {err}",
-                    )
-                )
-                continue
+            query = describe(calls, setup) if describe else generic_description(calls)
             if not query or normalise(query) == "do nothing":
                 continue
             names = [c.name for c in calls]

@@ -23,9 +23,10 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import replay_reference
+from ..envs.base import Environment, replay_reference
 from ..envs.parsing import render_call
 from ..envs.world.env import answer_matches
+from ..errors import PROGRAMMING_ERRORS
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT
@@ -128,21 +129,33 @@ def _recovers(failed: ToolCall | None, later: ToolCall | None) -> bool:
     return bool(values) and values <= {str(v) for v in later.arguments.values()}
 
 
-def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Execution:
-    """Replay the minimal actions in a fresh environment and check what happened. Never raises."""
-    execution = Execution()
+def _replay(env: Environment, task: Task, calls: bool = True) -> tuple[float, list[Step], str]:
+    """``replay_reference``, and what the environment raised ("" if nothing); bugs of ours raise."""
+    # A boundary: a setup the environment cannot start from, or a checker (BFCL's is
+    # third-party code) failing on the candidate's calls, costs this candidate only.
     try:
-        env = make_env()
-        task = probe_task(candidate, env.name)
+        score, steps = replay_reference(env, task, calls=calls)
+    except PROGRAMMING_ERRORS:
+        raise
     except Exception as err:
-        execution.fatal = f"cannot build the candidate task: {type(err).__name__}: {err}"
+        return 0.0, [], f"{type(err).__name__}: {err}"
+    return score, steps, ""
+
+
+def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Execution:
+    """Replay the minimal actions in a fresh environment and check what happened.
+
+    What the environment raises on the candidate is the verdict's reason; bugs of
+    ours (``PROGRAMMING_ERRORS``) raise.
+    """
+    execution = Execution()
+    env = make_env()
+    task = probe_task(candidate, env.name)
+    score, execution.steps, failure = _replay(env, task)
+    if failure:
+        execution.fatal = f"replay failed: {failure}"
         return execution
-    try:
-        score, execution.steps = replay_reference(env, task)
-        execution.score = min(max(float(score), 0.0), 1.0)
-    except Exception as err:  # a setup the environment cannot start from, a verifier crash
-        execution.fatal = f"replay failed: {type(err).__name__}: {err}"
-        return execution
+    execution.score = min(max(float(score), 0.0), 1.0)
 
     for number, step in enumerate(execution.steps, 1):
         error = step.observation.error
@@ -173,10 +186,8 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
             f"the verifier scores the replay {execution.score:.2f}, not 1.00"
         )
     elif not execution.problems:
-        try:
-            null_score, _ = replay_reference(make_env(), task, calls=False)
-        except Exception:
-            null_score = 0.0
+        # Doing nothing that the environment cannot even score is not a trivial task.
+        null_score, _, _ = _replay(make_env(), task, calls=False)
         if is_success(null_score):
             execution.result_problems.append(
                 "the task is trivial: doing nothing already scores 1.00"
@@ -190,14 +201,7 @@ class ExecutableJudge:
     name = "judge:offline"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:
-        try:
-            return execute_candidate(candidate, make_env).verdict()
-        except Exception as err:  # never let a bad candidate end the branch
-            return Verdict(
-                success=False,
-                reason=f"judge failed: {type(err).__name__}: {err}",
-                execution_reward=0.0,
-            )
+        return execute_candidate(candidate, make_env).verdict()
 
 
 # --------------------------------------------------------------------------- LLM
@@ -251,14 +255,7 @@ class LLMJudge:
         self.name = f"judge:llm({model_label(model)})"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:
-        try:
-            execution = execute_candidate(candidate, make_env)
-        except Exception as err:
-            return Verdict(
-                success=False,
-                reason=f"judge failed: {type(err).__name__}: {err}",
-                execution_reward=0.0,
-            )
+        execution = execute_candidate(candidate, make_env)
         if execution.fatal is not None:
             return execution.verdict()  # nothing ran: no evidence to show a model
         reward = min(max(execution.reward, 0.0), 1.0)

@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
+from ..errors import PROGRAMMING_ERRORS
 from ..tokenization import load_tokenizer
 from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text, prepare_messages
 
@@ -217,9 +220,10 @@ class LocalPolicy:
             conversation_tools = (
                 tools[index] if self.tools_in_prompt and tools is not None else None
             )
+            # One conversation the chat template refuses must not end the batch.
             try:
                 ids = self._prompt_ids(conversation, conversation_tools)
-            except Exception as err:  # one bad conversation must not end the batch
+            except (TemplateError, ValueError) as err:
                 replies[index] = AssistantMessage(error=f"{type(err).__name__}: {err}")
                 continue
             if isinstance(ids, str):
@@ -235,7 +239,9 @@ class LocalPolicy:
                 chunk = prompts[start : start + self.batch_size]
                 try:
                     outputs = self._generate_chunk([ids for _, ids in chunk], temperature)
-                except Exception as err:
+                except PROGRAMMING_ERRORS:
+                    raise
+                except (RuntimeError, ValueError) as err:  # out of memory, a device error
                     message = f"generation failed: {type(err).__name__}: {err}"
                     for index, _ in chunk:
                         replies[index] = AssistantMessage(error=message)

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from ..agents.roles import ExplorationRound, Roles, candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
+from ..errors import PROGRAMMING_ERRORS
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
 
@@ -237,11 +238,6 @@ def _reject(
     return Rejection(
         stage=stage, trajectory_id=item.trajectory.id, candidate=candidate, reason=reason
     )
-
-
-# Exceptions that are bugs in our code or a role's, not a bad item or a failing
-# endpoint: they end the pass instead of becoming a rejection reason.
-PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, AssertionError, NotImplementedError)
 
 
 class SynthesisError(RuntimeError):
