@@ -21,6 +21,15 @@ SignalKind = Literal["forgetting", "boundary", "rare", "unsolved", "random", "or
 SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "unsolved")
 PAPER_SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")
 
+# A score this high is a success (the paper's reward 1); the margin absorbs float
+# rounding in verifiers that add up fractions.
+SUCCESS_SCORE = 1.0 - 1e-9
+
+
+def is_success(score: float) -> bool:
+    """Whether a verifier score (or an execution reward) counts as a solved task."""
+    return score >= SUCCESS_SCORE
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -188,6 +197,15 @@ class CandidateTask(Record):
     )
 
 
+class Neighbour(Record):
+    """A stored task near a query: shown to the abstractor as 'do not repeat'."""
+
+    id: str
+    text: str
+    similarity: float
+    task: Task | None = Field(default=None, description="None if stored without its JSON.")
+
+
 class Verdict(Record):
     """The judge's decision on a candidate task."""
 
@@ -212,7 +230,9 @@ class Verdict(Record):
         With the executable judge the two coincide; with an LLM judge its "no"
         rejects a candidate whatever the replay scored.
         """
-        return self.success and self.execution_reward is not None and self.execution_reward >= 1.0
+        return (
+            self.success and self.execution_reward is not None and is_success(self.execution_reward)
+        )
 
     def is_accepted(self, judge_veto: bool) -> bool:
         return self.vetoed_accepted if judge_veto else self.accepted

@@ -4,8 +4,8 @@
 relabels them with the environment's describer. ``LLMAbstractor`` asks a model
 for tasks (structured output) and checks that every proposed action parses.
 
-Both return candidates only; what they dropped before judging, and why, is kept
-per flagged item: ``abstractor.pop_rejections(item.trajectory.id)``.
+Both return an ``Abstraction``: the candidates, and what they dropped before
+judging and why.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..envs.base import Environment, SupportsVariants
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, Neighbour, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT
 from .roles import (
+    Abstraction,
     EnvFactory,
     ExplorationRound,
     Interaction,
-    Neighbour,
-    RejectionLog,
+    RejectedCandidate,
     candidate_setup,
     primary_signal,
 )
@@ -175,13 +175,12 @@ def prefix_length(item: FlaggedTrajectory, failing: int, length: int) -> int:
     return max(1, min(grown, length - 1))
 
 
-class OfflineAbstractor(RejectionLog):
+class OfflineAbstractor:
     """Successful, state-changing action windows relabelled by the environment's describer."""
 
     name = "abstractor:offline"
 
     def __init__(self, max_candidates: int = 3, max_window: int = 5, steer: bool = True):
-        super().__init__()
         if max_candidates < 1 or max_window < 1:
             raise ValueError("max_candidates and max_window must be >= 1")
         self.max_candidates = max_candidates
@@ -265,16 +264,15 @@ class OfflineAbstractor(RejectionLog):
         rounds: Sequence[ExplorationRound],
         neighbours: Sequence[Neighbour],
         make_env: EnvFactory,
-    ) -> list[CandidateTask]:
-        item_id = item.trajectory.id
-        self._start(item_id)
+    ) -> Abstraction:
+        rejected: list[RejectedCandidate] = []
         env = make_env()
         steered = self._steered(item, task, context, env) if self.steer else []
         kind = primary_signal(item)
         # Rare items also get explored windows (compositions with other sub-skills);
         # the other kinds are answered by the failing structure itself.
         if steered and kind != "rare":
-            return steered[: self.max_candidates]
+            return Abstraction(candidates=steered[: self.max_candidates])
         traits = _traits(env)
         describe = getattr(env, "describe", None)
         focus = set(
@@ -301,11 +299,7 @@ class OfflineAbstractor(RejectionLog):
             if key in seen:
                 continue
             seen.add(key)
-            try:
-                query = describe(calls, setup) if describe else generic_description(calls)
-            except Exception as err:  # a describer bug costs one candidate, not the item
-                self._reject(item_id, " > ".join(c.name for c in calls), f"describer failed: {err}")
-                continue
+            query = describe(calls, setup) if describe else generic_description(calls)
             if not query or normalise(query) == "do nothing":
                 continue
             names = [c.name for c in calls]
@@ -319,7 +313,11 @@ class OfflineAbstractor(RejectionLog):
                 setup=setup,
             )
             if key == parent_key:
-                self._reject(item_id, candidate.description, "repeats the parent task")
+                rejected.append(
+                    RejectedCandidate(
+                        description=candidate.description, reason="repeats the parent task"
+                    )
+                )
                 continue
             # Best first: every value stated or looked up, shaped like the parent's
             # solution (the skill the signal is about), on the focus tools, passing
@@ -354,20 +352,21 @@ class OfflineAbstractor(RejectionLog):
                 continue
             why = repeats([candidate.query], neighbours, context.do_not_repeat)
             if why:
-                self._reject(item_id, candidate.description, why)
+                rejected.append(RejectedCandidate(description=candidate.description, reason=why))
                 continue
             queries.add(normalise(candidate.query))
             chosen.append(candidate)
         chosen = (steered + chosen)[: self.max_candidates] if steered else chosen
         if not chosen:
-            self._reject(
-                item_id,
-                f"{len(rounds)} exploration round(s)",
-                "no successful state-changing action window"
-                if not proposals
-                else "every window repeated an existing task",
+            rejected.append(
+                RejectedCandidate(
+                    description=f"{len(rounds)} exploration round(s)",
+                    reason="no successful state-changing action window"
+                    if not proposals
+                    else "every window repeated an existing task",
+                )
             )
-        return chosen
+        return Abstraction(candidates=chosen, rejections=rejected)
 
     def _windows(
         self, round_index: int, interactions: Sequence[Interaction], traits: _Traits
@@ -505,7 +504,7 @@ def abstraction_request(
     return "\n".join(lines)
 
 
-class LLMAbstractor(RejectionLog):
+class LLMAbstractor:
     """A chat model proposes tasks from the exploration log; each action must parse."""
 
     def __init__(
@@ -515,7 +514,6 @@ class LLMAbstractor(RejectionLog):
         prompt: str = ABSTRACTOR_PROMPT,
         max_candidates: int = 3,
     ):
-        super().__init__()
         if max_candidates < 1:
             raise ValueError("max_candidates must be >= 1")
         self.model = model
@@ -532,9 +530,7 @@ class LLMAbstractor(RejectionLog):
         rounds: Sequence[ExplorationRound],
         neighbours: Sequence[Neighbour],
         make_env: EnvFactory,
-    ) -> list[CandidateTask]:
-        item_id = item.trajectory.id
-        self._start(item_id)
+    ) -> Abstraction:
         env = make_env()
         env.reset(task)
         request = abstraction_request(
@@ -544,11 +540,14 @@ class LLMAbstractor(RejectionLog):
         try:
             reply = await structured_call(self.model, Proposals, messages, self.limiter)
         except StructuredOutputError as err:
-            log.warning("abstractor reply unreadable for %s: %s", item_id, err)
-            self._reject(item_id, "(the whole reply)", f"abstractor reply unreadable: {err}")
-            return []
+            log.warning("abstractor reply unreadable for %s: %s", item.trajectory.id, err)
+            unreadable = RejectedCandidate(
+                description="(the whole reply)", reason=f"abstractor reply unreadable: {err}"
+            )
+            return Abstraction(rejections=[unreadable])
         setup = candidate_setup(rounds[0].setup if rounds else task.setup)
         chosen: list[CandidateTask] = []
+        rejected: list[RejectedCandidate] = []
         seen: set[str] = set()
         for proposal in reply.candidates:
             description = proposal.description or proposal.query
@@ -565,7 +564,7 @@ class LLMAbstractor(RejectionLog):
             if problem is None and len(chosen) >= self.max_candidates:
                 problem = f"over the limit of {self.max_candidates} candidate(s) per item"
             if problem is not None:
-                self._reject(item_id, description, problem)
+                rejected.append(RejectedCandidate(description=description, reason=problem))
                 continue
             seen.update({key, normalise(proposal.query)})
             chosen.append(
@@ -579,7 +578,7 @@ class LLMAbstractor(RejectionLog):
                     setup=setup,
                 )
             )
-        return chosen
+        return Abstraction(candidates=chosen, rejections=rejected)
 
     @staticmethod
     def _parse_actions(actions: Sequence[Any]) -> tuple[list[ToolCall], str | None]:

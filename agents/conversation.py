@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..envs.base import Environment
+from ..envs.base import Environment, replay_reference
 from ..records import Task
 from .policy import Message, tool_call_message
 from .prompts import POLICY_SYSTEM_PROMPT
@@ -31,12 +31,17 @@ def reference_conversation(
     Returns the messages and the verifier's score, so a caller can keep only
     demonstrations that verify.
     """
-    query: str | None = env.reset(task)
-    messages = opening_messages(query or "", system_prompt)
+    answers = [DONE_ANSWER] * (len(task.turns) - 1) + [final_answer(task)]
+    score, steps = replay_reference(env, task, answers=answers)
+    messages = opening_messages(task.turns[0].query, system_prompt)
     for index, turn in enumerate(task.turns):
-        for number, call in enumerate(turn.reference_calls):
+        if index > 0:
+            messages.append({"role": "user", "content": turn.query})
+        observations = [step.observation for step in steps if step.turn == index]
+        for number, (call, observation) in enumerate(
+            zip(turn.reference_calls, observations, strict=True)
+        ):
             call_id = f"call_{index}_{number}"
-            observation = env.step(call)
             messages.append(
                 {
                     "role": "assistant",
@@ -45,10 +50,5 @@ def reference_conversation(
                 }
             )
             messages.append({"role": "tool", "tool_call_id": call_id, "content": observation.text})
-        is_last = index == len(task.turns) - 1
-        answer = final_answer(task) if is_last else DONE_ANSWER
-        messages.append({"role": "assistant", "content": answer})
-        query = env.end_turn(answer)
-        if query is not None:
-            messages.append({"role": "user", "content": query})
-    return messages, env.score()
+        messages.append({"role": "assistant", "content": answers[index]})
+    return messages, score

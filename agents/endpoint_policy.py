@@ -327,13 +327,15 @@ class EndpointPolicy:
 
     async def _not_found_help(self, client: Any, detail: str) -> str:
         """Name the models the server does serve, when it will say."""
+        import openai
+
         served = ""
         try:
             page = await client.models.list()
             names = [model.id for model in page.data]
             if names:
                 served = f"; the server serves: {', '.join(names)}"
-        except Exception:
+        except openai.APIError:
             pass  # the hint is optional; the 404 itself is the error
         return (
             f"{self._where()} answered 404 ({detail}){served}. Check the endpoint's 'model' "

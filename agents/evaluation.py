@@ -13,9 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..records import Task, Trajectory
-
-SUCCESS_SCORE = 1.0 - 1e-9
+from ..records import Task, Trajectory, is_success
 
 
 class GroupStats(BaseModel):
@@ -61,7 +59,7 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
     sequence_hits = call_hits = call_total = 0
     stats.mean_score = sum(t.score for t in trajectories) / len(trajectories)
     for trajectory in trajectories:
-        stats.successes += trajectory.score >= SUCCESS_SCORE
+        stats.successes += is_success(trajectory.score)
         stats.errors += trajectory.error is not None
         stats.cut_off += not trajectory.finished and trajectory.error is None
         reference = tasks[trajectory.task_id].reference_calls if trajectory.task_id in tasks else []

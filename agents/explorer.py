@@ -31,8 +31,8 @@ from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import Observation, SynthesisContext, Task, ToolCall
 from .conversation import opening_messages
-from .llm import limited, model_label
-from .policy import Message, Policy
+from .llm import limited, model_label, request_errors
+from .policy import Message, Policy, PolicyError
 from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
 from .roles import EnvFactory, ExplorationRound, Interaction
 
@@ -260,7 +260,7 @@ class OfflineExplorer:
                     self.policy_temperature,
                     **extra,
                 )
-            except Exception as err:  # the policy failing ends exploration, not the branch
+            except PolicyError as err:  # the policy failing ends exploration, not the branch
                 log.warning("explorer: policy failed on %s: %s", task.id, err)
                 break
             still: list[int] = []
@@ -379,7 +379,7 @@ class LLMExplorer:
             try:
                 async with limited(self.limiter):
                     reply = await bound.ainvoke(messages)
-            except Exception as err:  # keep what was explored so far
+            except request_errors() as err:  # keep what was explored so far
                 log.warning("explorer round %d of %s: request failed: %s", index, task.id, err)
                 break
             if not isinstance(reply, AIMessage):

@@ -23,10 +23,11 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment
+from ..envs.base import Environment, replay_reference
 from ..envs.parsing import render_call
 from ..envs.world.env import answer_matches
-from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict
+from ..errors import PROGRAMMING_ERRORS
+from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT
 from .roles import EnvFactory
@@ -91,7 +92,7 @@ class Execution:
                 final_result=False,
                 execution_reward=0.0,
             )
-        success = self.sound and self.score >= 1.0
+        success = self.sound and is_success(self.score)
         if success:
             reason = f"replayed {len(self.steps)} call(s) without errors; verifier score 1.00"
             if self.recovered:
@@ -104,7 +105,7 @@ class Execution:
             api_match=not self.api_problems,
             parameter_usage=not self.parameter_problems,
             logical_flow=not self.flow_problems,
-            final_result=not self.result_problems and self.score >= 1.0,
+            final_result=not self.result_problems and is_success(self.score),
             failed_or_skipped_steps=self.failed_steps(),
             execution_reward=min(max(self.reward, 0.0), 1.0),
         )
@@ -128,34 +129,33 @@ def _recovers(failed: ToolCall | None, later: ToolCall | None) -> bool:
     return bool(values) and values <= {str(v) for v in later.arguments.values()}
 
 
-def _run_episode(env: Environment, task: Task, with_calls: bool) -> tuple[list[Step], float]:
-    steps: list[Step] = []
-    env.reset(task)
-    for index, turn in enumerate(task.turns):
-        if with_calls:
-            for call in turn.reference_calls:
-                steps.append(Step(turn=index, call=call, observation=env.step(call)))
-        is_last = index == len(task.turns) - 1
-        answer = task.reference_answer if (is_last and with_calls) else None
-        env.end_turn(answer)
-    return steps, env.score()
+def _replay(env: Environment, task: Task, calls: bool = True) -> tuple[float, list[Step], str]:
+    """``replay_reference``, and what the environment raised ("" if nothing); bugs of ours raise."""
+    # A boundary: a setup the environment cannot start from, or a checker (BFCL's is
+    # third-party code) failing on the candidate's calls, costs this candidate only.
+    try:
+        score, steps = replay_reference(env, task, calls=calls)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as err:
+        return 0.0, [], f"{type(err).__name__}: {err}"
+    return score, steps, ""
 
 
 def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Execution:
-    """Replay the minimal actions in a fresh environment and check what happened. Never raises."""
+    """Replay the minimal actions in a fresh environment and check what happened.
+
+    What the environment raises on the candidate is the verdict's reason; bugs of
+    ours (``PROGRAMMING_ERRORS``) raise.
+    """
     execution = Execution()
-    try:
-        env = make_env()
-        task = probe_task(candidate, env.name)
-    except Exception as err:
-        execution.fatal = f"cannot build the candidate task: {type(err).__name__}: {err}"
+    env = make_env()
+    task = probe_task(candidate, env.name)
+    score, execution.steps, failure = _replay(env, task)
+    if failure:
+        execution.fatal = f"replay failed: {failure}"
         return execution
-    try:
-        execution.steps, score = _run_episode(env, task, with_calls=True)
-        execution.score = min(max(float(score), 0.0), 1.0)
-    except Exception as err:  # a setup the environment cannot start from, a verifier crash
-        execution.fatal = f"replay failed: {type(err).__name__}: {err}"
-        return execution
+    execution.score = min(max(float(score), 0.0), 1.0)
 
     for number, step in enumerate(execution.steps, 1):
         error = step.observation.error
@@ -181,16 +181,14 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
             execution.result_problems.append(
                 f"the expected answer {candidate.reference_answer!r} appears in no observation"
             )
-    if execution.score < 1.0:
+    if not is_success(execution.score):
         execution.result_problems.append(
             f"the verifier scores the replay {execution.score:.2f}, not 1.00"
         )
     elif not execution.problems:
-        try:
-            _, null_score = _run_episode(make_env(), task, with_calls=False)
-        except Exception:
-            null_score = 0.0
-        if null_score >= 1.0:
+        # Doing nothing that the environment cannot even score is not a trivial task.
+        null_score, _, _ = _replay(make_env(), task, calls=False)
+        if is_success(null_score):
             execution.result_problems.append(
                 "the task is trivial: doing nothing already scores 1.00"
             )
@@ -203,14 +201,7 @@ class ExecutableJudge:
     name = "judge:offline"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:
-        try:
-            return execute_candidate(candidate, make_env).verdict()
-        except Exception as err:  # never let a bad candidate end the branch
-            return Verdict(
-                success=False,
-                reason=f"judge failed: {type(err).__name__}: {err}",
-                execution_reward=0.0,
-            )
+        return execute_candidate(candidate, make_env).verdict()
 
 
 # --------------------------------------------------------------------------- LLM
@@ -264,14 +255,7 @@ class LLMJudge:
         self.name = f"judge:llm({model_label(model)})"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:
-        try:
-            execution = execute_candidate(candidate, make_env)
-        except Exception as err:
-            return Verdict(
-                success=False,
-                reason=f"judge failed: {type(err).__name__}: {err}",
-                execution_reward=0.0,
-            )
+        execution = execute_candidate(candidate, make_env)
         if execution.fatal is not None:
             return execution.verdict()  # nothing ran: no evidence to show a model
         reward = min(max(execution.reward, 0.0), 1.0)

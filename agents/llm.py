@@ -187,6 +187,14 @@ def limited(limiter: asyncio.Semaphore | None) -> AbstractAsyncContextManager[An
 # --------------------------------------------------------------------------- structured output
 
 
+def request_errors() -> tuple[type[Exception], ...]:
+    """What a chat request fails with: the server is unreachable or refuses it (the SDK's
+    errors), or its body is no chat completion (langchain's ValueError, KeyError)."""
+    import openai
+
+    return (openai.APIError, ValueError, KeyError)
+
+
 async def structured_call(
     model: Any,
     schema: type[SchemaT],
@@ -213,7 +221,7 @@ async def structured_call(
             result = await runnable.ainvoke(list(messages))
     except ReplyTooLongError as err:
         raise StructuredOutputError(str(err)) from None
-    except Exception as err:  # the server refused response_format, or the body was broken
+    except request_errors() as err:  # the server refused response_format, or the body was broken
         problems.append(f"structured request failed: {_describe_error(err)}")
     else:
         raw = _content_text(result)
@@ -229,7 +237,7 @@ async def structured_call(
     except ReplyTooLongError as err:
         problems.append(str(err))
         raise StructuredOutputError("; ".join(problems), raw) from None
-    except Exception as err:
+    except request_errors() as err:
         problems.append(f"JSON request failed: {_describe_error(err)}")
         raise StructuredOutputError("; ".join(problems), raw) from err
     raw = _content_text(reply)

@@ -20,21 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
+from ..errors import PROGRAMMING_ERRORS
 from ..tokenization import load_tokenizer
-from .policy import AssistantMessage, Message, PolicyError, arguments_as_dicts, parse_assistant_text
+from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text, prepare_messages
 
 # Text the parser needs even where a tokenizer marks it special.
 _KEEP_TOKENS = ("<tool_call>", "</tool_call>")
-
-
-def _template_messages(messages: Sequence[Message]) -> list[Message]:
-    """Messages as chat templates want them: argument dicts, content never None."""
-    out = []
-    for message in arguments_as_dicts(messages):
-        if message.get("content") is None:
-            message = {**message, "content": ""}
-        out.append(message)
-    return out
 
 
 def _first_user_index(messages: Sequence[Message]) -> int:
@@ -227,9 +220,10 @@ class LocalPolicy:
             conversation_tools = (
                 tools[index] if self.tools_in_prompt and tools is not None else None
             )
+            # One conversation the chat template refuses must not end the batch.
             try:
                 ids = self._prompt_ids(conversation, conversation_tools)
-            except Exception as err:  # one bad conversation must not end the batch
+            except (TemplateError, ValueError) as err:
                 replies[index] = AssistantMessage(error=f"{type(err).__name__}: {err}")
                 continue
             if isinstance(ids, str):
@@ -245,7 +239,9 @@ class LocalPolicy:
                 chunk = prompts[start : start + self.batch_size]
                 try:
                     outputs = self._generate_chunk([ids for _, ids in chunk], temperature)
-                except Exception as err:
+                except PROGRAMMING_ERRORS:
+                    raise
+                except (RuntimeError, ValueError) as err:  # out of memory, a device error
                     message = f"generation failed: {type(err).__name__}: {err}"
                     for index, _ in chunk:
                         replies[index] = AssistantMessage(error=message)
@@ -258,7 +254,7 @@ class LocalPolicy:
 
     def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
         return self.tokenizer.apply_chat_template(
-            _template_messages(messages),
+            prepare_messages(messages),
             tools=list(tools) if tools else None,
             add_generation_prompt=True,
             tokenize=False,

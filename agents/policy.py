@@ -183,6 +183,16 @@ def arguments_as_dicts(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def prepare_messages(messages: Sequence[Message]) -> list[Message]:
+    """Messages as chat templates want them: arguments as dicts, content never None."""
+    prepared = []
+    for message in arguments_as_dicts(messages):
+        if message.get("content") is None:
+            message = {**message, "content": ""}
+        prepared.append(message)
+    return prepared
+
+
 def _decoded(call: dict[str, Any]) -> dict[str, Any]:
     function = call.get("function", call)
     arguments = function.get("arguments", {})

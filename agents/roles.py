@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,7 @@ from ..envs.base import Environment
 from ..memory.signals import FlaggedTrajectory
 from ..records import (
     CandidateTask,
+    Neighbour,
     Observation,
     SignalKind,
     SynthesisContext,
@@ -32,9 +33,6 @@ from ..records import (
     Verdict,
 )
 from .prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
-
-if TYPE_CHECKING:
-    pass
 
 
 class Interaction(BaseModel):
@@ -56,16 +54,6 @@ class ExplorationRound(BaseModel):
     interactions: list[Interaction] = Field(default_factory=list)
 
 
-class Neighbour(BaseModel):
-    """An existing task close to a candidate: shown to the abstractor as 'do not repeat'."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    text: str
-    similarity: float
-
-
 EnvFactory = Callable[[], Environment]
 
 
@@ -83,6 +71,24 @@ class Explorer(Protocol):
     ) -> list[ExplorationRound]: ...
 
 
+class RejectedCandidate(BaseModel):
+    """A candidate an abstractor dropped before judging, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    reason: str
+
+
+class Abstraction(BaseModel):
+    """What an abstractor made of one flagged item: the candidates to judge and what it dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidates: list[CandidateTask] = Field(default_factory=list)
+    rejections: list[RejectedCandidate] = Field(default_factory=list)
+
+
 class Abstractor(Protocol):
     name: str
 
@@ -94,7 +100,7 @@ class Abstractor(Protocol):
         rounds: Sequence[ExplorationRound],
         neighbours: Sequence[Neighbour],
         make_env: EnvFactory,
-    ) -> list[CandidateTask]: ...
+    ) -> Abstraction: ...
 
 
 class Judge(Protocol):
@@ -121,40 +127,6 @@ def primary_signal(item: FlaggedTrajectory) -> SignalKind | None:
     """The signal a flagged item's candidates are attributed to."""
     kinds = item.kinds
     return next((kind for kind in SIGNAL_PRIORITY if kind in kinds), None)
-
-
-class RejectedCandidate(BaseModel):
-    """A candidate an abstractor dropped before judging, and why."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    item_id: str = Field(description="Id of the flagged trajectory the candidate came from.")
-    description: str
-    reason: str
-
-
-class RejectionLog:
-    """Per-item record of what an abstractor dropped (``abstract`` returns candidates only).
-
-    Items run concurrently against one abstractor, so rejections are kept per
-    flagged trajectory id; the synthesis graph takes them with ``pop_rejections``
-    right after ``abstract`` returns.
-    """
-
-    def __init__(self) -> None:
-        self._rejections: dict[str, list[RejectedCandidate]] = {}
-
-    def _start(self, item_id: str) -> None:
-        self._rejections[item_id] = []
-
-    def _reject(self, item_id: str, description: str, reason: str) -> None:
-        self._rejections.setdefault(item_id, []).append(
-            RejectedCandidate(item_id=item_id, description=description, reason=reason)
-        )
-
-    def pop_rejections(self, item_id: str) -> list[RejectedCandidate]:
-        """What was dropped for this item in its last ``abstract`` call (then forgotten)."""
-        return self._rejections.pop(item_id, [])
 
 
 def candidate_setup(setup: Mapping[str, Any]) -> dict[str, Any]:

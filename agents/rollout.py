@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envs.base import Environment
+from ..errors import PROGRAMMING_ERRORS
 from ..records import Observation, Step, Task, Trajectory
 from .conversation import opening_messages
 from .policy import AssistantMessage, Message, Policy
@@ -77,7 +78,9 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
 def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajectory:
     try:
         score = episode.env.score()
-    except Exception as err:  # a verifier bug must not lose the episode
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as err:  # a boundary: BFCL's checker (third-party) reruns the model's calls
         score = 0.0
         episode.error = episode.error or f"verifier failed: {type(err).__name__}: {err}"
     return Trajectory(

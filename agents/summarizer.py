@@ -19,7 +19,15 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from ..envs.parsing import render_call
 from ..memory.signals import FlaggedTrajectory
-from ..records import Signal, Step, SynthesisContext, Task, ToolCall, Trajectory
+from ..records import (
+    Signal,
+    Step,
+    SynthesisContext,
+    Task,
+    ToolCall,
+    Trajectory,
+    is_success,
+)
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import SUMMARIZER_PROMPT
 
@@ -153,14 +161,14 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
         causes.append(f"the episode stopped early: {trajectory.error}")
     elif not trajectory.finished:
         causes.append("the episode hit the step limit")
-    if task.reference_answer is not None and trajectory.score < 1.0:
+    if task.reference_answer is not None and not is_success(trajectory.score):
         causes.append(
             f"the final answer {trajectory.final_answer!r} had to contain {task.reference_answer!r}"
         )
     if not causes:
         causes.append(
             "this rollout did not fail (score 1.00)"
-            if trajectory.score >= 1.0
+            if is_success(trajectory.score)
             else f"the final state differs from the reference's (score {trajectory.score:.2f})"
         )
 

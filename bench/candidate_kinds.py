@@ -82,10 +82,10 @@ async def main():
                 )
                 ctx = await OfflineSummarizer().summarize(item, task)
                 rounds = await OfflineExplorer().explore(item, task, ctx, WorldEnvironment)
-                cands = await OfflineAbstractor(steer=steer).abstract(
+                abstraction = await OfflineAbstractor(steer=steer).abstract(
                     item, task, ctx, rounds, [], WorldEnvironment
                 )
-                for c in cands:
+                for c in abstraction.candidates:
                     v = await ExecutableJudge().judge(c, WorldEnvironment)
                     if not v.vetoed_accepted:
                         continue

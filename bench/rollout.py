@@ -180,6 +180,7 @@ def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
     from coevolve.agents.local_policy import LocalPolicy
     from coevolve.agents.rollout import run_rollouts
     from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.records import is_success
     from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
     model_dir = model_path or bootstrap(BootstrapConfig())
@@ -198,7 +199,7 @@ def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
             policy, WorldEnvironment, tasks, k=1, temperature=0.0, max_steps=8, progress=False
         )
         elapsed = time.perf_counter() - started
-        success = sum(t.score >= 1.0 for t in trajectories) / len(trajectories)
+        success = sum(is_success(t.score) for t in trajectories) / len(trajectories)
         results[kv_reuse] = (
             elapsed,
             success,

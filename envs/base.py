@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..records import Observation, Step, Task, ToolCall
+from ..records import Observation, Step, Task, ToolCall, is_success
 from .parsing import ToolCallParseError, check_arguments, parse_tool_calls
 
 
@@ -178,15 +178,35 @@ class ToolEnvironment:
 # --------------------------------------------------------------------------- replay
 
 
-def replay_reference(env: Environment, task: Task) -> tuple[float, list[Step]]:
-    """Run a task's reference solution through the environment; return (score, steps)."""
+def replay_reference(
+    env: Environment,
+    task: Task,
+    *,
+    calls: bool = True,
+    answers: Sequence[str | None] | None = None,
+) -> tuple[float, list[Step]]:
+    """Run a task's reference solution through the environment; return (score, steps).
+
+    Each turn ends with its entry of ``answers`` (default: the reference answer
+    after the last turn, nothing before). ``calls=False`` makes no call and gives
+    no answer: the score of doing nothing.
+    """
+    if answers is not None and len(answers) != len(task.turns):
+        raise ValueError(
+            f"{len(answers)} answers given for the {len(task.turns)} turns of {task.id}"
+        )
     steps: list[Step] = []
     env.reset(task)
     for index, turn in enumerate(task.turns):
-        for call in turn.reference_calls:
+        for call in turn.reference_calls if calls else []:
             steps.append(Step(turn=index, call=call, observation=env.step(call)))
-        is_last = index == len(task.turns) - 1
-        env.end_turn(task.reference_answer if is_last else None)
+        if not calls:
+            answer = None
+        elif answers is not None:
+            answer = answers[index]
+        else:
+            answer = task.reference_answer if index == len(task.turns) - 1 else None
+        env.end_turn(answer)
     return env.score(), steps
 
 
@@ -221,7 +241,7 @@ def check_references(
         except Exception as err:  # report, do not stop the check
             report.failures.append({"task": task.id, "error": f"{type(err).__name__}: {err}"})
             continue
-        if score >= 1.0:
+        if is_success(score):
             report.verified += 1
         else:
             errors = [s.observation.text for s in steps if s.observation.error]

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, TypedDict, cast
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from ..records import Task, Trajectory
+from ..records import Task, Trajectory, is_success
 from ..tracking import log_cycle
 from .runtime import CycleRuntime, seed_everything
 
@@ -66,11 +66,9 @@ def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
 
 
 def _success_rate(trajectories: list[Trajectory]) -> float:
-    from ..agents.evaluation import SUCCESS_SCORE
-
     if not trajectories:
         return 0.0
-    return sum(t.score >= SUCCESS_SCORE for t in trajectories) / len(trajectories)
+    return sum(is_success(t.score) for t in trajectories) / len(trajectories)
 
 
 async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..records import Trajectory
+from ..records import Trajectory, is_success
 from ..training.trainers import TrainResult
 
 FAILURE_ROLLOUTS = "failure_rollouts.jsonl"
@@ -244,7 +244,7 @@ async def train_with_hard_negatives(
         "failure_pairs": len(f_pairs),
         "failure_pairs_hard": sum(p.hard for p in f_pairs),
         "failure_pairs_with_success": sum(
-            p.chosen_score >= 1.0 or p.rejected_score >= 1.0 for p in f_pairs
+            is_success(p.chosen_score) or is_success(p.rejected_score) for p in f_pairs
         ),
         "target_pairs": len(t_pairs),
         "target_pairs_hard": sum(p.hard for p in t_pairs),

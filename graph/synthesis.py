@@ -28,10 +28,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from ..agents.roles import ExplorationRound, Neighbour, Roles, candidate_to_task, primary_signal
+from ..agents.roles import ExplorationRound, Roles, candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
+from ..errors import PROGRAMMING_ERRORS
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, SynthesisContext, Task, Verdict
+from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
 
 log = logging.getLogger("coevolve.synthesis")
 
@@ -239,11 +240,6 @@ def _reject(
     )
 
 
-# Exceptions that are bugs in our code or a role's, not a bad item or a failing
-# endpoint: they end the pass instead of becoming a rejection reason.
-PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, AssertionError, NotImplementedError)
-
-
 class SynthesisError(RuntimeError):
     """Every flagged item of a pass failed with an exception: the pass did not run."""
 
@@ -288,14 +284,15 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     parent = state["parent"]
     neighbours = state.get("parent_neighbours", [])
     try:
-        proposals = await rt.roles.abstractor.abstract(
+        abstraction = await rt.roles.abstractor.abstract(
             item, parent, context, rounds, neighbours, rt.make_env
         )
     except Exception as err:
         return {"proposals": [], **_crashed("abstract", item, err)}
-    pop = getattr(rt.roles.abstractor, "pop_rejections", None)
-    dropped = pop(item.trajectory.id) if pop else []
-    rejections = [_reject("abstract", item, d.reason, d.description) for d in dropped]
+    proposals = abstraction.candidates
+    rejections = [
+        _reject("abstract", item, d.reason, d.description) for d in abstraction.rejections
+    ]
     if not proposals and not rejections:
         rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
     signal = primary_signal(item) or "none"

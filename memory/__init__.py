@@ -3,13 +3,12 @@
 from .history import OutcomeHistory
 from .patterns import PatternCounts
 from .signals import FlaggedTrajectory, SignalConfig, detect_signals
-from .store import DedupResult, Duplicate, Neighbour, TaskStore, task_text
+from .store import DedupResult, Duplicate, TaskStore, task_text
 
 __all__ = [
     "DedupResult",
     "Duplicate",
     "FlaggedTrajectory",
-    "Neighbour",
     "OutcomeHistory",
     "PatternCounts",
     "SignalConfig",

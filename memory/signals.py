@@ -26,7 +26,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..records import PAPER_SIGNAL_KINDS, SIGNAL_KINDS, Signal, SignalKind, Trajectory
+from ..records import (
+    PAPER_SIGNAL_KINDS,
+    SIGNAL_KINDS,
+    Signal,
+    SignalKind,
+    Trajectory,
+    is_success,
+)
 from .history import OutcomeHistory
 from .patterns import EXTRACTORS, PatternCounts, PatternKind
 
@@ -414,7 +421,7 @@ def select_oracle(
             by_family[trajectory.family].append(trajectory)
     for family, queue in by_family.items():
         random.Random(f"oracle-selection:{seed}:{cycle}:{family}").shuffle(queue)
-        queue.sort(key=lambda t: t.score >= 1.0)  # stable: failures first, shuffled within
+        queue.sort(key=lambda t: is_success(t.score))  # stable: failures first, shuffled within
     kept: list[FlaggedTrajectory] = []
     per_task: dict[str, int] = defaultdict(int)
     while len(kept) < config.budget and any(by_family.values()):

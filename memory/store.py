@@ -60,7 +60,7 @@ from urllib.parse import urlparse
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..records import CandidateTask, Task
+from ..records import CandidateTask, Neighbour, Task
 
 if TYPE_CHECKING:
     from chromadb.api.types import EmbeddingFunction
@@ -100,15 +100,6 @@ class DedupResult(_Model):
 
     accepted: list[Task] = Field(default_factory=list)
     duplicates: list[Duplicate] = Field(default_factory=list)
-
-
-class Neighbour(_Model):
-    """A stored task near a query."""
-
-    id: str
-    text: str
-    similarity: float
-    task: Task | None = Field(default=None, description="None if stored without its JSON.")
 
 
 class TaskStore:

@@ -171,11 +171,11 @@ def test_each_llm_role_rejects_a_200kb_reply_within_a_second(scripted_server, fl
     # abstractor: no candidates; the rejection names the reason
     server = scripted_server([Reply.text(REPEATED)], repeat_last=True)
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    candidates, elapsed = timed(
+    abstraction, elapsed = timed(
         abstractor.abstract(item, task, context, rounds, [], WorldEnvironment)
     )
-    assert candidates == [] and elapsed < WITHIN_S
-    [rejected] = abstractor.pop_rejections(item.trajectory.id)
+    assert abstraction.candidates == [] and elapsed < WITHIN_S
+    [rejected] = abstraction.rejections
     assert "reply too long" in rejected.reason
 
     # judge: the verdict's reason says why the model's judgement is missing

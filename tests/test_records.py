@@ -1,4 +1,7 @@
-"""Records survive a JSON round-trip and reject bad input."""
+"""Records survive a JSON round-trip and reject bad input; success has one definition."""
+
+import ast
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +17,7 @@ from coevolve.records import (
     Trajectory,
     Turn,
     Verdict,
+    is_success,
 )
 
 CALL = ToolCall(
@@ -93,3 +97,67 @@ def test_bad_records_are_rejected():
         Task(id="x", env="world", family="f", turns=[])
     with pytest.raises(ValidationError):
         ToolCall(name="x", arguments={}, surprise=1)
+
+
+def test_is_success_is_the_papers_reward_one():
+    assert is_success(1.0) and is_success(1.0 - 1e-12)
+    assert not is_success(0.999) and not is_success(0.0)
+    assert not Verdict(success=True, reason="ok", execution_reward=0.99).vetoed_accepted
+    assert Verdict(success=True, reason="ok", execution_reward=1.0).vetoed_accepted
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+_COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _name(node: ast.expr) -> str:
+    """The last name of an operand: ``t.score`` -> score, ``env.score()`` -> score."""
+    while isinstance(node, ast.Call | ast.Subscript):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def literal_score_comparisons(source: str) -> list[str]:
+    """Comparisons of a score or reward with the literal 1 (``score >= 1.0``), as source text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:], strict=False):
+            for one, other in ((left, right), (right, left)):
+                is_one = (
+                    isinstance(one, ast.Constant)
+                    and not isinstance(one.value, bool)
+                    and one.value == 1
+                )
+                named = _name(other).lower()
+                if (
+                    is_one
+                    and isinstance(op, _COMPARISONS)
+                    and ("score" in named or "reward" in named)
+                ):
+                    found.append(ast.unparse(node))
+    return found
+
+
+def test_the_detector_finds_literal_score_comparisons():
+    source = (
+        "a = t.score >= 1.0\nb = 1 <= reward\nc = env.score() < 1\n"
+        "d = active.progress(step) >= 1.0\ne = score > 0.5\nf = len(scores) > 1"
+    )
+    assert literal_score_comparisons(source) == ["t.score >= 1.0", "1 <= reward", "env.score() < 1"]
+
+
+def test_success_is_decided_by_is_success_only():
+    """Every "did it succeed" goes through records.is_success, never a literal ``>= 1.0``."""
+    offenders = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        parts = path.relative_to(PACKAGE_ROOT).parts
+        if parts[0] in {"tests", "build", "runs"} or any(p.startswith(".") for p in parts):
+            continue
+        for text in literal_score_comparisons(path.read_text(encoding="utf-8")):
+            offenders.append(f"{path.relative_to(PACKAGE_ROOT)}: {text}")
+    assert not offenders, "use coevolve.records.is_success:\n" + "\n".join(offenders)

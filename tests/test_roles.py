@@ -28,7 +28,6 @@ from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import (
     ExplorationRound,
     Interaction,
-    Neighbour,
     RolesConfig,
     candidate_to_task,
 )
@@ -40,6 +39,7 @@ from coevolve.envs.world import WorldEnvironment, make_task
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.records import (
     CandidateTask,
+    Neighbour,
     Observation,
     Signal,
     SynthesisContext,
@@ -132,9 +132,10 @@ async def offline_pipeline(
     explorer = explorer or OfflineExplorer()
     context = await summarizer.summarize(item, task)
     rounds = await explorer.explore(item, task, context, make_env)
-    candidates = await abstractor.abstract(item, task, context, rounds, neighbours, make_env)
+    abstraction = await abstractor.abstract(item, task, context, rounds, neighbours, make_env)
+    candidates = abstraction.candidates
     verdicts = [await judge.judge(c, make_env) for c in candidates]
-    return context, rounds, candidates, verdicts, abstractor.pop_rejections(item.trajectory.id)
+    return context, rounds, candidates, verdicts, abstraction.rejections
 
 
 # --------------------------------------------------------------------------- offline roles
@@ -200,7 +201,7 @@ def test_offline_exploration_is_deterministic_given_the_seed():
         assert 1 <= len(exploration.interactions) <= 4 + len(task.reference_calls)
     candidates = run(OfflineAbstractor().abstract(item, task, context, first, [], WorldEnvironment))
     repeated = run(OfflineAbstractor().abstract(item, task, context, again, [], WorldEnvironment))
-    assert candidates == repeated
+    assert candidates.candidates and candidates == repeated
 
 
 def test_policy_drives_some_rounds_at_high_temperature():
@@ -304,6 +305,18 @@ def test_a_recovered_error_is_not_a_failure():
     )
     verdict = run(ExecutableJudge().judge(candidate, WorldEnvironment))
     assert verdict.accepted and "recovered" in verdict.reason
+
+
+def test_replay_reference_answers_per_turn_or_does_nothing():
+    task = TASKS["phone_lookup"]  # a question: the answer decides the score
+    score, steps = replay_reference(WorldEnvironment(), task)
+    assert score == 1.0 and [s.call for s in steps] == task.reference_calls
+    score, steps = replay_reference(WorldEnvironment(), task, answers=["no idea"])
+    assert score == 0.0 and len(steps) == len(task.reference_calls)
+    score, steps = replay_reference(WorldEnvironment(), task, calls=False)
+    assert score == 0.0 and steps == []
+    with pytest.raises(ValueError, match="2 answers given for the 1 turns"):
+        replay_reference(WorldEnvironment(), task, answers=["a", "b"])
 
 
 def test_candidate_to_task_is_stable_and_verifies():
@@ -534,18 +547,18 @@ def test_llm_abstractor_validates_actions(scripted_server):
     abstractor = LLMAbstractor(chat_model(endpoint(server)), max_candidates=3)
     context = SynthesisContext(**{**CONTEXT, "do_not_repeat": [task.instruction]})
     rounds = [world_round(task, task.reference_calls)]
-    [candidate] = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    [candidate] = abstraction.candidates
     assert candidate.minimal_actions[1] == ToolCall(
         name="send_message", arguments={"contact_id": contact_id, "text": "store is open"}
     )
     assert candidate.setup == {"state": task.setup["state"]} and candidate.signal == "boundary"
-    reasons = [r.reason for r in abstractor.pop_rejections(item.trajectory.id)]
+    reasons = [r.reason for r in abstraction.rejections]
     assert len(reasons) == 4
     assert reasons[0].startswith("action 1 unreadable")
     assert reasons[1].startswith("repeats a do-not-repeat task")
     assert reasons[2] == "duplicates another candidate of this item"
     assert reasons[3] == "no minimal actions"
-    assert abstractor.pop_rejections(item.trajectory.id) == []
     request = server.chat_bodies()[0]["messages"][1]["content"]
     assert "find_contact(name=" in request and "Do not repeat" in request
     assert run(ExecutableJudge().judge(candidate, WorldEnvironment)).accepted
@@ -553,11 +566,13 @@ def test_llm_abstractor_validates_actions(scripted_server):
     # A bare list is read too; an unreadable reply is one recorded rejection, no crash.
     server = scripted_server([Reply.text(json.dumps([good]))])
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    assert len(run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))) == 1
+    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    assert len(abstraction.candidates) == 1 and abstraction.rejections == []
     server = scripted_server([Reply.malformed(), Reply.text("sorry")])
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    assert run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment)) == []
-    [rejection] = abstractor.pop_rejections(item.trajectory.id)
+    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    assert abstraction.candidates == []
+    [rejection] = abstraction.rejections
     assert rejection.reason.startswith("abstractor reply unreadable")
 
 
@@ -687,9 +702,10 @@ def test_llm_pipeline_through_build_roles(scripted_server):
     async def pipeline():
         context = await roles.summarizer.summarize(item, task)
         rounds = await roles.explorer.explore(item, task, context, WorldEnvironment)
-        candidates = await roles.abstractor.abstract(
+        abstraction = await roles.abstractor.abstract(
             item, task, context, rounds, [], WorldEnvironment
         )
+        candidates = abstraction.candidates
         return (
             rounds,
             candidates,

@@ -90,6 +90,27 @@ def test_a_policy_error_ends_only_that_episode_and_keeps_its_steps():
     assert second.error is None and second.finished
 
 
+class _FailingChecker(WorldEnvironment):
+    """The world with a checker that raises ``error`` when it scores."""
+
+    error: Exception = RuntimeError("checker crashed")
+
+    def score(self):
+        raise self.error
+
+
+def test_a_checker_failure_is_the_episodes_error_but_a_bug_raises():
+    [trajectory] = run_rollouts(OraclePolicy(), _FailingChecker, TASKS[:1], progress=False)
+    assert trajectory.score == 0.0 and trajectory.steps
+    assert trajectory.error == "verifier failed: RuntimeError: checker crashed"
+
+    class Buggy(_FailingChecker):
+        error = TypeError("score() got an unexpected keyword argument")
+
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        run_rollouts(OraclePolicy(), Buggy, TASKS[:1], progress=False)
+
+
 def test_mismatched_batch_is_an_error():
     class Broken(ScriptedPolicy):
         async def generate(self, conversations, tools, temperature=None):

@@ -284,3 +284,27 @@ def test_a_bug_in_a_role_is_raised_not_turned_into_a_rejection(flagged):
     )
     with pytest.raises(TypeError, match="bad call"):
         asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+
+
+class _BuggyDescriber(WorldEnvironment):
+    def describe(self, calls, setup):
+        raise TypeError("describe() takes 2 positional arguments but 3 were given")
+
+
+class _BuggyVerifier(WorldEnvironment):
+    def score(self):
+        raise TypeError("'NoneType' object is not subscriptable")
+
+
+@pytest.mark.parametrize(
+    "make_env, message",
+    [(_BuggyDescriber, "positional arguments"), (_BuggyVerifier, "not subscriptable")],
+    ids=["abstractor", "judge"],
+)
+def test_a_type_error_under_a_role_ends_the_pass_with_that_error(flagged, make_env, message):
+    """Not a rejection reason of a pass that "succeeds" with nothing accepted."""
+    # Explored windows (steer off): the offline abstractor words each with the describer.
+    roles = build_roles(RolesConfig(steer=False), {})
+    runtime = SynthesisRuntime(roles=roles, make_env=make_env, store=TaskStore(None))
+    with pytest.raises(TypeError, match=message):
+        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))

@@ -15,6 +15,7 @@ def build_corpus(config: BootstrapConfig) -> list[list[Message]]:
     """Reference demonstrations of the training split as conversations (verified ones only)."""
     from ..agents.conversation import reference_conversation
     from ..envs.world import WorldEnvironment, load_split
+    from ..records import is_success
 
     tasks = load_split(config.train_split, seed=config.world_seed)
     if config.num_train_tasks is not None:
@@ -22,7 +23,7 @@ def build_corpus(config: BootstrapConfig) -> list[list[Message]]:
     conversations = []
     for task in tasks:
         messages, score = reference_conversation(WorldEnvironment(), task)
-        if score >= 1.0:
+        if is_success(score):
             conversations.append(messages)
     if not conversations:
         raise RuntimeError(f"no reference solution of split {config.train_split!r} verified")

@@ -16,9 +16,9 @@ thousands of prompt tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..agents.policy import Message, arguments_as_dicts
+from ..agents.policy import Message, prepare_messages
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -84,16 +84,6 @@ def training_chat_template(tokenizer: PreTrainedTokenizerBase | None = None) -> 
     from trl.chat_template_utils import qwen2_5_training_chat_template
 
     return qwen2_5_training_chat_template
-
-
-def prepare_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Messages as the template wants them: arguments as dicts, content never None."""
-    prepared = []
-    for message in arguments_as_dicts(messages):
-        if message.get("content") is None:
-            message = {**message, "content": ""}
-        prepared.append(message)
-    return prepared
 
 
 def render(

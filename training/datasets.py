@@ -20,7 +20,7 @@ from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..envs.base import Environment
-from ..records import Task, Trajectory
+from ..records import Task, Trajectory, is_success
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def demonstrations_by_task(
         except Exception as err:  # one broken task must not end the cycle
             logger.warning("demonstration of %s failed: %s: %s", task.id, type(err).__name__, err)
             continue
-        if score >= 1.0:
+        if is_success(score):
             conversations.append((task, messages))
         else:
             logger.info(

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
-from ..records import Task, Trajectory
+from ..records import Task, Trajectory, is_success
 from .datasets import PreferencePair, json_arguments, split_opening
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 Agent = Literal["target", "failure"]
-SUCCESS = 1.0  # a failure is any episode scoring below this (the paper's reward < 1)
 
 
 def with_progress(
@@ -55,7 +54,7 @@ def with_progress(
 
 def is_failure(trajectory: Trajectory) -> bool:
     """A finished episode below full score, with an assistant turn and a graded progress."""
-    if trajectory.score >= SUCCESS or trajectory.progress is None:
+    if is_success(trajectory.score) or trajectory.progress is None:
         return False
     if trajectory.error is not None:
         return False
@@ -71,7 +70,7 @@ def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) ->
     """
     failures = [t for t in trajectories if is_failure(t)]
     hard = [t for t in failures if (t.progress or 0.0) >= threshold]
-    successes = sum(t.score >= SUCCESS for t in trajectories)
+    successes = sum(is_success(t.score) for t in trajectories)
     return {
         "episodes": len(trajectories),
         "success": successes / len(trajectories) if trajectories else None,
@@ -202,12 +201,12 @@ def expert_conversations(
         except Exception as err:  # a broken reference must not end the cycle
             logger.warning("reference of %s failed: %s: %s", task.id, type(err).__name__, err)
             score = 0.0
-        if score >= SUCCESS:
+        if is_success(score):
             experts[task.id] = json_arguments(messages)
     for trajectory in sorted(successes, key=lambda t: len(t.messages)):
         if (
             trajectory.task_id not in experts
-            and trajectory.score >= SUCCESS
+            and is_success(trajectory.score)
             and trajectory.error is None
             and trajectory.finished
         ):

@@ -48,7 +48,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from .config import TrainingConfig
 from .datasets import PreferencePair
 from .hard_negative_pairs import (
-    SUCCESS,
     Agent,
     RankedPair,
     expert_conversations,
@@ -66,7 +65,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "OBJECTIVE_FILE",
-    "SUCCESS",
     "AdapterSwitch",
     "Agent",
     "HardNegativeError",

@@ -18,7 +18,7 @@ def _template_texts(conversations: list[list[Message]]) -> list[str]:
     """Conversations rendered with the chat template, without a tokenizer yet."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from .chat_template import prepare_messages
+    from ..agents.policy import prepare_messages
 
     rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
         conversations=[prepare_messages(messages) for messages in conversations],
