@@ -3,14 +3,16 @@
 Each conversation of a batch is one request; all of them are in flight at once,
 bounded by ``endpoint.concurrency``. Transient failures (5xx, 429, timeouts,
 dropped connections, bodies that are not a chat completion) are retried with
-exponential backoff and jitter; a conversation that still fails comes back as
-an ``AssistantMessage`` with ``error`` set, so one bad request never ends a
-batch of rollouts. Only a configuration mistake that dooms every request (a
-wrong key, an unknown model or URL) raises ``PolicyError``.
+exponential backoff and jitter (a server's Retry-After honoured), by
+``tenacity``; a conversation that still fails comes back as an
+``AssistantMessage`` with ``error`` set, so one bad request never ends a batch
+of rollouts. Only a configuration mistake that dooms every request (a wrong
+key, an unknown model or URL) raises ``PolicyError``.
 
 The openai client's own retries are off (``max_retries=0``): it does not retry
-malformed bodies, and one loop that counts every attempt gives honest error
-messages ("failed after 4 attempts").
+malformed bodies, it would sleep while holding a concurrency slot, and one
+policy that counts every attempt gives honest error messages ("failed after 4
+attempts").
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
 from ..envs.parsing import ToolCallParseError, parse_tool_calls
 from ..records import ToolCall
 from .config import EndpointConfig
+from .per_loop import PerLoop
 from .policy import AssistantMessage, InvalidToolCall, Message, PolicyError, parse_assistant_text
 
 
@@ -100,7 +105,7 @@ class EndpointPolicy:
         self._api_key = endpoint.api_key()
         # The HTTP client's connections and the semaphore belong to the event loop
         # that made them; callers that run asyncio.run() per batch get fresh ones.
-        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._states = PerLoop(self._new_state)
         self._loaded_adapter: str | None = None  # the adapter this policy hot-loaded last
 
     # ------------------------------------------------------------------ public API
@@ -117,7 +122,7 @@ class EndpointPolicy:
                 f"got {len(conversations)} conversations but {len(tools)} tool lists; "
                 "pass one tool list per conversation"
             )
-        state = self._state()
+        state = self._states.get()
         if temperature is None:
             temperature = self.endpoint.temperature
         results = await asyncio.gather(
@@ -164,7 +169,7 @@ class EndpointPolicy:
         (an adapter directory never changes once written, so the name means the same weights)."""
         import openai
 
-        state = self._state()
+        state = self._states.get()
         try:
             await state.client.post(f"/{route}", body=body, cast_to=_http_library().Response)
         except openai.APIStatusError as err:
@@ -184,9 +189,8 @@ class EndpointPolicy:
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop; clients made in other loops are dropped."""
-        loop = asyncio.get_running_loop()
-        states, self._states = self._states, {}
-        state = states.pop(loop, None)
+        state = self._states.pop()
+        self._states.clear()
         if state is not None:
             for client in state.clients:
                 await client.close()
@@ -209,24 +213,30 @@ class EndpointPolicy:
         if tools and self.tools_in_request:
             request["tools"] = tools
         attempts = self.endpoint.max_retries + 1
-        last_error = ""
-        retry_after_s: float | None = None
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(self._backoff(attempt, retry_after_s))
-            # The backoff sleeps outside the semaphore, so waiting never holds a slot.
-            async with state.semaphore:
-                try:
-                    body = await self._post(state.client, request)
-                    return _message_from_completion(body)
-                except _Transient as err:
-                    last_error, retry_after_s = str(err), err.retry_after_s
-                except _Rejected as err:
-                    return AssistantMessage(error=f"{self._where()} rejected the request: {err}")
-        return AssistantMessage(
-            error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
-            f"{last_error}"
+        # One AsyncRetrying per request: tenacity keeps a call's state on the object
+        # (per thread), so the concurrent requests of a batch cannot share one.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Transient),
+            stop=stop_after_attempt(attempts),
+            wait=self._backoff,
+            reraise=True,
         )
+        try:
+            body = await retrying(self._attempt, state, request)
+        except _Transient as err:
+            return AssistantMessage(
+                error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
+                f"{err}"
+            )
+        except _Rejected as err:
+            return AssistantMessage(error=f"{self._where()} rejected the request: {err}")
+        return _message_from_completion(body)
+
+    async def _attempt(self, state: _LoopState, request: dict[str, Any]) -> dict[str, Any]:
+        # The backoff sleeps between attempts, outside the semaphore, so waiting never
+        # holds a slot.
+        async with state.semaphore:
+            return await self._post(state.client, request)
 
     async def _post(self, client: Any, request: dict[str, Any]) -> dict[str, Any]:
         """One attempt: the completion as a dict, or _Transient / _Rejected / PolicyError."""
@@ -269,45 +279,42 @@ class EndpointPolicy:
             raise _Transient(f"malformed response ({problem}): {text[:200]!r}")
         return body
 
-    def _backoff(self, attempt: int, retry_after_s: float | None = None) -> float:
-        """Exponential backoff with jitter, so retries of a batch do not arrive in lockstep.
+    def _backoff(self, retry_state: RetryCallState) -> float:
+        """Seconds before the next attempt: exponential backoff with jitter, so retries of
+        a batch do not arrive in lockstep.
 
         A server's Retry-After (429, 503) is honoured up to ``retry_max_s``.
         """
-        delay = min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1))
+        failed = retry_state.attempt_number  # attempts made so far, all failed
+        delay = min(self.retry_max_s, self.retry_base_s * 2 ** (failed - 1))
         delay *= random.uniform(0.5, 1.5)
-        if retry_after_s is not None:
-            delay = max(delay, min(retry_after_s, self.retry_max_s))
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, _Transient) and error.retry_after_s is not None:
+            delay = max(delay, min(error.retry_after_s, self.retry_max_s))
         return delay
 
     # ------------------------------------------------------------------ plumbing
 
-    def _state(self) -> _LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._states.get(loop)
-        if state is None:
-            import openai
+    def _new_state(self) -> _LoopState:
+        """The running loop's clients and semaphore."""
+        import openai
 
-            # Clients of closed loops cannot be closed any more; just let them go.
-            self._states = {k: v for k, v in self._states.items() if not k.is_closed()}
-            concurrency = self.endpoint.concurrency
-            shards = max(1, math.ceil(concurrency / CONNECTIONS_PER_CLIENT))
-            per_client = math.ceil(concurrency / shards)
-            http = _http_library()
-            limits = http.Limits(max_connections=per_client, max_keepalive_connections=per_client)
-            clients = [
-                openai.AsyncOpenAI(
-                    base_url=self.endpoint.base_url,
-                    api_key=self._api_key,
-                    timeout=self.endpoint.timeout_s,
-                    max_retries=0,
-                    http_client=openai.DefaultAsyncHttpxClient(limits=limits),
-                )
-                for _ in range(shards)
-            ]
-            state = _LoopState(clients, asyncio.Semaphore(concurrency))
-            self._states[loop] = state
-        return state
+        concurrency = self.endpoint.concurrency
+        shards = max(1, math.ceil(concurrency / CONNECTIONS_PER_CLIENT))
+        per_client = math.ceil(concurrency / shards)
+        http = _http_library()
+        limits = http.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+        clients = [
+            openai.AsyncOpenAI(
+                base_url=self.endpoint.base_url,
+                api_key=self._api_key,
+                timeout=self.endpoint.timeout_s,
+                max_retries=0,  # retried by _complete's policy
+                http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+            )
+            for _ in range(shards)
+        ]
+        return _LoopState(clients, asyncio.Semaphore(concurrency))
 
     def _where(self) -> str:
         return f"endpoint {self.endpoint.base_url} (model {self.endpoint.model!r})"

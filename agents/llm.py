@@ -37,6 +37,8 @@ import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from .per_loop import PerLoop
+
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
 
@@ -95,33 +97,16 @@ class StructuredOutputError(RuntimeError):
 
 
 class _PerLoopTransport(httpx.AsyncBaseTransport):
-    """An httpx transport with one connection pool per event loop.
-
-    Pooled connections belong to the loop that opened them; a run that calls
-    ``asyncio.run`` more than once with the same chat model (a script, a test,
-    a cycle runner) would otherwise reuse a dead loop's connections and fail
-    with "Event loop is closed".
-    """
+    """An httpx transport with one connection pool per event loop (see ``per_loop``)."""
 
     def __init__(self, **options: Any):
-        self._options = options
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport]
-        self._pools = weakref.WeakKeyDictionary()
-
-    def _pool(self) -> httpx.AsyncHTTPTransport:
-        loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
-        if pool is None:
-            pool = httpx.AsyncHTTPTransport(**self._options)
-            self._pools[loop] = pool
-        return pool
+        self._pools = PerLoop(lambda: httpx.AsyncHTTPTransport(**options))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._pool().handle_async_request(request)
+        return await self._pools.get().handle_async_request(request)
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        pool = self._pools.pop(loop, None)
+        pool = self._pools.pop()
         if pool is not None:
             await pool.aclose()
 

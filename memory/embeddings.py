@@ -10,8 +10,9 @@
   float32 here (3.8 vs 6.9 ms per short task text on one core), pairwise
   similarities within 0.006 of float32's.
 * ``OpenAIEmbedding`` — any OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM,
-  a hosted API, the scripted test server), with retries on 5xx, 429 and
-  dropped connections.
+  a hosted API, the scripted test server), retried by the openai client on
+  5xx, 408, 429, timeouts and dropped connections. A run selects it with
+  ``synthesis.embedding_endpoint``.
 
 Both are Chroma ``EmbeddingFunction`` s registered under their ``name()``, so a
 collection built with one records that name and the ``get_config()`` (never an
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -257,16 +257,21 @@ class MiniLMEmbedding(EmbeddingFunction[Documents]):
 # --------------------------------------------------------------------------- OpenAI-compatible
 
 
+# Statuses the openai client retries besides 5xx (openai._base_client._should_retry).
+_RETRIED_STATUSES = (408, 409, 429)
+
+
 @register_embedding_function
 class OpenAIEmbedding(EmbeddingFunction[Documents]):
     """Embeddings from an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
     ``api_key_env`` names the environment variable holding the key (read at
     each client creation, never stored in the collection's config); None sends
-    the placeholder key "EMPTY", as vLLM expects. A 5xx, a 429, a timeout or a
-    dropped connection is retried ``max_retries`` times, waiting ``backoff_s``,
-    then twice that, ...; other errors, and failures after the retries, raise
-    ``EmbeddingError`` naming the endpoint. Vectors are returned unit length.
+    the placeholder key "EMPTY", as vLLM expects. The openai client retries a
+    5xx, 408, 409, 429, a timeout or a dropped connection ``max_retries`` times
+    with its own jittered exponential backoff (and the server's Retry-After);
+    other errors, and failures after the retries, raise ``EmbeddingError``
+    naming the endpoint. Vectors are returned unit length.
     """
 
     def __init__(
@@ -279,10 +284,9 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         batch_size: int = 256,
         timeout_s: float = 60.0,
         max_retries: int = 3,
-        backoff_s: float = 0.5,
     ) -> None:
-        if batch_size <= 0 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError("batch_size, timeout_s must be > 0; max_retries, backoff_s >= 0")
+        if batch_size <= 0 or timeout_s <= 0 or max_retries < 0:
+            raise ValueError("batch_size and timeout_s must be > 0, max_retries >= 0")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
@@ -290,7 +294,6 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.backoff_s = backoff_s
         self._client: Any = None
 
     @classmethod
@@ -326,7 +329,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
                 base_url=self.base_url,
                 api_key=self._api_key(),
                 timeout=self.timeout_s,
-                max_retries=0,  # retried here, with our backoff and error message
+                max_retries=self.max_retries,
             )
         return self._client
 
@@ -338,39 +341,37 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         if self.dimensions is not None:
             options["dimensions"] = self.dimensions
         where = f"embedding endpoint {self.base_url} (model {self.model})"
-        last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = client.embeddings.create(input=texts, model=self.model, **options)
-            except (openai.APIConnectionError, openai.InternalServerError) as err:
-                last = err  # timeouts are APIConnectionErrors
-                continue
-            except openai.RateLimitError as err:
-                last = err
-                continue
-            except openai.APIStatusError as err:
-                raise EmbeddingError(f"{where}: HTTP {err.status_code}: {err.message}") from err
-            except (openai.APIError, ValueError) as err:  # a body that is not JSON
-                raise EmbeddingError(f"{where}: bad response: {err}") from err
-            try:
-                data = sorted(response.data, key=lambda item: item.index)
-                vectors = np.asarray([item.embedding for item in data], dtype=np.float32)
-            except (AttributeError, KeyError, TypeError, ValueError) as err:
-                raise EmbeddingError(f"{where}: not an embeddings response: {err!r}") from err
-            if len(vectors) != len(texts):
-                raise EmbeddingError(f"{where}: sent {len(texts)} texts, got {len(data)} vectors")
-            if vectors.ndim != 2 or vectors.shape[1] == 0:
-                raise EmbeddingError(f"{where}: returned vectors of shape {vectors.shape}")
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            if not np.all(norms > 0):
-                raise EmbeddingError(f"{where}: returned an all-zero vector")
-            return vectors / norms
-        detail = f"{type(last).__name__}: {last}" if last else "no attempt made"
-        raise EmbeddingError(
-            f"{where}: failed after {self.max_retries + 1} attempts; last error {detail}"
-        ) from last
+        try:
+            response = client.embeddings.create(input=texts, model=self.model, **options)
+        except openai.APIConnectionError as err:  # timeouts are APIConnectionErrors
+            raise EmbeddingError(self._exhausted(where, err)) from err
+        except openai.APIStatusError as err:
+            if err.status_code in _RETRIED_STATUSES or err.status_code >= 500:
+                raise EmbeddingError(self._exhausted(where, err)) from err
+            raise EmbeddingError(f"{where}: HTTP {err.status_code}: {err.message}") from err
+        except (openai.APIError, ValueError) as err:  # a body that is not JSON
+            raise EmbeddingError(f"{where}: bad response: {err}") from err
+        try:
+            data = sorted(response.data, key=lambda item: item.index)
+            vectors = np.asarray([item.embedding for item in data], dtype=np.float32)
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise EmbeddingError(f"{where}: not an embeddings response: {err!r}") from err
+        if len(vectors) != len(texts):
+            raise EmbeddingError(f"{where}: sent {len(texts)} texts, got {len(data)} vectors")
+        if vectors.ndim != 2 or vectors.shape[1] == 0:
+            raise EmbeddingError(f"{where}: returned vectors of shape {vectors.shape}")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        if not np.all(norms > 0):
+            raise EmbeddingError(f"{where}: returned an all-zero vector")
+        return vectors / norms
+
+    def _exhausted(self, where: str, err: Exception) -> str:
+        """The message for an error the client retried until ``max_retries`` ran out."""
+        attempts = self.max_retries + 1
+        return (
+            f"{where}: failed after {attempts} attempt{'s' * (attempts > 1)}; "
+            f"last error {type(err).__name__}: {err}"
+        )
 
     def __call__(self, input: Documents) -> Embeddings:
         texts = [input] if isinstance(input, str) else list(input)
@@ -402,14 +403,13 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
             "batch_size": self.batch_size,
             "timeout_s": self.timeout_s,
             "max_retries": self.max_retries,
-            "backoff_s": self.backoff_s,
         }
 
     @staticmethod
     def build_from_config(config: dict[str, Any]) -> OpenAIEmbedding:
         options = {
             key: config[key]
-            for key in ("dimensions", "batch_size", "timeout_s", "max_retries", "backoff_s")
+            for key in ("dimensions", "batch_size", "timeout_s", "max_retries")
             if config.get(key) is not None
         }
         return OpenAIEmbedding(

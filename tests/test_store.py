@@ -468,7 +468,7 @@ def flaky():
 
 def test_openai_embedding_retries_5xx_then_succeeds(flaky):
     stub = flaky(failures=2)
-    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=2, backoff_s=0.01)
+    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=2)
     vectors = embedding(["ab", "abcd"])
     assert stub.hits == 3
     assert len(vectors) == 2 and abs(float((vectors[0] ** 2).sum()) - 1.0) < 1e-6
@@ -476,7 +476,7 @@ def test_openai_embedding_retries_5xx_then_succeeds(flaky):
 
 def test_openai_embedding_fails_clearly_after_retries(flaky):
     stub = flaky(failures=10)
-    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=2, backoff_s=0.01)
+    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=2)
     with pytest.raises(EmbeddingError, match=r"failed after 3 attempts") as caught:
         embedding(["x"])
     assert stub.base_url in str(caught.value)
@@ -485,7 +485,7 @@ def test_openai_embedding_fails_clearly_after_retries(flaky):
 
 def test_openai_embedding_does_not_retry_client_errors(flaky):
     stub = flaky(failures=10, status=400)
-    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=3, backoff_s=0.01)
+    embedding = OpenAIEmbedding(stub.base_url, "m", max_retries=3)
     with pytest.raises(EmbeddingError, match="HTTP 400"):
         embedding(["x"])
     assert stub.hits == 1
@@ -502,7 +502,7 @@ def test_openai_embedding_does_not_retry_client_errors(flaky):
 def test_openai_embedding_rejects_a_malformed_body(flaky, body, message):
     stub = flaky(failures=0, body=body)
     with pytest.raises(EmbeddingError, match=message):
-        OpenAIEmbedding(stub.base_url, "m", backoff_s=0.01)(["x"])
+        OpenAIEmbedding(stub.base_url, "m")(["x"])
 
 
 def test_openai_embedding_reads_the_key_from_the_named_variable(scripted_server, monkeypatch):
