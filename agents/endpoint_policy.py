@@ -222,7 +222,7 @@ class EndpointPolicy:
             reraise=True,
         )
         try:
-            body = await retrying(self._attempt, state, request)
+            body: dict[str, Any] = await retrying(self._attempt, state, request)
         except _Transient as err:
             return AssistantMessage(
                 error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
