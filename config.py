@@ -112,6 +112,13 @@ class CoevolveConfig(Section):
         name = self.policy.endpoint
         if isinstance(name, str) and name not in self.endpoints:
             raise ValueError(f"policy.endpoint {name!r} is not in `endpoints` (defined: {known})")
+        embedder = self.synthesis.embedding_endpoint
+        if isinstance(embedder, str) and embedder not in self.endpoints:
+            raise ValueError(
+                f"synthesis.embedding_endpoint {embedder!r} is not in `endpoints` (defined: "
+                f"{known}); name an endpoint, give base_url + model, or remove it for the "
+                "local embedding"
+            )
         roles = self.synthesis.roles
         for role in ("default_endpoint", "summarizer", "explorer", "abstractor", "judge"):
             ref = getattr(roles, role)

@@ -62,11 +62,11 @@ def synthesize_command(
     from ..agents.role_factory import build_roles
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
+    from ..graph.runtime_factory import build_store
     from ..graph.synthesis import SynthesisRuntime, env_factory, synthesize
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals
-    from ..memory.store import TaskStore
 
     try:
         config = load_config(config_path)
@@ -99,11 +99,7 @@ def synthesize_command(
     except ValueError as err:
         raise fail(str(err)) from None
     store_path = store or config.store_path()
-    task_store = TaskStore(
-        None if config.synthesis.store_url else store_path,
-        server_url=config.synthesis.store_url,
-        threshold=config.synthesis.dedup_threshold,
-    )
+    task_store = build_store(config, store_path)
     runtime = SynthesisRuntime(
         roles=roles,
         make_env=env_factory(env_name),

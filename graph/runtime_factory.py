@@ -2,7 +2,8 @@
 
 The policy a config names (``build_policy``, on the base model of
 ``local_model_dir``), the held-out evaluation tasks (``evaluation_tasks``), and
-the whole runtime: seed pool, history, pattern counts, task store and synthesis
+the task store with the embedding the config names (``build_store``), and the
+whole runtime: seed pool, history, pattern counts, task store and synthesis
 roles (``build_runtime``). ``studio_runtime`` builds one for LangGraph Studio from
 its JSON context, once per config path. ``coevolve.runner`` re-exports these.
 """
@@ -16,6 +17,7 @@ from .runtime import CycleRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import CoevolveConfig
+    from ..memory.store import TaskStore
 
 
 def build_policy(
@@ -65,6 +67,25 @@ def evaluation_tasks(config: CoevolveConfig) -> list[Any]:
     return first_per_family(tasks, config.evaluation.per_family)
 
 
+def build_store(config: CoevolveConfig, path: str | Path | None = None) -> TaskStore:
+    """The task store a config names: the Chroma server at ``synthesis.store_url``, else the
+    embedded store at ``path`` (default ``config.store_path()``); its embeddings from
+    ``synthesis.embedding_endpoint``, else the local MiniLM."""
+    from ..memory.embeddings import OpenAIEmbedding
+    from ..memory.store import TaskStore
+
+    synthesis = config.synthesis
+    embedding = None
+    if synthesis.embedding_endpoint is not None:
+        embedding = OpenAIEmbedding.from_endpoint(config.endpoint(synthesis.embedding_endpoint))
+    return TaskStore(
+        None if synthesis.store_url else (path or config.store_path()),
+        server_url=synthesis.store_url,
+        threshold=synthesis.dedup_threshold,
+        embedding=embedding,
+    )
+
+
 def build_runtime(
     config: CoevolveConfig, console: Any = None, progress: bool = True
 ) -> CycleRuntime:
@@ -73,7 +94,6 @@ def build_runtime(
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.pool import TaskPool
-    from ..memory.store import TaskStore
     from .synthesis import env_factory
 
     run_dir = Path(config.run_dir)
@@ -85,11 +105,7 @@ def build_runtime(
     )
     if config.pool.seed_tasks is not None:
         seeds = seeds[: config.pool.seed_tasks]
-    store = TaskStore(
-        None if config.synthesis.store_url else config.store_path(),
-        server_url=config.synthesis.store_url,
-        threshold=config.synthesis.dedup_threshold,
-    )
+    store = build_store(config)
     if store.count() == 0:
         store.add(seeds)  # synthesized tasks are compared with the seed pool too
     return CycleRuntime(

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..agents.config import EndpointConfig
 from ..agents.roles import RolesConfig
 from ..config_base import Section
 
@@ -25,6 +26,13 @@ class SynthesisConfig(Section):
     )
     dedup_threshold: float = Field(
         default=0.8, gt=0.0, le=1.0, description="Cosine similarity at which a task is a duplicate."
+    )
+    embedding_endpoint: str | EndpointConfig | None = Field(
+        default=None,
+        description="Where the task store's embeddings come from: the name of an entry in "
+        "`endpoints`, or an inline endpoint, serving /v1/embeddings (its model is the embedding "
+        "model; timeout_s and max_retries apply). None: all-MiniLM-L6-v2 on this machine. A "
+        "store keeps the embedding it was built with: a new one needs a new store_path.",
     )
     neighbours: int = Field(
         default=5, ge=0, description="Nearest stored tasks shown to the abstractor."

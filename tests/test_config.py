@@ -99,6 +99,10 @@ def test_every_field_of_every_config_model_has_help_text():
         ),
         ("policy:\n  kind: local\n  endpoint: vllm\n", ["only used with kind: endpoint"]),
         (
+            "synthesis:\n  embedding_endpoint: embedder\n",
+            ["synthesis.embedding_endpoint 'embedder' is not in `endpoints`", "none defined"],
+        ),
+        (
             "endpoints:\n  judge:\n    base_url: http://x/v1\n    model: m\n    temprature: 0\n",
             ["unknown key 'endpoints.judge.temprature'", "did you mean 'temperature'"],
         ),

@@ -412,6 +412,37 @@ def test_openai_embedding_over_http(scripted_server):
     assert bodies[0]["model"] == server.model
 
 
+def test_a_configured_embedding_endpoint_embeds_the_runs_store(scripted_server, tmp_path):
+    from coevolve.config import load_config
+    from coevolve.graph.runtime_factory import build_store
+
+    server = scripted_server()
+    endpoint = {"base_url": server.base_url, "model": server.model, "max_retries": 1}
+    config = load_config(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "endpoints": {"embedder": endpoint},
+            "synthesis": {"embedding_endpoint": "embedder"},
+        }
+    )
+    with build_store(config) as task_store:
+        assert isinstance(task_store.embedding, OpenAIEmbedding)
+        ana = text_ana("Text Ana: running late.", "ana")
+        task_store.add([ana])
+        [nearest] = task_store.nearest(ana, k=1)
+    assert nearest.id == "ana" and nearest.similarity == pytest.approx(1.0, abs=1e-5)
+    bodies = [r.body for r in server.requests if r.path == "/v1/embeddings"]
+    assert [body["input"] for body in bodies] == [[task_text(ana)]] * 2  # the add, the lookup
+    assert all(body["model"] == server.model for body in bodies)
+    assert (tmp_path / "run" / "task_store").is_dir()
+
+    inline = load_config({"synthesis": {"embedding_endpoint": endpoint, "store_url": None}})
+    with build_store(inline, tmp_path / "inline") as task_store:
+        assert task_store.embedding.get_config()["base_url"] == server.base_url
+    with build_store(load_config({}), tmp_path / "default") as task_store:
+        assert isinstance(task_store.embedding, MiniLMEmbedding)
+
+
 class _FlakyEmbeddings:
     """A stub /v1/embeddings answering ``failures`` times with ``status``, then vectors."""
 
