@@ -8,6 +8,7 @@ closed loop (95d3334) did, before diagnosis, flag maps and nearest misses were r
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from coevolve.report import metrics_rows, overhead_share, write_report
 from coevolve.summary import CycleSummary, RunSummary, SignalFigures, TrainFigures
 
-BASELINE = {
+BASELINE: dict[str, Any] = {
     "cycle": 0,
     "evaluate": {
         "success": 0.2,
@@ -29,7 +30,7 @@ BASELINE = {
     "time_s": 13.0,
 }
 
-TRAIN_RESULT = {
+TRAIN_RESULT: dict[str, Any] = {
     "algorithm": "sft",
     "adapter_dir": "runs/x/adapters/cycle-1",
     "previous_adapter": None,
@@ -44,7 +45,7 @@ TRAIN_RESULT = {
     "skipped": None,
 }
 
-CURRENT = {
+CURRENT: dict[str, Any] = {
     "cycle": 1,
     "rollout": {
         "tasks": 24,
@@ -110,7 +111,7 @@ CURRENT = {
     "evaluate": {**BASELINE["evaluate"], "success": 0.3, "time_s": 11.0},
 }
 
-FIRST_LOOP = {
+FIRST_LOOP: dict[str, Any] = {
     "cycle": 1,
     "rollout": {
         "tasks": 24,
