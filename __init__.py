@@ -13,11 +13,13 @@ from .records import (
     Verdict,
 )
 from .runner import RunResult, resume, run
+from .summary import CycleSummary
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CandidateTask",
+    "CycleSummary",
     "Observation",
     "RunResult",
     "Signal",

@@ -299,19 +299,19 @@ def run_ablation(
                     f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}"
                 )
             result = run(config, overwrite=True, progress=False, console=None)
-            last = result.cycles[-1]
+            last = result.cycles[-1].evaluate
             runs.append(
                 ArmRun(
                     arm=arm,
                     seed=seed,
                     success_by_cycle=result.success_by_cycle(),
-                    by_family=last["evaluate"]["by_family"],
+                    by_family=last.by_family,
                     family_curves={
-                        family: [c["evaluate"]["by_family"].get(family, 0.0) for c in result.cycles]
-                        for family in sorted(last["evaluate"]["by_family"])
+                        family: [c.evaluate.by_family.get(family, 0.0) for c in result.cycles]
+                        for family in sorted(last.by_family)
                     },
                     accepted_by_cycle=[
-                        (c.get("synthesize") or {}).get("accepted", 0) for c in result.cycles[1:]
+                        c.synthesize.accepted if c.synthesize else 0 for c in result.cycles[1:]
                     ],
                     run_dir=result.run_dir,
                     elapsed_s=result.elapsed_s,

@@ -1,8 +1,9 @@
 """What a finished run leaves for a person: metrics.jsonl, summary.json, report.png, tables.
 
-``cycles`` are the per-cycle summaries the cycle graph accumulates: cycle 0 is
-the starting policy's evaluation; cycle n >= 1 has one entry per stage
-(rollout, signals, synthesize, pool, train, evaluate), each with ``time_s``.
+``cycles`` are the per-cycle summaries the cycle graph accumulates
+(``coevolve.summary.CycleSummary``): cycle 0 is the starting policy's
+evaluation; cycle n >= 1 has the figures of every stage (rollout, signals,
+synthesize, pool, train, evaluate), each with its seconds.
 """
 
 from __future__ import annotations
@@ -12,78 +13,70 @@ from pathlib import Path
 from typing import Any
 
 from .records import SIGNAL_KINDS
+from .summary import CycleSummary, RunSummary
 
 # The keys of a cycle summary, in the order the cycle graph runs them.
 STAGES = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
 GENERATION_STAGES = ("rollout", "evaluate")
 
 
-def stage_times(summary: dict[str, Any]) -> dict[str, float]:
-    """Seconds per stage of one cycle (training counts its whole stage)."""
-    times = {}
-    for stage in STAGES:
-        figures = summary.get(stage) or {}
-        seconds = figures.get("stage_time_s", figures.get("time_s"))
-        if seconds is not None:
-            times[stage] = float(seconds)
-    return times
-
-
-def overhead_share(summary: dict[str, Any]) -> float | None:
+def overhead_share(summary: CycleSummary) -> float | None:
     """Share of a cycle spent outside generation (rollouts, evaluation) and training steps."""
-    times = stage_times(summary)
+    times = summary.stage_seconds()
     total = sum(times.values())
-    if not total or "train" not in times:
+    if not total or summary.train is None:
         return None
-    train = summary.get("train") or {}
-    busy = sum(times.get(stage, 0.0) for stage in GENERATION_STAGES) + float(
-        train.get("train_time_s") or 0.0
-    )
+    busy = sum(times.get(stage, 0.0) for stage in GENERATION_STAGES) + summary.train.train_time_s
     return max(total - busy, 0.0) / total
 
 
-def metrics_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def metrics_rows(cycles: list[CycleSummary]) -> list[dict[str, Any]]:
+    """One metrics.jsonl row per cycle: the figures a person plots, flattened."""
     rows = []
     for summary in cycles:
-        evaluation = summary.get("evaluate") or {}
-        signals = summary.get("signals") or {}
-        synthesis = summary.get("synthesize") or {}
-        pool = summary.get("pool") or {}
-        train = summary.get("train") or {}
-        rollout = summary.get("rollout") or {}
+        evaluation = summary.evaluate
+        rollout = summary.rollout
+        signals = summary.signals
+        synthesis = summary.synthesize
+        pool = summary.pool
+        train = summary.train
         rows.append(
             {
-                "cycle": summary.get("cycle", 0),
-                "heldout_success": evaluation.get("success"),
-                "heldout_tool_sequence": evaluation.get("tool_sequence"),
-                "heldout_by_family": evaluation.get("by_family", {}),
-                "rollout_success": rollout.get("success"),
-                "rollout_episodes": rollout.get("episodes"),
-                "diagnosis": rollout.get("diagnosis", {}),
-                "signals": signals.get("by_kind", {}),
-                "signals_kept": signals.get("kept_by_kind", {}),
-                "flagged_kept": signals.get("kept"),
-                "flag_precision": signals.get("flag_precision"),
-                "flags_by_family": signals.get("by_family", {}),
+                "cycle": summary.cycle,
+                "heldout_success": evaluation.success,
+                "heldout_tool_sequence": evaluation.tool_sequence,
+                "heldout_by_family": evaluation.by_family,
+                "rollout_success": rollout.success if rollout else None,
+                "rollout_episodes": rollout.episodes if rollout else None,
+                "diagnosis": rollout.diagnosis if rollout else {},
+                "signals": signals.by_kind if signals else {},
+                "signals_kept": signals.kept_by_kind if signals else {},
+                "flagged_kept": signals.kept if signals else None,
+                "flag_precision": signals.flag_precision if signals else None,
+                "flags_by_family": (
+                    {f: flags.model_dump() for f, flags in signals.by_family.items()}
+                    if signals
+                    else {}
+                ),
                 # oracle selection only (the ablation's reference arm): what it targeted by
-                "oracle_validation_by_family": signals.get("oracle_validation"),
-                "accepted_by_family": synthesis.get("by_family", {}),
-                "candidates": synthesis.get("candidates"),
-                "duplicates": synthesis.get("duplicates"),
-                "accepted": synthesis.get("accepted"),
-                "pool_size": pool.get("size"),
-                "pool_synthesized": pool.get("synthesized"),
-                "train_examples": train.get("examples"),
-                "train_steps": train.get("steps"),
-                "train_loss": train.get("final_loss"),
-                "stage_time_s": stage_times(summary),
+                "oracle_validation_by_family": signals.oracle_validation if signals else None,
+                "accepted_by_family": synthesis.by_family if synthesis else {},
+                "candidates": synthesis.candidates if synthesis else None,
+                "duplicates": synthesis.duplicates if synthesis else None,
+                "accepted": synthesis.accepted if synthesis else None,
+                "pool_size": pool.size if pool else None,
+                "pool_synthesized": pool.synthesized if pool else None,
+                "train_examples": train.examples if train else None,
+                "train_steps": train.steps if train else None,
+                "train_loss": train.final_loss if train else None,
+                "stage_time_s": summary.stage_seconds(),
                 "overhead_share": overhead_share(summary),
             }
         )
     return rows
 
 
-def write_report(run_dir: str | Path, cycles: list[dict[str, Any]], pool: Any) -> dict[str, Path]:
+def write_report(run_dir: str | Path, cycles: list[CycleSummary], pool: Any) -> dict[str, Path]:
     """metrics.jsonl, summary.json and report.png in the run directory; returns their paths."""
     run_dir = Path(run_dir)
     rows = metrics_rows(cycles)
@@ -91,7 +84,7 @@ def write_report(run_dir: str | Path, cycles: list[dict[str, Any]], pool: Any) -
     metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
     summary = run_dir / "summary.json"
     summary.write_text(
-        json.dumps({"cycles": cycles, "pool": pool.counts() if pool else {}}, indent=2)
+        RunSummary(cycles=cycles, pool=pool.counts() if pool else {}).model_dump_json(indent=2)
     )
     paths = {"metrics": metrics, "summary": summary}
     if rows:
@@ -204,7 +197,7 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def print_summary(
-    console: Any, cycles: list[dict[str, Any]], pool: dict[str, int] | None = None
+    console: Any, cycles: list[CycleSummary], pool: dict[str, int] | None = None
 ) -> None:
     """The tables `coevolve run` ends with."""
     from rich.table import Table

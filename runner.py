@@ -43,6 +43,7 @@ from .graph.runtime_factory import (
     studio_runtime,
 )
 from .graph.training_step import sft_weights, train_cycle, use_adapter
+from .summary import CycleSummary
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import CoevolveConfig
@@ -71,7 +72,7 @@ THREAD = {"configurable": {"thread_id": "run"}}
 
 class RunResult(BaseModel):
     run_dir: str
-    cycles: list[dict[str, Any]]  # cycle 0 (the starting policy) first
+    cycles: list[CycleSummary]  # cycle 0 (the starting policy) first
     adapter: str | None
     metrics: str
     report: str | None
@@ -81,7 +82,7 @@ class RunResult(BaseModel):
     resumed: bool = False
 
     def success_by_cycle(self) -> list[float]:
-        return [c["evaluate"]["success"] for c in self.cycles]
+        return [c.evaluate.success for c in self.cycles]
 
 
 # --------------------------------------------------------------------------- building
@@ -174,7 +175,7 @@ def _execute(config: CoevolveConfig, *, resuming: bool, progress: bool, console:
     )
 
 
-async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[dict[str, Any]], str | None]:
+async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], str | None]:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     from .graph.cycle import builder
@@ -199,14 +200,19 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[dict[str, Any]]
                 graph_input = None
             else:
                 rt.say(f"{rt.run_dir} finished already; reporting")
-                return list(snapshot.values.get("finished", [])), adapter
+                return _summaries(snapshot.values), adapter
         # durability="sync": a node's checkpoint is on disk before the next node starts,
         # so a kill never loses a finished stage.
         await compiled.ainvoke(graph_input, thread, context=cast(Any, rt), durability="sync")
         final = await compiled.aget_state(thread)
     if hasattr(rt.policy, "aclose"):
         await rt.policy.aclose()
-    return list(final.values.get("finished", [])), final.values.get("adapter")
+    return _summaries(final.values), final.values.get("adapter")
+
+
+def _summaries(values: dict[str, Any]) -> list[CycleSummary]:
+    """The finished cycles of the graph's state (kept there as dicts: the checkpoints are JSON)."""
+    return [CycleSummary.model_validate(summary) for summary in values.get("finished", [])]
 
 
 def summary_payload(result: RunResult) -> dict[str, Any]:

@@ -23,9 +23,12 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .summary import CycleSummary
 
 log = logging.getLogger(__name__)
 
@@ -164,44 +167,40 @@ def for_training(config: Any, run_dir: str | Path, cycle: int) -> TrainTracking:
 # --------------------------------------------------------------------------- loop figures
 
 
-def cycle_metrics(summary: dict[str, Any]) -> dict[str, float]:
+def cycle_metrics(summary: CycleSummary) -> dict[str, float]:
     """The scalars of one cycle's summary (the figures metrics.jsonl holds), by tracker name."""
-    metrics: dict[str, float] = {}
-
-    def put(name: str, value: Any) -> None:
-        if isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, int | float):
-            metrics[name] = float(value)
-
-    evaluation = summary.get("evaluate") or {}
-    put("heldout/success", evaluation.get("success"))
-    put("heldout/tool_sequence", evaluation.get("tool_sequence"))
-    for family, rate in (evaluation.get("by_family") or {}).items():
-        put(f"heldout/success/{family}", rate)
-    rollout = summary.get("rollout") or {}
-    put("rollout/success", rollout.get("success"))
-    put("rollout/episodes", rollout.get("episodes"))
-    signals = summary.get("signals") or {}
-    put("signals/flagged", signals.get("flagged"))
-    put("signals/kept", signals.get("kept"))
-    for kind, count in (signals.get("by_kind") or {}).items():
-        put(f"signals/{kind}", count)
-    synthesis = summary.get("synthesize") or {}
-    for key in ("candidates", "judged_ok", "duplicates", "accepted"):
-        put(f"synthesis/{key}", synthesis.get(key))
-    for reason, count in (synthesis.get("top_rejections") or {}).items():
-        put(f"synthesis/rejected/{_slug(reason)}", count)
-    pool = summary.get("pool") or {}
-    for key in ("size", "added", "seed", "synthesized"):
-        put(f"pool/{key}", pool.get(key))
-    train = summary.get("train") or {}
-    put("train/cycle_steps", train.get("steps"))
-    put("train/cycle_final_loss", train.get("final_loss"))
-    for stage in ("rollout", "signals", "synthesize", "pool", "evaluate"):
-        put(f"time/{stage}_s", (summary.get(stage) or {}).get("time_s"))
-    put("time/train_s", train.get("stage_time_s"))
-    put("cycle", summary.get("cycle"))
+    metrics: dict[str, float] = {"cycle": float(summary.cycle)}
+    evaluation = summary.evaluate
+    metrics["heldout/success"] = evaluation.success
+    metrics["heldout/tool_sequence"] = evaluation.tool_sequence
+    for family, rate in evaluation.by_family.items():
+        metrics[f"heldout/success/{family}"] = rate
+    if summary.rollout is not None:
+        metrics["rollout/success"] = summary.rollout.success
+        metrics["rollout/episodes"] = float(summary.rollout.episodes)
+    if summary.signals is not None:
+        metrics["signals/flagged"] = float(summary.signals.flagged)
+        metrics["signals/kept"] = float(summary.signals.kept)
+        for kind, count in summary.signals.by_kind.items():
+            metrics[f"signals/{kind}"] = float(count)
+    if (synthesis := summary.synthesize) is not None:
+        metrics["synthesis/candidates"] = float(synthesis.candidates)
+        metrics["synthesis/judged_ok"] = float(synthesis.judged_ok)
+        metrics["synthesis/duplicates"] = float(synthesis.duplicates)
+        metrics["synthesis/accepted"] = float(synthesis.accepted)
+        for reason, count in synthesis.top_rejections.items():
+            metrics[f"synthesis/rejected/{_slug(reason)}"] = float(count)
+    if (pool := summary.pool) is not None:
+        metrics["pool/size"] = float(pool.size)
+        metrics["pool/added"] = float(pool.added)
+        metrics["pool/seed"] = float(pool.seed)
+        metrics["pool/synthesized"] = float(pool.synthesized)
+    if (train := summary.train) is not None:
+        metrics["train/cycle_steps"] = float(train.steps)
+        if train.final_loss is not None:
+            metrics["train/cycle_final_loss"] = train.final_loss
+    for stage, seconds in summary.stage_seconds().items():
+        metrics[f"time/{stage}_s"] = seconds
     return metrics
 
 
@@ -214,7 +213,7 @@ def _slug(text: str) -> str:
 _TENSORBOARD_WRITERS: dict[str, Any] = {}
 
 
-def log_cycle(config: Any, run_dir: str | Path, summary: dict[str, Any]) -> None:
+def log_cycle(config: Any, run_dir: str | Path, summary: CycleSummary) -> None:
     """Log one finished cycle's figures to every configured tracker, at the run's training step.
 
     ``config`` is the run's CoevolveConfig. A tracker that fails is logged as a
@@ -224,7 +223,7 @@ def log_cycle(config: Any, run_dir: str | Path, summary: dict[str, Any]) -> None
     backends = tracking.backends()
     if not backends:
         return
-    cycle = int(summary.get("cycle", 0))
+    cycle = summary.cycle
     step = steps_before(run_dir, cycle + 1)
     metrics = cycle_metrics(summary)
     for backend in backends:
@@ -239,7 +238,7 @@ def _tensorboard(
     run_dir: str | Path,
     metrics: dict[str, float],
     step: int,
-    summary: dict[str, Any],
+    summary: CycleSummary,
 ) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
@@ -249,7 +248,7 @@ def _tensorboard(
         writer = _TENSORBOARD_WRITERS[directory] = SummaryWriter(log_dir=directory)
     for name, value in metrics.items():
         writer.add_scalar(name, value, step)
-    reasons = (summary.get("synthesize") or {}).get("top_rejections") or {}
+    reasons = summary.synthesize.top_rejections if summary.synthesize else {}
     if reasons:
         table = "\n".join(f"- {count} × {reason}" for reason, count in reasons.items())
         writer.add_text("synthesis/rejection_reasons", table, step)
@@ -261,7 +260,7 @@ def _trackio(
     run_dir: str | Path,
     metrics: dict[str, float],
     step: int,
-    summary: dict[str, Any],
+    summary: CycleSummary,
 ) -> None:
     import trackio
 
@@ -274,7 +273,7 @@ def _wandb(
     run_dir: str | Path,
     metrics: dict[str, float],
     step: int,
-    summary: dict[str, Any],
+    summary: CycleSummary,
 ) -> None:
     import wandb
 
@@ -288,7 +287,7 @@ def _mlflow(
     run_dir: str | Path,
     metrics: dict[str, float],
     step: int,
-    summary: dict[str, Any],
+    summary: CycleSummary,
 ) -> None:
     import mlflow
 

@@ -22,6 +22,6 @@ else:
     result = coevolve.run(config, overwrite=True)
 
 for cycle in result.cycles:
-    print(f"cycle {cycle['cycle']}: held-out success {cycle['evaluate']['success']:.1%}")
+    print(f"cycle {cycle.cycle}: held-out success {cycle.evaluate.success:.1%}")
 print("pool:", result.pool)
 print("report:", result.report)

@@ -43,6 +43,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from ..records import Task, Trajectory, is_success
+from ..summary import (
+    CycleSummary,
+    EvaluationFigures,
+    FamilyFlags,
+    PoolFigures,
+    RolloutFigures,
+    SignalFigures,
+    SynthesisFigures,
+    TrainFigures,
+)
 from ..tracking import log_cycle
 from .runtime import CycleRuntime, seed_everything
 
@@ -51,8 +61,11 @@ class CycleState(TypedDict, total=False):
     cycle: int  # the cycle in progress (1-based); 0 during the baseline
     cycles: int  # how many cycles the run makes
     adapter: str | None  # the adapter the policy serves now (None: the base model)
-    current: dict[str, Any]  # the figures of the cycle in progress, stage by stage
-    finished: Annotated[list[dict[str, Any]], operator.add]  # one summary per finished cycle
+    # The figures of the cycle in progress: "cycle", then each stage's figures model
+    # (coevolve.summary) dumped under the stage's name.
+    current: dict[str, Any]
+    # One CycleSummary per finished cycle, dumped (read them with CycleSummary.model_validate).
+    finished: Annotated[list[dict[str, Any]], operator.add]
 
 
 def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
@@ -71,7 +84,7 @@ def _success_rate(trajectories: list[Trajectory]) -> float:
     return sum(is_success(t.score) for t in trajectories) / len(trajectories)
 
 
-async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:
+async def _evaluate(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
     from ..agents.evaluation import evaluate as summarize
     from ..agents.rollout import rollout as run
     from ..files import dump_jsonl
@@ -100,19 +113,19 @@ async def _evaluate(rt: CycleRuntime, cycle: int) -> dict[str, Any]:
         scope={"split": config.evaluation.split},
         policy=rt.policy.version,
     )
-    result = {
-        "success": report.overall.success_rate,
-        "tool_sequence": report.overall.tool_sequence_accuracy,
-        "calls": report.overall.call_accuracy,
-        "episodes": report.overall.episodes,
-        "by_family": {f: s.success_rate for f, s in report.by_family.items()},
-        "tokens": sum(t.completion_tokens for t in trajectories),
-        "time_s": elapsed,
-    }
+    result = EvaluationFigures(
+        success=report.overall.success_rate,
+        tool_sequence=report.overall.tool_sequence_accuracy,
+        calls=report.overall.call_accuracy,
+        episodes=report.overall.episodes,
+        by_family={f: s.success_rate for f, s in report.by_family.items()},
+        tokens=sum(t.completion_tokens for t in trajectories),
+        time_s=elapsed,
+    )
     rt.say(
-        f"cycle {cycle} · evaluate: held-out success {result['success']:.1%} "
+        f"cycle {cycle} · evaluate: held-out success {result.success:.1%} "
         f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
-        f"{result['tool_sequence']:.1%} [{elapsed:.0f} s]"
+        f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
     )
     return result
 
@@ -166,9 +179,9 @@ async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     started = time.perf_counter()
     evaluation = await _evaluate(rt, 0)
-    summary = {"cycle": 0, "evaluate": evaluation, "time_s": time.perf_counter() - started}
+    summary = CycleSummary(cycle=0, evaluate=evaluation, time_s=time.perf_counter() - started)
     log_cycle(rt.config, rt.run_dir, summary)
-    return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary]}
+    return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}
 
 
 async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -201,22 +214,22 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     trajectories = annotate(trajectories, {task.id: task for task in tasks})
     dump_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", trajectories)
     sources = Counter(task.source for task in tasks)
-    figures = {
-        "tasks": len(tasks),
-        "seed_tasks": sources.get("seed", 0),
-        "synthesized_tasks": sources.get("synthesized", 0),
-        "episodes": len(trajectories),
-        "success": _success_rate(trajectories),
-        "diagnosis": count_labels(trajectories),
-        "tokens": sum(t.completion_tokens for t in trajectories),
-        "time_s": elapsed,
-    }
+    figures = RolloutFigures(
+        tasks=len(tasks),
+        seed_tasks=sources.get("seed", 0),
+        synthesized_tasks=sources.get("synthesized", 0),
+        episodes=len(trajectories),
+        success=_success_rate(trajectories),
+        diagnosis=count_labels(trajectories),
+        tokens=sum(t.completion_tokens for t in trajectories),
+        time_s=elapsed,
+    )
     rt.say(
-        f"cycle {cycle} · rollout: {len(tasks)} tasks ({figures['synthesized_tasks']} synthesized)"
-        f" × {config.rollout.k} = {len(trajectories)} episodes, success {figures['success']:.1%}"
+        f"cycle {cycle} · rollout: {len(tasks)} tasks ({figures.synthesized_tasks} synthesized)"
+        f" × {config.rollout.k} = {len(trajectories)} episodes, success {figures.success:.1%}"
         f" [{elapsed:.0f} s]"
     )
-    return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures}}
+    return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures.model_dump()}}
 
 
 def flag_map(
@@ -224,7 +237,7 @@ def flag_map(
     flagged: Sequence[Any],
     kept: Sequence[Any],
     kinds: Sequence[str],
-) -> dict[str, Any]:
+) -> SignalFigures:
     """Where the flags land: counts by kind and by family, before and after the budget.
 
     ``flag_precision`` is the share of kept items (the synthesis budget) whose family
@@ -235,27 +248,35 @@ def flag_map(
 
     rates = failure_rates(trajectories)
     families = sorted({t.family for t in trajectories})
-    by_family: dict[str, dict[str, Any]] = {}
+
+    def of_family(items: Sequence[Any], family: str) -> tuple[dict[str, int], int]:
+        """Items of the family by kind (kinds with none left out), and how many items."""
+        mine = [item for item in items if item.trajectory.family == family]
+        counts = Counter(kind for item in mine for kind in item.kinds)
+        return {kind: counts[kind] for kind in kinds if counts.get(kind, 0)}, len(mine)
+
+    by_family: dict[str, FamilyFlags] = {}
     for family in families:
-        row: dict[str, Any] = {"rollout_success": round(1.0 - rates.get(family, 0.0), 4)}
-        for label, items in (("flagged", flagged), ("kept", kept)):
-            counts = Counter(
-                kind for item in items if item.trajectory.family == family for kind in item.kinds
-            )
-            row[label] = {kind: counts.get(kind, 0) for kind in kinds if counts.get(kind, 0)}
-            row[f"{label}_items"] = sum(1 for item in items if item.trajectory.family == family)
-        by_family[family] = row
+        flagged_kinds, flagged_items = of_family(flagged, family)
+        kept_kinds, kept_items = of_family(kept, family)
+        by_family[family] = FamilyFlags(
+            rollout_success=round(1.0 - rates.get(family, 0.0), 4),
+            flagged=flagged_kinds,
+            flagged_items=flagged_items,
+            kept=kept_kinds,
+            kept_items=kept_items,
+        )
     by_kind = Counter(kind for item in flagged for kind in item.kinds)
     kept_by_kind = Counter(kind for item in kept for kind in item.kinds)
     weak = [item for item in kept if rates.get(item.trajectory.family, 0.0) > 0.5]
-    return {
-        "flagged": len(flagged),
-        "kept": len(kept),
-        "by_kind": {kind: by_kind.get(kind, 0) for kind in kinds},
-        "kept_by_kind": {kind: kept_by_kind.get(kind, 0) for kind in kinds},
-        "by_family": by_family,
-        "flag_precision": len(weak) / len(kept) if kept else 0.0,
-    }
+    return SignalFigures(
+        flagged=len(flagged),
+        kept=len(kept),
+        by_kind={kind: by_kind.get(kind, 0) for kind in kinds},
+        kept_by_kind={kind: kept_by_kind.get(kind, 0) for kind in kinds},
+        by_family=by_family,
+        flag_precision=len(weak) / len(kept) if kept else 0.0,
+    )
 
 
 async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -292,16 +313,15 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     kept = attach_nearest_misses(kept, misses)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
     figures = flag_map(trajectories, flagged, kept, rt.config.signals.kinds)
-    figures["nearest_misses"] = sum(item.nearest_miss is not None for item in kept)
-    if validation is not None:
-        figures["oracle_validation"] = validation
-    figures["time_s"] = time.perf_counter() - started
-    found = ", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())
+    figures.nearest_misses = sum(item.nearest_miss is not None for item in kept)
+    figures.oracle_validation = validation
+    figures.time_s = time.perf_counter() - started
+    found = ", ".join(f"{k} {n}" for k, n in figures.by_kind.items())
     rt.say(
         f"cycle {cycle} · signals: flagged {len(flagged)} ({found}); kept {len(kept)}, "
-        f"{figures['flag_precision']:.0%} of them on families under 50% rollout success"
+        f"{figures.flag_precision or 0.0:.0%} of them on families under 50% rollout success"
     )
-    return {"current": {**state.get("current", {}), "signals": figures}}
+    return {"current": {**state.get("current", {}), "signals": figures.model_dump()}}
 
 
 async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -347,28 +367,31 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
     # Every rejection with its stage and reason, not only the most common ones.
     dump_jsonl(rt.cycle_dir(cycle) / "rejections.jsonl", result.rejections)
     reasons = Counter(r.reason for r in result.rejections)
-    figures = {
-        **{key: value for key, value in result.counts.items() if not key.startswith("kind:")},
-        "accepted": len(result.accepted),
-        "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
-        "by_family": dict(Counter(task.family for task in result.accepted)),
-        "candidate_kinds": {
-            key.removeprefix("kind:"): value
-            for key, value in result.counts.items()
-            if key.startswith("kind:")
-        },
-        "top_rejections": dict(reasons.most_common(3)),
-        "rejections": len(result.rejections),
-        "roles": result.roles,
-        "removed_on_resume": removed,
-        "time_s": time.perf_counter() - started,
-    }
-    rt.say(
-        f"cycle {cycle} · synthesize: {figures.get('candidates', 0)} candidates, "
-        f"{figures.get('duplicates', 0)} duplicates, {len(result.accepted)} accepted "
-        f"[{figures['time_s']:.0f} s]"
+    stage_counts = {k: v for k, v in result.counts.items() if not k.startswith("kind:")}
+    figures = SynthesisFigures.model_validate(
+        {
+            **stage_counts,
+            "accepted": len(result.accepted),
+            "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
+            "by_family": dict(Counter(task.family for task in result.accepted)),
+            "candidate_kinds": {
+                key.removeprefix("kind:"): value
+                for key, value in result.counts.items()
+                if key.startswith("kind:")
+            },
+            "top_rejections": dict(reasons.most_common(3)),
+            "rejections": len(result.rejections),
+            "roles": result.roles,
+            "removed_on_resume": removed,
+            "time_s": time.perf_counter() - started,
+        }
     )
-    return {"current": {**state.get("current", {}), "synthesize": figures}}
+    rt.say(
+        f"cycle {cycle} · synthesize: {figures.candidates} candidates, "
+        f"{figures.duplicates} duplicates, {figures.accepted} accepted "
+        f"[{figures.time_s:.0f} s]"
+    )
+    return {"current": {**state.get("current", {}), "synthesize": figures.model_dump()}}
 
 
 async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -380,15 +403,15 @@ async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any
     accepted = load_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", Task)
     added = rt.pool.add(accepted)
     counts = rt.pool.counts()
-    figures = {
-        "added": added,
-        "seed": counts.get("seed", 0),
-        "synthesized": counts.get("synthesized", 0),
-        "size": len(rt.pool),
-        "time_s": time.perf_counter() - started,
-    }
+    figures = PoolFigures(
+        added=added,
+        seed=counts.get("seed", 0),
+        synthesized=counts.get("synthesized", 0),
+        size=len(rt.pool),
+        time_s=time.perf_counter() - started,
+    )
     rt.say(f"cycle {cycle} · pool: +{added} tasks, {len(rt.pool)} in all")
-    return {"current": {**state.get("current", {}), "pool": figures}}
+    return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
 async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -398,7 +421,8 @@ async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     from .training_step import train_cycle
 
     result = await train_cycle(rt, cycle, state.get("adapter"))
-    figures = {**result.model_dump(), "stage_time_s": time.perf_counter() - started}
+    # A hard-negatives step's result carries the failure agent's figures too.
+    figures = TrainFigures(**result.model_dump(), stage_time_s=time.perf_counter() - started)
     adapter = result.adapter_dir
     if result.skipped:
         rt.say(f"cycle {cycle} · train: skipped ({result.skipped})")
@@ -408,16 +432,21 @@ async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
             f"cycle {cycle} · train ({result.algorithm}): {result.examples} examples, "
             f"{result.steps} steps, loss {loss} [{result.train_time_s:.0f} s]"
         )
-    return {"adapter": adapter, "current": {**state.get("current", {}), "train": figures}}
+    return {
+        "adapter": adapter,
+        "current": {**state.get("current", {}), "train": figures.model_dump()},
+    }
 
 
 async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     cycle = state["cycle"]
     evaluation = await _evaluate(rt, cycle)
-    current = {**state.get("current", {}), "evaluate": evaluation}
-    log_cycle(rt.config, rt.run_dir, current)  # the trackers get the cycle's figures
-    return {"current": {}, "finished": [current]}
+    summary = CycleSummary.model_validate(
+        {**state.get("current", {}), "evaluate": evaluation.model_dump()}
+    )
+    log_cycle(rt.config, rt.run_dir, summary)  # the trackers get the cycle's figures
+    return {"current": {}, "finished": [summary.model_dump()]}
 
 
 def next_step(state: CycleState) -> Literal["rollout", "__end__"]:

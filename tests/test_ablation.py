@@ -198,6 +198,17 @@ def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(t
     assert state["updates"] >= 1 and state["weights"]
 
 
+def test_committed_bench_units_still_load():
+    """The units under docs/figures continue a bench (docs/benchmarks.md): they must parse."""
+    units = sorted((Path(__file__).parents[1] / "docs" / "figures").glob("*-units/*.json"))
+    assert units
+    for unit in units:
+        run = ArmRun.model_validate(json.loads(unit.read_text())["run"])
+        assert unit.name == f"{run.arm}-seed{run.seed}.json"
+        assert len(run.accepted_by_cycle) == len(run.success_by_cycle) - 1
+        assert all(len(curve) == len(run.success_by_cycle) for curve in run.family_curves.values())
+
+
 def test_unknown_arm_is_a_clear_error():
     out = subprocess.run(
         [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", "static,best"],

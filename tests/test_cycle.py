@@ -100,13 +100,25 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     ).model_copy(update={"bootstrap": TINY})
     result = run(config, progress=False)
 
+    from coevolve.summary import RunSummary
+
     run_dir = Path(result.run_dir)
-    assert [c["cycle"] for c in result.cycles] == [0, 1]
-    first = result.cycles[1]
-    assert set(first) >= {"rollout", "signals", "synthesize", "pool", "train", "evaluate"}
-    assert first["rollout"]["episodes"] == 12
-    assert first["evaluate"]["episodes"] == 18  # one held-out task per family
-    assert first["train"]["algorithm"] == "sft" and first["train"]["steps"] == 2
+    assert [c.cycle for c in result.cycles] == [0, 1]
+    baseline, first = result.cycles
+    assert baseline.rollout is None and baseline.train is None and baseline.time_s
+    assert first.rollout and first.signals and first.synthesize and first.pool and first.train
+    assert first.rollout.episodes == 12
+    assert first.evaluate.episodes == 18  # one held-out task per family
+    assert first.train.algorithm == "sft" and first.train.steps == 2
+    # summary.json holds the same summaries, under the keys it always had.
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert set(saved["cycles"][0]) == {"cycle", "evaluate", "time_s"}
+    assert set(saved["cycles"][1]) == {
+        *("cycle", "rollout", "signals", "synthesize", "pool", "train", "evaluate")
+    }
+    assert saved["cycles"][1]["train"]["stage_time_s"] == first.train.stage_time_s
+    reread = RunSummary.model_validate_json((run_dir / "summary.json").read_text())
+    assert reread.cycles == result.cycles and reread.pool == result.pool
     assert result.adapter == str(run_dir / "adapters" / "cycle-1")
     assert (run_dir / "adapters" / "cycle-1" / "adapter_config.json").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -114,16 +126,17 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     assert rows[1]["stage_time_s"].keys() >= {"rollout", "train", "evaluate"}
     assert Path(result.report).stat().st_size > 10_000  # a real PNG with six panels
     # Where the flags land: counts by kind before and after the budget, per family.
-    signals = first["signals"]
-    assert set(signals["by_kind"]) == {"forgetting", "boundary", "rare", "unsolved"}
-    assert signals["kept"] <= signals["flagged"]
-    assert sum(row["kept_items"] for row in signals["by_family"].values()) == signals["kept"]
-    assert 0.0 <= signals["flag_precision"] <= 1.0
-    assert rows[1]["flags_by_family"] == signals["by_family"]
+    signals = first.signals
+    assert set(signals.by_kind) == {"forgetting", "boundary", "rare", "unsolved"}
+    assert signals.kept <= signals.flagged
+    assert sum(row.kept_items for row in signals.by_family.values()) == signals.kept
+    assert signals.flag_precision is not None and 0.0 <= signals.flag_precision <= 1.0
+    assert rows[1]["flags_by_family"] == saved["cycles"][1]["signals"]["by_family"]
+    assert rows[1]["stage_time_s"]["train"] == first.train.stage_time_s
     # Each kept item carries its task's nearest miss when another failed episode got further.
     kept = [json.loads(line) for line in (run_dir / "cycles" / "001" / "flagged.jsonl").open()]
     linked = [item for item in kept if item["nearest_miss"] is not None]
-    assert signals["nearest_misses"] == len(linked)
+    assert signals.nearest_misses == len(linked)
     for item in linked:
         miss, own = item["nearest_miss"], item["trajectory"]
         assert miss["task_id"] == own["task_id"] and miss["score"] < 1.0
@@ -135,7 +148,7 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
 
     counts = export_run(run_dir, tmp_path / "export-hf", "hf")
     exported = load_from_disk(str(tmp_path / "export-hf"))
-    assert counts["sft"] == exported["sft"].num_rows == first["train"]["examples"]
+    assert counts["sft"] == exported["sft"].num_rows == first.train.examples
     assert set(exported["sft"]["cycle"]) == {1}
     assert exported["sft"][0]["messages"][0]["role"] == "system"
     if "tasks" in counts:
@@ -155,10 +168,10 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
         for line in (run_dir / "cycles" / "001" / "train_data.jsonl").open()
     ]
     assert len(weights) == counts["sft"] and all(0.5 <= w <= 2.0 for w in weights)
-    if first["synthesize"]["accepted"]:
+    if first.synthesize.accepted:
         assert any(w != 1.0 for w in weights)
     # SEAL's diagnosis labels every rollout (at least its outcome) and is counted per cycle.
-    assert sum(first["rollout"]["diagnosis"].values()) >= first["rollout"]["episodes"]
+    assert sum(first.rollout.diagnosis.values()) >= first.rollout.episodes
     trajectories = (run_dir / "cycles" / "001" / "eval.jsonl").read_text().splitlines()
     assert {json.loads(t)["policy_version"] for t in trajectories} != {"bootstrap"}
 
@@ -171,12 +184,14 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
     result = run(endpoint_config(tmp_path / "run", agent_server, tiny_build), progress=False)
 
     first, second = result.cycles[1], result.cycles[2]
+    assert first.rollout and first.signals and first.synthesize and first.pool and first.train
+    assert second.rollout and second.pool
     # The reference agent gets two thirds of the tasks right: the cycle has both outcomes.
-    assert 0.3 < first["rollout"]["success"] < 0.95
-    assert first["signals"]["by_kind"]["rare"] > 0
-    assert first["synthesize"]["accepted"] > 0
-    assert result.pool["synthesized"] == first["pool"]["added"] + second["pool"]["added"]
-    assert second["rollout"]["synthesized_tasks"] > 0  # cycle 2 rolls out synthesized tasks
+    assert 0.3 < first.rollout.success < 0.95
+    assert first.signals.by_kind["rare"] > 0
+    assert first.synthesize.accepted > 0
+    assert result.pool["synthesized"] == first.pool.added + second.pool.added
+    assert second.rollout.synthesized_tasks > 0  # cycle 2 rolls out synthesized tasks
     # Both adapters were trained on the local model and served by name through vLLM's API.
     routes = [(r.path, r.body.get("lora_name")) for r in agent_server.requests if "lora" in r.path]
     model = agent_server.model
@@ -204,9 +219,12 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
     rt = build_runtime(load_config(Path(result.run_dir) / "config.yaml"), progress=False)
     try:
         stored = rt.store.count()
+        from coevolve.summary import SynthesisFigures
+
         again = asyncio.run(synthesize({"cycle": 1}, type("R", (), {"context": rt})()))
-        assert again["current"]["synthesize"]["removed_on_resume"] == first["pool"]["added"]
-        assert again["current"]["synthesize"]["accepted"] == first["synthesize"]["accepted"]
+        redone = SynthesisFigures.model_validate(again["current"]["synthesize"])
+        assert redone.removed_on_resume == first.pool.added
+        assert redone.accepted == first.synthesize.accepted
         assert rt.store.count() == stored
 
         # Killed after the adapter was saved but before the cycle's record: not trained again.
@@ -217,7 +235,7 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         before = (record.read_text(), weights.stat().st_mtime_ns)
         record.unlink()
         again_trained = asyncio.run(train_cycle(rt, 1, None))
-        assert again_trained.steps == first["train"]["steps"]
+        assert again_trained.steps == first.train.steps
         assert (record.read_text(), weights.stat().st_mtime_ns) == before
     finally:
         rt.store.close()

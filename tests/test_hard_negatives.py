@@ -547,11 +547,13 @@ def test_a_run_with_hard_negatives_records_shares_per_cycle(tmp_path, tiny_build
     result = run(config, progress=False)
     run_dir = Path(result.run_dir)
     for summary in result.cycles[1:]:
-        figures = summary["train"]["hard_negatives"]
-        cycle_dir = run_dir / "cycles" / f"{summary['cycle']:03d}"
+        assert summary.train is not None and summary.rollout is not None
+        figures = summary.train.hard_negatives
+        assert summary.train.failure is not None  # the failure agent's own step
+        cycle_dir = run_dir / "cycles" / f"{summary.cycle:03d}"
         assert figures == json.loads((cycle_dir / "hard_negatives.json").read_text())
-        assert figures["target"]["episodes"] == summary["rollout"]["episodes"]
-        assert figures["failure_agent"]["episodes"] == 2 * summary["rollout"]["tasks"]
+        assert figures["target"]["episodes"] == summary.rollout.episodes
+        assert figures["failure_agent"]["episodes"] == 2 * summary.rollout.tasks
         assert figures["failure_pairs_with_success"] == 0
         assert figures["failure_time_s"] >= figures["failure_rollout_time_s"] > 0
         failure_episodes = (cycle_dir / "failure_rollouts.jsonl").read_text().splitlines()
@@ -566,12 +568,9 @@ def test_a_run_with_hard_negatives_records_shares_per_cycle(tmp_path, tiny_build
     print(
         "tiny-model hard-negative shares:",
         [
-            (
-                c["cycle"],
-                c["train"]["hard_negatives"]["target"],
-                c["train"]["hard_negatives"]["failure_agent"],
-            )
+            (c.cycle, c.train.hard_negatives["target"], c.train.hard_negatives["failure_agent"])
             for c in result.cycles[1:]
+            if c.train is not None
         ],
     )
 

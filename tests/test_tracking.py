@@ -105,28 +105,76 @@ def test_report_to_and_the_step_axis_reach_the_trainer_arguments(tmp_path):
 
 
 def test_cycle_metrics_cover_the_loop_figures():
-    summary = {
-        "cycle": 1,
-        "rollout": {"success": 0.5, "episodes": 12, "time_s": 3.0},
-        "signals": {"flagged": 4, "kept": 3, "by_kind": {"rare": 2, "boundary": 2}, "time_s": 0.1},
-        "synthesize": {
-            "candidates": 5,
-            "accepted": 2,
-            "duplicates": 1,
-            "top_rejections": {"reply too long: 200000 characters (x)": 2},
-            "time_s": 2.0,
-        },
-        "pool": {"size": 62, "added": 2, "time_s": 0.0},
-        "train": {"steps": 3, "final_loss": 1.5, "stage_time_s": 9.0},
-        "evaluate": {"success": 0.25, "by_family": {"buy_item": 1.0}, "time_s": 4.0},
+    from coevolve.summary import CycleSummary
+
+    evaluation = {
+        "success": 0.25,
+        "tool_sequence": 0.5,
+        "calls": 0.6,
+        "episodes": 4,
+        "by_family": {"buy_item": 1.0},
+        "time_s": 4.0,
     }
+    summary = CycleSummary.model_validate(
+        {
+            "cycle": 1,
+            "rollout": {
+                "tasks": 6,
+                "seed_tasks": 6,
+                "synthesized_tasks": 0,
+                "episodes": 12,
+                "success": 0.5,
+                "time_s": 3.0,
+            },
+            "signals": {
+                "flagged": 4,
+                "kept": 3,
+                "by_kind": {"rare": 2, "boundary": 2},
+                "time_s": 0.1,
+            },
+            "synthesize": {
+                "candidates": 5,
+                "accepted": 2,
+                "duplicates": 1,
+                "top_rejections": {"reply too long: 200000 characters (x)": 2},
+                "time_s": 2.0,
+            },
+            "pool": {"size": 62, "added": 2, "seed": 60, "synthesized": 2, "time_s": 0.0},
+            "train": {
+                "algorithm": "sft",
+                "adapter_dir": "a",
+                "steps": 3,
+                "final_loss": 1.5,
+                "stage_time_s": 9.0,
+            },
+            "evaluate": evaluation,
+        }
+    )
     metrics = cycle_metrics(summary)
+    assert metrics["cycle"] == 1 and all(isinstance(v, float) for v in metrics.values())
     assert metrics["heldout/success"] == 0.25 and metrics["heldout/success/buy_item"] == 1.0
+    assert metrics["heldout/tool_sequence"] == 0.5
+    assert metrics["rollout/success"] == 0.5 and metrics["rollout/episodes"] == 12
     assert metrics["signals/rare"] == 2 and metrics["signals/flagged"] == 4
+    assert metrics["signals/kept"] == 3
     assert metrics["synthesis/candidates"] == 5 and metrics["synthesis/accepted"] == 2
+    assert metrics["synthesis/judged_ok"] == 0 and metrics["synthesis/duplicates"] == 1
     assert metrics["synthesis/rejected/reply_too_long_200000_characters"] == 2
-    assert metrics["pool/size"] == 62 and metrics["time/train_s"] == 9.0
+    assert metrics["pool/size"] == 62 and metrics["pool/added"] == 2
+    assert metrics["train/cycle_steps"] == 3 and metrics["train/cycle_final_loss"] == 1.5
+    assert metrics["time/train_s"] == 9.0  # the whole stage
     assert metrics["time/rollout_s"] == 3.0 and metrics["time/evaluate_s"] == 4.0
+    # The baseline has the held-out figures and the evaluation's time only.
+    baseline = cycle_metrics(
+        CycleSummary.model_validate({"cycle": 0, "evaluate": evaluation, "time_s": 5.0})
+    )
+    assert set(baseline) == {
+        "cycle",
+        "heldout/success",
+        "heldout/tool_sequence",
+        "heldout/success/buy_item",
+        "time/evaluate_s",
+    }
 
 
 @pytest.mark.parametrize("backend", ["trackio", "wandb", "mlflow"])
