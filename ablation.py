@@ -248,6 +248,27 @@ def arm_config(base: dict[str, Any], arm: str, seed: int, out_dir: Path) -> dict
     return config
 
 
+def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
+    """Whether a finished unit was run with the config the bench would run now.
+
+    The saved config is read again under today's config model: a field added
+    since, at its default, then reads back as today's config and the unit still
+    counts; any changed value (or a config that no longer parses) makes it stale.
+    """
+    from pydantic import ValidationError
+
+    from .config import CoevolveConfig
+
+    if saved_config is None:
+        return False
+    if saved_config == fingerprint:
+        return True
+    try:
+        return CoevolveConfig.model_validate_json(saved_config).model_dump_json() == fingerprint
+    except ValidationError:
+        return False
+
+
 def run_ablation(
     base: dict[str, Any],
     *,
@@ -279,7 +300,7 @@ def run_ablation(
             fingerprint = config.model_dump_json()
             if unit.exists():
                 saved = json.loads(unit.read_text())
-                if saved.get("config") == fingerprint:
+                if unit_still_counts(saved.get("config"), fingerprint):
                     run_record = ArmRun.model_validate(saved["run"])
                     if not run_record.family_curves:  # a unit saved before they were kept
                         run_record.family_curves = family_curves_of(run_record.run_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.ablation import ARMS, ArmRun, arm_config, interval, summarize
+from coevolve.ablation import ARMS, ArmRun, arm_config, interval, summarize, unit_still_counts
 from coevolve.config import load_config
 
 
@@ -207,6 +207,27 @@ def test_committed_bench_units_still_load():
         assert unit.name == f"{run.arm}-seed{run.seed}.json"
         assert len(run.accepted_by_cycle) == len(run.success_by_cycle) - 1
         assert all(len(curve) == len(run.success_by_cycle) for curve in run.family_curves.values())
+
+
+def test_committed_signals_units_still_count_under_todays_config():
+    """A later session continues the signals bench from these units (docs/benchmarks.md):
+    a config field added since, at its default, must not make them stale; a changed
+    value must."""
+    root = Path(__file__).parents[1]
+    base = load_config(root / "configs" / "quickstart.yaml").model_dump(mode="json")
+    units = sorted((root / "docs" / "figures" / "bench-signals-units").glob("*.json"))
+    assert units
+    for unit in units:
+        saved = json.loads(unit.read_text())
+        run = ArmRun.model_validate(saved["run"])
+        config = load_config(arm_config(base, run.arm, run.seed, Path("runs/bench-quickstart")))
+        assert unit_still_counts(saved["config"], config.model_dump_json()), unit.name
+        changed = config.model_copy(
+            update={"training": config.training.model_copy(update={"max_steps": 11})}
+        )
+        assert not unit_still_counts(saved["config"], changed.model_dump_json())
+    assert not unit_still_counts(None, config.model_dump_json())
+    assert not unit_still_counts('{"cycles": -3}', config.model_dump_json())
 
 
 def test_unknown_arm_is_a_clear_error():
