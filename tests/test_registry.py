@@ -46,7 +46,7 @@ def test_config_accepts_each_specs_task_sets_and_nothing_else(name):
     spec = ENVIRONMENTS[name]
     category = {"category": spec.categories[-1]} if spec.categories else {}
     for split in spec.splits:
-        assert EnvConfig(name=name, split=split, **category).split == split
+        assert EnvConfig.model_validate({"name": name, "split": split, **category}).split == split
     with pytest.raises(ValueError, match=f"is not a {spec.title} split; allowed values"):
         EnvConfig(name=name, split="nonsense")
     if spec.categories:
