@@ -223,11 +223,11 @@ class PlainEnvironment(WorldEnvironment):
     BFCL): None blocks a protocol's method (``isinstance(env, SupportsDescribe)`` is False)."""
 
     name = "plain"
-    sample_action = None
-    describe = None
-    changes_state = None
-    setup_after = None
-    lookup_answer = None
+    sample_action = None  # type: ignore[assignment]
+    describe = None  # type: ignore[assignment]
+    changes_state = None  # type: ignore[assignment]
+    setup_after = None  # type: ignore[assignment]
+    lookup_answer = None  # type: ignore[assignment]
 
 
 def test_offline_roles_without_sampler_or_describer():
