@@ -32,7 +32,7 @@ from .agents.config import (
 )
 from .config_base import ConfigError, Section
 from .envs.config import EnvConfig
-from .envs.world.families import SPLITS as WORLD_SPLITS
+from .envs.registry import get_environment
 from .graph.synthesis_config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
@@ -132,15 +132,12 @@ class CoevolveConfig(Section):
     @model_validator(mode="after")
     def _never_evaluate_on_training_tasks(self) -> CoevolveConfig:
         trained, evaluated = self.env.split, self.evaluation.split
-        if self.env.name == "world" and evaluated not in WORLD_SPLITS:
+        spec = get_environment(self.env.name)
+        if evaluated not in spec.evaluation_splits:
+            note = f" ({spec.evaluation_note})" if spec.evaluation_note else ""
             raise ValueError(
-                f"evaluation.split {evaluated!r} is not a world split; allowed values: "
-                f"{', '.join(WORLD_SPLITS)}"
-            )
-        if self.env.name == "bfcl" and evaluated != "heldout":
-            raise ValueError(
-                f"evaluation.split {evaluated!r}: BFCL evaluates its heldout half "
-                "(env.split: train trains on the other)"
+                f"evaluation.split {evaluated!r} is not a {spec.title} evaluation split; "
+                f"allowed values: {', '.join(spec.evaluation_splits)}{note}"
             )
         if evaluated == trained or "all" in (trained, evaluated):
             raise ValueError(
@@ -153,9 +150,9 @@ class CoevolveConfig(Section):
     @model_validator(mode="after")
     def _oracle_has_validation(self) -> CoevolveConfig:
         if self.signals.selection == "oracle":
-            if self.env.name != "world":
+            if "validation" not in get_environment(self.env.name).splits:
                 raise ValueError(
-                    "signals.selection 'oracle' reads the world's validation split; "
+                    "signals.selection 'oracle' reads a validation split; "
                     f"env {self.env.name!r} has none (use selection 'signals' or 'random')"
                 )
             if self.evaluation.split == "validation":

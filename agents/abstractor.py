@@ -22,7 +22,7 @@ from typing import Any, Literal
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment, SupportsVariants
+from ..envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, SynthesisContext, Task, ToolCall
@@ -95,38 +95,17 @@ class _Traits:
     answer: Callable[[Interaction], str | None] = lambda interaction: None
 
 
-# World lookups whose single-row observation answers the question the describer
-# writes for them ("find Ana's phone number", "find the price of the lamp", ...).
-_WORLD_ANSWER_FIELDS = {
-    "find_contact": "phone",
-    "search_products": "price",
-    "get_balance": "balance",
-}
-
-
-def _world_answer(interaction: Interaction) -> str | None:
-    field = _WORLD_ANSWER_FIELDS.get(interaction.call.name)
-    text = interaction.observation.text.strip()
-    if field is None or interaction.observation.error or "\n" in text:
-        return None
-    match = re.search(rf"(?:^|\s){field}=(\S+)", text)
-    return match.group(1) if match else None
-
-
 def _traits(env: Environment) -> _Traits:
-    if env.name == "world":
-        from ..envs.world.apps import MUTATING_TOOLS
-        from ..envs.world.env import replay
+    if isinstance(env, SupportsActionWindows):
 
-        def world_setup(setup: Mapping[str, Any], prefix: Sequence[ToolCall]) -> dict[str, Any]:
-            state = replay(setup["state"], prefix) if prefix else setup["state"]
-            return {**candidate_setup(setup), "state": state}
+        def setup_after(setup: Mapping[str, Any], prefix: Sequence[ToolCall]) -> dict[str, Any]:
+            return {**candidate_setup(setup), **env.setup_after(setup, prefix)}
 
         return _Traits(
-            lambda call: call.name in MUTATING_TOOLS,
-            world_setup,
+            env.changes_state,
+            setup_after,
             drop_lookups=True,
-            answer=_world_answer,
+            answer=lambda interaction: env.lookup_answer(interaction.call, interaction.observation),
         )
 
     def start_only(setup: Mapping[str, Any], prefix: Sequence[ToolCall]) -> dict[str, Any] | None:
@@ -274,7 +253,7 @@ class OfflineAbstractor:
         if steered and kind != "rare":
             return Abstraction(candidates=steered[: self.max_candidates])
         traits = _traits(env)
-        describe = getattr(env, "describe", None)
+        describe = env.describe if isinstance(env, SupportsDescribe) else None
         focus = set(
             focus_tools(context, task, tool_names(env) or [c.name for c in task.reference_calls])
         )

@@ -8,8 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..config_base import ConfigError, Section
-from ..envs.bfcl import SPLITS as BFCL_SPLITS
-from ..envs.world.families import SPLITS as WORLD_SPLITS
+from ..envs.registry import ENVIRONMENTS, per_environment
 from .prompts import POLICY_SYSTEM_PROMPT
 
 # Characters per token of an endpoint's default reply limit (EndpointConfig.reply_limit).
@@ -130,9 +129,9 @@ class EvaluationConfig(Section):
 
     split: str = Field(
         default="heldout",
-        description=f"Split evaluated each cycle: world {', '.join(WORLD_SPLITS)}; BFCL "
-        "heldout (the half of env.category the loop never trains on). Synthesis never "
-        "sees it, and it may not be the split the loop trains on (env.split).",
+        description="Split evaluated each cycle: "
+        f"{per_environment(lambda spec: (spec.evaluation_splits, spec.evaluation_note))}. "
+        "Synthesis never sees it, and it may not be the split the loop trains on (env.split).",
     )
     per_family: int | None = Field(
         default=None,
@@ -142,7 +141,7 @@ class EvaluationConfig(Section):
 
     @model_validator(mode="after")
     def _known_split(self) -> EvaluationConfig:
-        known = dict.fromkeys([*WORLD_SPLITS, *BFCL_SPLITS])
+        known = dict.fromkeys(split for spec in ENVIRONMENTS.values() for split in spec.splits)
         if self.split not in known:
             raise ValueError(
                 f"split {self.split!r} is not a task split; allowed values: {', '.join(known)}"

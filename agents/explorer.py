@@ -26,7 +26,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from ..envs.base import Environment
+from ..envs.base import Environment, SupportsSampleAction
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import Observation, SynthesisContext, Task, ToolCall
@@ -119,7 +119,7 @@ class OfflineExplorer:
     ) -> list[ExplorationRound]:
         probe = make_env()
         probe.reset(task)
-        can_sample = callable(getattr(probe, "sample_action", None))
+        can_sample = isinstance(probe, SupportsSampleAction)
         focus = focus_tools(context, task, tool_names(probe))
         if self.policy is None:
             driven = 0

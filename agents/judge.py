@@ -23,9 +23,8 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment, replay_reference
+from ..envs.base import Environment, answer_matches, replay_reference
 from ..envs.parsing import render_call
-from ..envs.world.env import answer_matches
 from ..errors import PROGRAMMING_ERRORS
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, env_scopes, err_console, fail, load_env_tasks, load_policy
+from .common import console, env_scopes, env_spec, err_console, fail, load_env_tasks, load_policy
 
 
 def bootstrap_command(
@@ -105,7 +105,8 @@ def eval_command(
     from ..agents.rollout import run_rollouts
     from ..config import ConfigError
 
-    scopes, key = env_scopes(env, split or ("heldout" if env == "world" else None), category)
+    spec = env_spec(env)
+    scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
     tasks = []
     env_class: Any = None
     for scope in scopes:
@@ -125,7 +126,7 @@ def eval_command(
             tasks,
             k=k,
             temperature=temperature,
-            max_steps=max_steps or (20 if env == "bfcl" else 12),
+            max_steps=max_steps or spec.max_steps,
             progress=not as_json,
             description=f"eval {env} {','.join(scopes)}",
         )
@@ -149,8 +150,7 @@ def eval_command(
         return
     console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
     table = Table()
-    name_column = "family" if env == "world" else "category"
-    table.add_column(name_column, no_wrap=True)
+    table.add_column(spec.family_label, no_wrap=True)
     for column in ("episodes", "success", "tool seq", "calls", "errors", "cut off"):
         table.add_column(column, justify="right", no_wrap=True)
     rows = [*report.by_family.items(), ("overall", report.overall)]

@@ -4,7 +4,7 @@ task sets by environment, loading a policy from --policy, paths as reports recor
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +13,7 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from ..envs.base import Environment
+    from ..envs.registry import EnvironmentSpec
     from ..records import Task
 
 # The package's directory (configs/, langgraph.json).
@@ -21,12 +22,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # Piped output (CI logs, `| tee`) would otherwise wrap tables at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=120)
 err_console = Console(stderr=True)
-
-ENV_DESCRIPTIONS = {
-    "world": "built-in world: contacts, messages, calendar, notes, shop, wallet, reminders",
-    "bfcl": "BFCL multi-turn (from the bfcl-eval package), scored by its official checker",
-}
-
 
 SetOption = Annotated[
     list[str] | None,
@@ -47,49 +42,48 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def world_scopes(split: str | None) -> list[str]:
-    from ..envs.world import SPLITS
+def env_spec(env: str) -> EnvironmentSpec:
+    """The registry's spec of --env / ENV, or the error exit naming the known ones."""
+    from ..envs.registry import get_environment
 
-    if split is None:
-        return list(SPLITS)
-    if split not in SPLITS:
-        raise fail(f"unknown world split {split!r}; allowed: {', '.join(SPLITS)}")
-    return [split]
-
-
-def bfcl_scopes(category: str | None) -> list[str]:
-    from ..envs.bfcl import CATEGORIES
-
-    if category is None:
-        return list(CATEGORIES)
-    if category not in CATEGORIES:
-        raise fail(f"unknown BFCL category {category!r}; allowed: {', '.join(CATEGORIES)}")
-    return [category]
+    try:
+        return get_environment(env)
+    except ValueError as err:
+        raise fail(str(err)) from None
 
 
-def env_scopes(env: str, split: str | None, category: str | None) -> tuple[list[str], str]:
-    """The task sets named by --split / --category, and which of the two it was."""
-    if env == "world":
-        if category is not None:
-            raise fail("--category is for bfcl; the world has --split")
-        return world_scopes(split), "split"
-    if env == "bfcl":
-        if split is not None:
-            raise fail("--split is for the world; bfcl has --category")
-        return bfcl_scopes(category), "category"
-    raise fail(f"unknown environment {env!r}; allowed: world, bfcl")
+def env_scopes(
+    env: str, split: str | None, category: str | None, default: Sequence[str] | None = None
+) -> tuple[list[str], str]:
+    """The task sets named by --split / --category (the one the environment uses; ``default``,
+    or all of them, when it is not given), and which of the two it was."""
+    from ..envs.registry import ENVIRONMENTS
+
+    spec = env_spec(env)
+    given = {"split": split, "category": category}
+    option = spec.task_set_option
+    for other, value in given.items():
+        if other != option and value is not None:
+            users = [s.name for s in ENVIRONMENTS.values() if s.task_set_option == other]
+            raise fail(
+                f"--{other} is for {', '.join(users) or 'no environment'}; "
+                f"{spec.name} has --{option}"
+            )
+    chosen = given[option]
+    if chosen is None:
+        return list(spec.task_sets if default is None else default), option
+    if chosen not in spec.task_sets:
+        raise fail(
+            f"unknown {spec.title} {option} {chosen!r}; allowed: {', '.join(spec.task_sets)}"
+        )
+    return [chosen], option
 
 
-def load_env_tasks(env: str, scope: str) -> tuple[type[Environment] | Any, list[Task]]:
-    """The environment class and the tasks of one split (world) or category (BFCL)."""
-    if env == "world":
-        from ..envs.world import WorldEnvironment, load_split
-
-        return WorldEnvironment, load_split(scope)
-    from ..envs.bfcl import BfclEnvironment, load_tasks, require_bfcl
-
-    require_bfcl()
-    return BfclEnvironment, load_tasks(scope)
+def load_env_tasks(env: str, scope: str) -> tuple[type[Environment], list[Task]]:
+    """The environment class and the tasks of one of its task sets (a world split, a BFCL
+    category)."""
+    spec = env_spec(env)
+    return spec.environment, spec.load_task_set(scope)
 
 
 def task_progress(description: str, enabled: bool):

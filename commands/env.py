@@ -8,16 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import (
-    ENV_DESCRIPTIONS,
-    bfcl_scopes,
-    console,
-    env_scopes,
-    fail,
-    load_env_tasks,
-    task_progress,
-    world_scopes,
-)
+from .common import console, env_scopes, env_spec, fail, load_env_tasks, task_progress
 
 if TYPE_CHECKING:
     from ..envs.base import CheckReport
@@ -28,30 +19,11 @@ env_app = typer.Typer(help="Inspect and check environments.", no_args_is_help=Tr
 @env_app.command("list")
 def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List the environments and their task sets."""
-    from ..envs.bfcl import CATEGORIES
-    from ..envs.world import DEFAULT_SIZES, FAMILIES, TOOL_NAMES
+    from ..envs.registry import ENVIRONMENTS
 
-    try:
-        import bfcl_eval  # noqa: F401
-
-        bfcl_status = "installed"
-    except ImportError:
-        bfcl_status = "not installed: pip install --no-deps bfcl-eval==2026.3.23 mpmath"
     rows: list[dict[str, Any]] = [
-        {
-            "env": "world",
-            "description": ENV_DESCRIPTIONS["world"],
-            "task_sets": {split: size for split, size in DEFAULT_SIZES.items()},
-            "tools": len(TOOL_NAMES),
-            "families": len(FAMILIES),
-            "status": "built in",
-        },
-        {
-            "env": "bfcl",
-            "description": ENV_DESCRIPTIONS["bfcl"],
-            "task_sets": {category: 200 for category in CATEGORIES},
-            "status": bfcl_status,
-        },
+        {"env": spec.name, "description": spec.description, **spec.inventory()}
+        for spec in ENVIRONMENTS.values()
     ]
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -115,13 +87,8 @@ def env_show(
     """Show one task and replay its reference solution step by step."""
     from ..envs.parsing import render_call
 
-    scope = (
-        world_scopes(split or "train")
-        if env == "world"
-        else bfcl_scopes(category or "multi_turn_base")
-    )[0]
-    if env not in ENV_DESCRIPTIONS:
-        raise fail(f"unknown environment {env!r}; allowed: world, bfcl")
+    scopes, _ = env_scopes(env, split, category, default=env_spec(env).task_sets[:1])
+    scope = scopes[0]
     try:
         env_class, tasks = load_env_tasks(env, scope)
     except RuntimeError as err:

@@ -62,8 +62,9 @@ def synthesize_command(
     from ..agents.role_factory import build_roles
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
+    from ..envs.registry import get_environment
     from ..graph.runtime_factory import build_store
-    from ..graph.synthesis import SynthesisRuntime, env_factory, synthesize
+    from ..graph.synthesis import SynthesisRuntime, synthesize
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals
@@ -102,7 +103,7 @@ def synthesize_command(
     task_store = build_store(config, store_path)
     runtime = SynthesisRuntime(
         roles=roles,
-        make_env=env_factory(env_name),
+        make_env=get_environment(env_name).environment,
         store=task_store,
         neighbours=config.synthesis.neighbours,
     )

@@ -1,4 +1,5 @@
-"""Executable environments: the built-in world and BFCL multi-turn."""
+"""Executable environments: the built-in world and BFCL multi-turn (``envs/registry.py``
+lists them: ``get_environment(name)``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from .base import (
 )
 from .parsing import ToolCallParseError, check_arguments, parse_tool_calls, render_call
 
-ENVIRONMENTS = ("world", "bfcl")
-
 __all__ = [
-    "ENVIRONMENTS",
     "CheckReport",
     "Environment",
     "ToolCallParseError",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -57,17 +58,49 @@ class Environment(Protocol):
         ...
 
 
+# Optional methods: offline synthesis uses them where an environment has them
+# (``isinstance(env, SupportsDescribe)``) and falls back to something generic where not.
+
+
+@runtime_checkable
 class SupportsDescribe(Protocol):
+    """Instructions in words for action sequences (the offline abstractor's task text;
+    without it the text lists the calls)."""
+
     def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
         """Write an instruction that a valid action sequence fulfils."""
         ...
 
 
+@runtime_checkable
 class SupportsSampleAction(Protocol):
+    """Valid random calls (the offline explorer's random walks; without it the explorer
+    perturbs the reference solution)."""
+
     def sample_action(
         self, rng: random.Random, focus_tools: Sequence[str] | None = None
     ) -> ToolCall | None:
         """A call that is valid in the current state (for offline exploration)."""
+        ...
+
+
+@runtime_checkable
+class SupportsActionWindows(Protocol):
+    """What the offline abstractor needs to cut a task out of the middle of an exploration
+    round: which calls change the state, the setup a task starting after some calls has,
+    and the answer a lone lookup gives. Without it every successful call counts as a state
+    change, and a task starts where its round did."""
+
+    def changes_state(self, call: ToolCall) -> bool:
+        """Whether the call can change the state (False: a lookup)."""
+        ...
+
+    def setup_after(self, setup: Mapping[str, Any], calls: Sequence[ToolCall]) -> dict[str, Any]:
+        """The setup entries (e.g. ``state``) of the state ``calls`` leave, started from ``setup``."""
+        ...
+
+    def lookup_answer(self, call: ToolCall, observation: Observation) -> str | None:
+        """The value a lookup's observation answers on its own, for a question task; None if none."""
         ...
 
 
@@ -173,6 +206,39 @@ class ToolEnvironment:
 
     def action_pattern(self, steps: Sequence[Step]) -> str:
         return default_action_pattern(steps)
+
+
+# --------------------------------------------------------------------------- text
+
+# How the world's verifier compares messages and answers, and the judge finds an
+# expected answer in a replay's observations (in any environment).
+_TEXT_TOKEN = re.compile(r"[a-z0-9]+(?:[-:.][a-z0-9]+)*")
+
+
+def normalize_text(text: str) -> str:
+    """Case, spacing, quotes and trailing punctuation do not change a message's meaning."""
+    return " ".join(_TEXT_TOKEN.findall(text.lower()))
+
+
+def answer_matches(answer: str | None, expected: str) -> bool:
+    """The expected value appears in the answer as whole tokens (numbers compared as numbers)."""
+    if answer is None:
+        return False
+    tokens = _TEXT_TOKEN.findall(answer.lower())
+    wanted = _TEXT_TOKEN.findall(expected.lower())
+    if not wanted:
+        return True
+    if len(wanted) == 1 and _is_number(wanted[0]):
+        return any(_is_number(tok) and float(tok) == float(wanted[0]) for tok in tokens)
+    return any(tokens[i : i + len(wanted)] == wanted for i in range(len(tokens) - len(wanted) + 1))
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- replay

@@ -7,39 +7,39 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..config_base import Section
-from .bfcl import CATEGORIES as BFCL_CATEGORIES
-from .bfcl import SPLITS as BFCL_SPLITS
-from .world.families import SPLITS as WORLD_SPLITS
+from .registry import get_environment, per_environment
 
 
 class EnvConfig(Section):
     """Which environment to run, and which of its task sets."""
 
+    # The registry's names (envs/registry.py); tests/test_registry.py checks they agree.
     name: Literal["world", "bfcl"] = Field(
         default="world", description="Environment: the built-in world or BFCL."
     )
     split: str = Field(
         default="train",
-        description=f"Task split the loop rolls out and trains on: world {', '.join(WORLD_SPLITS)}; "
-        f"BFCL {', '.join(BFCL_SPLITS)} (half of the category each, or all of it).",
+        description="Task split the loop rolls out and trains on: "
+        f"{per_environment(lambda spec: (spec.splits, spec.split_note))}.",
     )
     category: str = Field(
-        default="multi_turn_base", description=f"BFCL category: {', '.join(BFCL_CATEGORIES)}."
+        default="multi_turn_base",
+        description="Task category, where the environment has them: "
+        f"{per_environment(lambda spec: (spec.categories, ''))}.",
     )
     seed: int = Field(default=0, description="Seed of the world's task generator.")
 
     @model_validator(mode="after")
     def _known_task_set(self) -> EnvConfig:
-        if self.name == "world" and self.split not in WORLD_SPLITS:
+        spec = get_environment(self.name)
+        if spec.categories and self.category not in spec.categories:
             raise ValueError(
-                f"split {self.split!r} is not a world split; allowed values: {', '.join(WORLD_SPLITS)}"
+                f"category {self.category!r} is not a {spec.title} category; allowed values: "
+                f"{', '.join(spec.categories)}"
             )
-        if self.name == "bfcl" and self.category not in BFCL_CATEGORIES:
+        if self.split not in spec.splits:
             raise ValueError(
-                f"category {self.category!r} is not a BFCL category; allowed values: {', '.join(BFCL_CATEGORIES)}"
-            )
-        if self.name == "bfcl" and self.split not in BFCL_SPLITS:
-            raise ValueError(
-                f"split {self.split!r} is not a BFCL split; allowed values: {', '.join(BFCL_SPLITS)}"
+                f"split {self.split!r} is not a {spec.title} split; allowed values: "
+                f"{', '.join(spec.splits)}"
             )
         return self

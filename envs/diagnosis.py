@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..records import Step, Task, Trajectory
+from .base import answer_matches
 
 # ---------------------------------------------------------------------------- labels
 
@@ -282,7 +283,7 @@ def _changed(before: Mapping[tuple[str, ...], Any], after: Mapping[tuple[str, ..
 
 def world_progress(task: Task, final_state: Mapping[str, Any], answer: str | None) -> float:
     """The fraction of expected state changes (and the asked-for answer) the episode achieved."""
-    from .world.verifier import answer_matches, comparable_view, replay
+    from .world.verifier import comparable_view, replay
 
     initial = task.setup["state"]
     check = task.setup.get("check", {})
@@ -316,7 +317,7 @@ def world_final_state(task: Task, steps: Sequence[Step]) -> dict[str, Any]:
 def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> list[str]:
     """One label per step plus one outcome label (module docstring)."""
     from .world.apps import APPS, World
-    from .world.verifier import answer_matches, clone, comparable_view, replay
+    from .world.verifier import clone, comparable_view, replay
 
     app_of = {tool: app for app, tools in APPS.items() for tool in tools}
     initial = task.setup["state"]
@@ -398,39 +399,3 @@ def _run_quietly(world: Any, step: Step) -> None:
         world.run(step.call.name, dict(step.call.arguments))
     except Exception:  # it succeeded in the episode; a replay difference must not crash diagnosis
         pass
-
-
-# ---------------------------------------------------------------------------- any environment
-
-
-def diagnose_trajectory(task: Task, trajectory: Trajectory) -> tuple[list[str], float]:
-    """(labels, progress) of a stored trajectory of ``task``, on the task's own environment."""
-    if trajectory.task_id != task.id:
-        raise ValueError(
-            f"trajectory {trajectory.id} is of task {trajectory.task_id}, not {task.id}"
-        )
-    if task.env == "bfcl":
-        result = diagnose_bfcl(task, bfcl_model_turns(task, trajectory.steps))
-        return result.labels, result.progress
-    if task.env == "world":
-        labels = diagnose_world(task, trajectory.steps, trajectory.final_answer)
-        final = world_final_state(task, trajectory.steps)
-        return labels, world_progress(task, final, trajectory.final_answer)
-    raise ValueError(f"no diagnosis for environment {task.env!r}; known: world, bfcl")
-
-
-def annotate(trajectories: Sequence[Trajectory], tasks: Mapping[str, Task]) -> list[Trajectory]:
-    """Copies of the trajectories with ``diagnosis`` and ``progress`` filled in.
-
-    Trajectories whose task is unknown or whose environment has no diagnosis are
-    returned unchanged.
-    """
-    out = []
-    for trajectory in trajectories:
-        task = tasks.get(trajectory.task_id)
-        if task is None or task.env not in ("world", "bfcl"):
-            out.append(trajectory)
-            continue
-        labels, progress = diagnose_trajectory(task, trajectory)
-        out.append(trajectory.model_copy(update={"diagnosis": labels, "progress": progress}))
-    return out

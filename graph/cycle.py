@@ -209,7 +209,8 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     # SEAL's diagnosis: a label per turn (BFCL) or step (world) and the graded progress,
     # stored on each trajectory and counted per cycle.
-    from ..envs.diagnosis import annotate, count_labels
+    from ..envs.diagnosis import count_labels
+    from ..envs.registry import annotate
 
     trajectories = annotate(trajectories, {task.id: task for task in tasks})
     dump_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", trajectories)

@@ -91,10 +91,10 @@ def build_runtime(
 ) -> CycleRuntime:
     from ..agents.role_factory import build_roles
     from ..envs.catalog import load_tasks
+    from ..envs.registry import get_environment
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.pool import TaskPool
-    from .synthesis import env_factory
 
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def build_runtime(
         config=config,
         run_dir=run_dir,
         policy=policy,
-        make_env=env_factory(config.env.name),
+        make_env=get_environment(config.env.name).environment,
         pool=TaskPool(seeds, run_dir / "synthesized_tasks.jsonl"),
         history=OutcomeHistory(run_dir / "history.jsonl"),
         patterns=PatternCounts(run_dir / "patterns.json"),

@@ -133,6 +133,7 @@ def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
         from ..agents.config import EndpointConfig
         from ..agents.role_factory import build_roles
         from ..agents.roles import RolesConfig
+        from ..envs.registry import get_environment
         from ..memory.store import TaskStore
 
         env_name = spec.get("env", "world")
@@ -142,22 +143,10 @@ def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
         roles = build_roles(RolesConfig.model_validate(spec.get("roles", {})), endpoints)
         _default_runtimes[key] = SynthesisRuntime(
             roles=roles,
-            make_env=env_factory(env_name),
+            make_env=get_environment(env_name).environment,
             store=TaskStore(spec.get("store_path"), threshold=spec.get("threshold", 0.8)),
         )
     return _default_runtimes[key]
-
-
-def env_factory(name: str) -> Any:
-    if name == "world":
-        from ..envs.world import WorldEnvironment
-
-        return WorldEnvironment
-    if name == "bfcl":
-        from ..envs.bfcl import BfclEnvironment
-
-        return BfclEnvironment
-    raise ValueError(f"unknown environment {name!r}; allowed: world, bfcl")
 
 
 def _runtime(runtime: Runtime[Any] | None) -> SynthesisRuntime:

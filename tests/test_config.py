@@ -29,9 +29,12 @@ def test_defaults_and_yaml(tmp_path):
         ({"env": {"split": "heldout"}}, "overlaps env.split 'heldout'"),
         ({"env": {"split": "validation"}, "evaluation": {"split": "validation"}}, "overlaps"),
         ({"env": {"name": "bfcl", "split": "all"}}, "overlaps env.split 'all'"),
-        ({"env": {"name": "bfcl"}, "evaluation": {"split": "validation"}}, "BFCL evaluates"),
+        (
+            {"env": {"name": "bfcl"}, "evaluation": {"split": "validation"}},
+            "not a BFCL evaluation split; allowed values: heldout",
+        ),
         ({"env": {"name": "bfcl", "split": "validation"}}, "not a BFCL split"),
-        ({"evaluation": {"split": "all"}}, "not a world split"),
+        ({"evaluation": {"split": "all"}}, "not a world evaluation split"),
     ],
 )
 def test_the_loop_refuses_to_evaluate_on_the_tasks_it_trains_on(settings, expected):

@@ -10,6 +10,7 @@ import pytest
 
 from coevolve.envs import diagnosis as dx
 from coevolve.envs.base import replay_reference
+from coevolve.envs.registry import annotate, get_environment
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Step, Task, ToolCall, Trajectory, Turn
 
@@ -42,7 +43,7 @@ def _play_world(task: Task, actions, answer: str | None = "Done.") -> tuple[Traj
     )
     labels = env.diagnose(trajectory)
     # the stored-trajectory path gives the same labels, and progress agrees with the live env
-    assert dx.diagnose_trajectory(task, trajectory) == (labels, env.progress())
+    assert get_environment(task.env).diagnose(task, trajectory) == (labels, env.progress())
     return trajectory.model_copy(update={"diagnosis": labels}), env.progress()
 
 
@@ -140,12 +141,12 @@ def test_label_counts_and_annotate():
     task = _world_task("price_check")
     trajectory, _ = _play_world(task, [], answer="?")
     bare = trajectory.model_copy(update={"diagnosis": []})
-    (annotated,) = dx.annotate([bare], {task.id: task})
+    (annotated,) = annotate([bare], {task.id: task})
     assert annotated.diagnosis == ["empty_turn_model_response"] and annotated.progress == 0.0
     assert Trajectory.model_validate_json(annotated.model_dump_json()) == annotated
     assert dx.count_labels([annotated, annotated]) == {"empty_turn_model_response": 2}
     with pytest.raises(ValueError, match="not"):
-        dx.diagnose_trajectory(_world_task("add_contact"), annotated)
+        get_environment("world").diagnose(_world_task("add_contact"), annotated)
 
 
 # --------------------------------------------------------------------------- BFCL
@@ -174,7 +175,7 @@ def _play_bfcl(task: Task, turns) -> tuple[list[str], float]:
     trajectory = Trajectory(
         id="t", task_id=task.id, env="bfcl", family=task.family, steps=env._steps, score=0.0
     )
-    assert dx.diagnose_trajectory(task, trajectory) == (labels, env.progress())
+    assert get_environment(task.env).diagnose(task, trajectory) == (labels, env.progress())
     return labels, env.progress()
 
 

@@ -219,11 +219,15 @@ def test_policy_drives_some_rounds_at_high_temperature():
 
 
 class PlainEnvironment(WorldEnvironment):
-    """The world without a sampler or describer, under another name (like BFCL)."""
+    """The world without a sampler, describer or action windows, under another name (like
+    BFCL): None blocks a protocol's method (``isinstance(env, SupportsDescribe)`` is False)."""
 
     name = "plain"
-    sample_action = None
-    describe = None
+    sample_action = None  # type: ignore[assignment]
+    describe = None  # type: ignore[assignment]
+    changes_state = None  # type: ignore[assignment]
+    setup_after = None  # type: ignore[assignment]
+    lookup_answer = None  # type: ignore[assignment]
 
 
 def test_offline_roles_without_sampler_or_describer():

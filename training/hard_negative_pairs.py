@@ -32,18 +32,18 @@ def with_progress(
     trajectories: Sequence[Trajectory], tasks: Mapping[str, Task]
 ) -> list[Trajectory]:
     """The trajectories with ``progress`` filled in where it is missing (from the task's
-    environment: ``coevolve.envs.diagnosis``). One whose task is unknown, or whose
-    environment has no graded progress, keeps None and is never ranked."""
-    from ..envs.diagnosis import diagnose_trajectory
+    environment: its registry spec's ``diagnose``). One whose task is unknown, or whose
+    environment is not registered, keeps None and is never ranked."""
+    from ..envs.registry import ENVIRONMENTS
 
     out = []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
-        if trajectory.progress is not None or task is None or task.env not in ("world", "bfcl"):
+        if trajectory.progress is not None or task is None or task.env not in ENVIRONMENTS:
             out.append(trajectory)
             continue
         try:
-            _, progress = diagnose_trajectory(task, trajectory)
+            _, progress = ENVIRONMENTS[task.env].diagnose(task, trajectory)
         except Exception as err:  # one odd trajectory must not end the cycle
             logger.warning("no progress for %s: %s: %s", trajectory.id, type(err).__name__, err)
             out.append(trajectory)

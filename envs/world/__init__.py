@@ -1,7 +1,7 @@
 """The built-in world: the embedded default environment."""
 
 from .apps import APPS, TOOL_NAMES, TOOL_SCHEMAS, World
-from .env import WorldEnvironment, answer_matches, normalize_text, verify
+from .env import WorldEnvironment, verify
 from .families import FAMILIES, SPLITS, pools_for
 from .splits import DEFAULT_SIZES, family_counts, load_split, make_task
 
@@ -14,11 +14,9 @@ __all__ = [
     "TOOL_SCHEMAS",
     "World",
     "WorldEnvironment",
-    "answer_matches",
     "family_counts",
     "load_split",
     "make_task",
-    "normalize_text",
     "pools_for",
     "verify",
 ]

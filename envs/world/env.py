@@ -1,22 +1,31 @@
 """The built-in world as an Environment: reset, step, describer, sampler.
 
-The verifier (``verify``) and its pieces (``replay``, ``answer_matches``,
-``normalize_text``, ``clone``) live in ``coevolve.envs.world.verifier`` and are
-re-exported here."""
+The verifier (``verify``) and its pieces (``replay``, ``clone``) live in
+``coevolve.envs.world.verifier`` and are re-exported here."""
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...records import Task, ToolCall, Trajectory
+from ...records import Observation, Task, ToolCall, Trajectory
 from ..base import ToolEnvironment, ToolError
 from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
 from .families import clock, date, phone, pools_for
-from .verifier import answer_matches, clone, normalize_text, replay, verify
+from .verifier import clone, replay, verify
 
-__all__ = ["WorldEnvironment", "answer_matches", "clone", "normalize_text", "replay", "verify"]
+__all__ = ["WorldEnvironment", "clone", "replay", "verify"]
+
+
+# World lookups whose single-row observation answers the question the describer
+# writes for them ("find Ana's phone number", "find the price of the lamp", ...).
+_LOOKUP_ANSWER_FIELDS = {
+    "find_contact": "phone",
+    "search_products": "price",
+    "get_balance": "balance",
+}
 
 
 class WorldEnvironment(ToolEnvironment):
@@ -126,6 +135,23 @@ class WorldEnvironment(ToolEnvironment):
                 "setup": setup,
             }
         )
+
+    def changes_state(self, call: ToolCall) -> bool:
+        return call.name in MUTATING_TOOLS
+
+    def setup_after(self, setup: Mapping[str, Any], calls: Sequence[ToolCall]) -> dict[str, Any]:
+        """``{"state": ...}`` after replaying ``calls`` on ``setup``'s state."""
+        return {"state": replay(setup["state"], calls) if calls else setup["state"]}
+
+    def lookup_answer(self, call: ToolCall, observation: Observation) -> str | None:
+        """The field a single-row lookup shows that answers the question the describer writes
+        for it ("find Ana's phone number": the phone), or None."""
+        field = _LOOKUP_ANSWER_FIELDS.get(call.name)
+        text = observation.text.strip()
+        if field is None or observation.error or "\n" in text:
+            return None
+        match = re.search(rf"(?:^|\s){field}=(\S+)", text)
+        return match.group(1) if match else None
 
     def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
         """Write an instruction that the given valid action sequence fulfils."""

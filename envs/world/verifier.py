@@ -1,56 +1,26 @@
 """The world's verifier and what it is built from, shared with the diagnosis.
 
 Replaying calls on a copy of a state (``replay``), the parts of a state the
-verifier compares, free text normalised (``comparable_view``), whether an answer
-holds the expected value (``answer_matches``), and the verifier itself
-(``verify``). ``coevolve.envs.diagnosis`` grades progress and labels steps with
-the same pieces.
+verifier compares, free text normalised (``comparable_view``), and the verifier
+itself (``verify``). ``coevolve.envs.diagnosis`` grades progress and labels
+steps with the same pieces. The text rules (``answer_matches``,
+``normalize_text``) are in ``coevolve.envs.base``: the judge uses them too.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...records import Task, ToolCall
-from ..base import ToolError
+from ..base import ToolError, answer_matches, normalize_text
 from .apps import State, World
 
 
 def clone(state: Any) -> Any:
     """A deep copy of JSON-able state; several times faster than copy.deepcopy."""
     return json.loads(json.dumps(state))
-
-
-_TOKEN = re.compile(r"[a-z0-9]+(?:[-:.][a-z0-9]+)*")
-
-
-def normalize_text(text: str) -> str:
-    """Case, spacing, quotes and trailing punctuation do not change a message's meaning."""
-    return " ".join(_TOKEN.findall(text.lower()))
-
-
-def answer_matches(answer: str | None, expected: str) -> bool:
-    """The expected value appears in the answer as whole tokens (numbers compared as numbers)."""
-    if answer is None:
-        return False
-    tokens = _TOKEN.findall(answer.lower())
-    wanted = _TOKEN.findall(expected.lower())
-    if not wanted:
-        return True
-    if len(wanted) == 1 and _is_number(wanted[0]):
-        return any(_is_number(tok) and float(tok) == float(wanted[0]) for tok in tokens)
-    return any(tokens[i : i + len(wanted)] == wanted for i in range(len(tokens) - len(wanted) + 1))
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
 
 
 def replay(state: State, calls: Sequence[ToolCall]) -> State:
