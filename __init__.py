@@ -1,5 +1,7 @@
 """coevolve: train LLM agents by agent-data mutual evolution."""
 
+from typing import TYPE_CHECKING, Any
+
 from .records import (
     CandidateTask,
     Observation,
@@ -12,8 +14,23 @@ from .records import (
     Turn,
     Verdict,
 )
-from .runner import RunResult, resume, run
-from .summary import CycleSummary
+
+if TYPE_CHECKING:
+    from .runner import RunResult, resume, run
+    from .summary import CycleSummary
+
+# The loop's entry points pull in the graph, training configs and environments:
+# loaded on first use, so `coevolve --help` and `import coevolve.records` stay light.
+_LAZY = {"RunResult": "runner", "resume": "runner", "run": "runner", "CycleSummary": "summary"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
