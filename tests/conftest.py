@@ -27,3 +27,18 @@ def scripted_server():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """The session's bootstrap cache (the layout of ``$COEVOLVE_CACHE``): builds are shared."""
+    return tmp_path_factory.getbasetemp() / "coevolve-cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_build(cache_dir):
+    """The tiny bootstrap model (testing/presets/bootstrap-tiny.yaml), built once per session."""
+    from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.training.bootstrap import bootstrap
+
+    return bootstrap(tiny_bootstrap(), cache_dir=cache_dir, progress=False)

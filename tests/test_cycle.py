@@ -28,21 +28,11 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.memory.store import TaskStore
+from coevolve.testing.presets import tiny_bootstrap
 from coevolve.testing.reference_agent import reference_replies
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
-TINY = BootstrapConfig.tiny()
+TINY = tiny_bootstrap()
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "coevolve-cache"
-
-
-@pytest.fixture(scope="session")
-def tiny_build(cache_dir):
-    return bootstrap(TINY, cache_dir=cache_dir, progress=False)
 
 
 def broken(task_id: str) -> bool:
