@@ -8,6 +8,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the tiny model is slow: building it trains a model (about a
+    minute on two cores, once per session), and such tests train or roll it out.
+    Other slow tests carry ``@pytest.mark.slow`` themselves."""
+    for item in items:
+        if "tiny_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def scripted_server():
     """Start scripted OpenAI-compatible servers; each one is stopped after the test.
