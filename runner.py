@@ -19,6 +19,7 @@ Run directory:
     task_store/               the Chroma task store (dedup, nearest tasks)
     synthesized_tasks.jsonl   accepted synthesized tasks with provenance (the pool's file)
     adapters/cycle-N/         the LoRA adapter trained in cycle N
+    run.log                   the trainers' log dicts and the roles' log lines (coevolve.run_log)
     cycles/NNN/               rollouts, flagged items, synthesized tasks, train and eval files
     metrics.jsonl, summary.json, report.png
 """
@@ -98,12 +99,14 @@ def run(
     progress: bool = True,
     console: Any = None,
     overrides: Sequence[str] = (),
+    verbose: bool = False,
 ) -> RunResult:
     """Run the closed loop from a config (a CoevolveConfig, a YAML path, a dict or None).
 
     Refuses a run directory that already holds a run unless ``overwrite``; use
     ``resume(run_dir)`` to continue one. ``overrides`` (``--set`` settings already
-    applied to ``config``) are listed at the top of the saved config.yaml.
+    applied to ``config``) are listed at the top of the saved config.yaml. What the
+    trainers log goes to ``run_dir/run.log``; ``verbose`` shows it on stderr too.
     """
     from .config import CoevolveConfig, load_config
 
@@ -127,10 +130,12 @@ def run(
     run_dir.mkdir(parents=True, exist_ok=True)
     header = "".join(f"# --set {item}\n" for item in overrides)
     (run_dir / "config.yaml").write_text(header + _yaml(config))
-    return _execute(config, resuming=False, progress=progress, console=console)
+    return _execute(config, resuming=False, progress=progress, console=console, verbose=verbose)
 
 
-def resume(run_dir: str | Path, *, progress: bool = True, console: Any = None) -> RunResult:
+def resume(
+    run_dir: str | Path, *, progress: bool = True, console: Any = None, verbose: bool = False
+) -> RunResult:
     """Continue a killed run from its last finished node, with the config saved in ``run_dir``."""
     from .config import load_config
 
@@ -141,7 +146,7 @@ def resume(run_dir: str | Path, *, progress: bool = True, console: Any = None) -
     config = load_config(saved)
     if Path(config.run_dir).resolve() != run_dir.resolve():
         config = config.model_copy(update={"run_dir": str(run_dir)})
-    return _execute(config, resuming=True, progress=progress, console=console)
+    return _execute(config, resuming=True, progress=progress, console=console, verbose=verbose)
 
 
 def _yaml(config: CoevolveConfig) -> str:
@@ -150,13 +155,18 @@ def _yaml(config: CoevolveConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def _execute(config: CoevolveConfig, *, resuming: bool, progress: bool, console: Any) -> RunResult:
+def _execute(
+    config: CoevolveConfig, *, resuming: bool, progress: bool, console: Any, verbose: bool
+) -> RunResult:
+    from .run_log import run_log
+
     started = time.perf_counter()
-    rt = build_runtime(config, console=console, progress=progress)
-    try:
-        summaries, adapter = asyncio.run(_drive(rt, resuming))
-    finally:
-        rt.store.close()
+    with run_log(config.run_dir, verbose=verbose):
+        rt = build_runtime(config, console=console, progress=progress)
+        try:
+            summaries, adapter = asyncio.run(_drive(rt, resuming))
+        finally:
+            rt.store.close()
     from .report import write_report
 
     assert rt.pool.path is not None

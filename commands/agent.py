@@ -49,7 +49,9 @@ def bootstrap_command(
         raise fail(f"--base {base!r} is not a base model; use smollm2 or tiny")
     try:
         if tiny or base == "tiny":
-            config = BootstrapConfig.tiny()
+            from ..testing.presets import tiny_bootstrap
+
+            config = tiny_bootstrap()
         else:
             config = load_config(config_path).bootstrap
             if base == "smollm2" and config.base != "smollm2":

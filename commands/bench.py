@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -65,10 +65,9 @@ def bench_learning(
     except ConfigError as err:
         raise fail(str(err)) from None
     if quick:
-        from ..training.bootstrap import BootstrapConfig
+        from ..testing.presets import quick_bench
 
-        base.update(QUICK_BENCH)
-        base["bootstrap"] = BootstrapConfig.tiny().model_dump(mode="json")
+        base.update(quick_bench())
         source += " (--quick)"
     if overrides:  # after --quick: what the command line sets wins
         try:
@@ -104,16 +103,3 @@ def bench_learning(
     quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")
     if as_json:
         print(report.model_dump_json(indent=2))
-
-
-# The --quick bench: everything small enough for the test suite.
-QUICK_BENCH: dict[str, Any] = {
-    "cycles": 1,
-    "rollout": {"k": 2, "temperature": 0.9, "eval_temperature": 0.0, "max_steps": 2},
-    "policy": {"kind": "local", "model": "bootstrap", "max_new_tokens": 16},
-    "pool": {"rollout_tasks": 6, "seed_tasks": 60, "replay_demonstrations": 2},
-    "signals": {"rare_min_observations": 4, "budget": 4},
-    "synthesis": {"max_accepted": 2, "max_concurrency": 2},
-    "training": {"max_steps": 1, "batch_size": 2},
-    "evaluation": {"split": "heldout", "per_family": 1},
-}

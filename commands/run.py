@@ -34,12 +34,21 @@ def run_command(
         bool,
         typer.Option("--debug", help="On an error that stops the run, show the full traceback."),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Also show on stderr what goes to RUN_DIR/run.log: the trainers' per-step "
+            "log dicts, the roles' log lines.",
+        ),
+    ] = False,
 ) -> None:
     """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval).
 
     An error that stops a run (an endpoint that refuses an adapter or is gone
     for longer than its retries) prints one line: what failed and the
     `coevolve run --resume` command that continues; --debug shows the traceback.
+    The trainers' per-step logs go to RUN_DIR/run.log; --verbose shows them too.
     """
 
     from ..config import ConfigError, load_config
@@ -57,7 +66,7 @@ def run_command(
                     "or --set"
                 )
             target = resume
-            result = resume_run(resume, console=quiet)
+            result = resume_run(resume, console=quiet, verbose=verbose)
         else:
             source = config_path or str(PACKAGE_DIR / "configs" / "quickstart.yaml")
             sets = list(overrides or [])
@@ -78,7 +87,9 @@ def run_command(
                 f"training {config.training.algorithm} → {config.run_dir}"
             )
             target = config.run_dir
-            result = run(config, overwrite=overwrite, console=quiet, overrides=sets)
+            result = run(
+                config, overwrite=overwrite, console=quiet, overrides=sets, verbose=verbose
+            )
     except (ConfigError, RunError) as err:
         raise fail(str(err)) from None
     except typer.Exit:  # an error already reported (it is a RuntimeError too)

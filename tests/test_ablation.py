@@ -145,6 +145,7 @@ def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
     return out
 
 
+@pytest.mark.slow
 def test_quick_bench_runs_end_to_end(tmp_path):
     out = quick_bench(tmp_path, "static,random,coevolve", seeds=2)
     report = json.loads(out.stdout)
@@ -173,6 +174,7 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert not (tmp_path / "coevolve-seed2").exists()
 
 
+@pytest.mark.slow
 def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
     out = quick_bench(tmp_path, "oracle-targeted", seeds=1)
     run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
@@ -187,6 +189,7 @@ def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_
         assert item["trajectory"]["family"] in weak
 
 
+@pytest.mark.slow
 def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(tmp_path):
     out = quick_bench(tmp_path, "seal", seeds=1)
     run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])

@@ -335,6 +335,7 @@ def test_every_reference_scores_one(tasks: dict[str, list[Task]], category: str)
     assert time.perf_counter() - started < 30
 
 
+@pytest.mark.slow
 def test_endpoint_eval_per_category_against_the_test_server(tmp_path: Any) -> None:
     """`coevolve eval --env bfcl --policy CONFIG` over real HTTP, scored by the official checker.
 

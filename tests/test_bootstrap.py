@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from coevolve.agents.conversation import reference_conversation
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.testing.presets import tiny_bootstrap
 from coevolve.tokenization import load_tokenizer
 from coevolve.training.bootstrap import (
     METADATA_FILE,
@@ -41,14 +42,7 @@ from coevolve.training.chat_template import (
     training_chat_template,
 )
 
-TINY = BootstrapConfig.tiny()
-
-
-@pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory):
-    """The tiny model, built once per session (the local-policy tests share this cache)."""
-    cache = tmp_path_factory.getbasetemp() / "coevolve-cache"
-    return bootstrap(TINY, cache_dir=cache, progress=False)
+TINY = tiny_bootstrap()
 
 
 @pytest.fixture(scope="module")
@@ -269,9 +263,9 @@ def test_cache_location_and_key(monkeypatch, tmp_path):
     monkeypatch.delenv("COEVOLVE_CACHE")
     assert default_cache_dir().name == "coevolve"
     # Everything that shapes the model is in the key; evaluation settings are not.
-    assert BootstrapConfig.tiny(max_steps=5).cache_key() != TINY.cache_key()
-    assert BootstrapConfig.tiny(seed=1).cache_key() != TINY.cache_key()
-    assert BootstrapConfig.tiny(eval_split="heldout").cache_key() == TINY.cache_key()
+    assert tiny_bootstrap(max_steps=5).cache_key() != TINY.cache_key()
+    assert tiny_bootstrap(seed=1).cache_key() != TINY.cache_key()
+    assert tiny_bootstrap(eval_split="heldout").cache_key() == TINY.cache_key()
     assert BootstrapConfig().cache_key() == BootstrapConfig().cache_key()
 
 
@@ -303,7 +297,7 @@ def test_bad_configs_say_how_to_fix_them(overrides, message):
 def test_every_config_field_has_help_text():
     for name, field in BootstrapConfig.model_fields.items():
         assert field.description, name
-    assert BootstrapConfig.tiny().max_steps < BootstrapConfig().max_steps
+    assert tiny_bootstrap().max_steps < BootstrapConfig().max_steps
 
 
 def test_tokenizer_learns_no_merges_from_training_values(corpus):

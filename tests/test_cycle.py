@@ -28,21 +28,11 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.memory.store import TaskStore
+from coevolve.testing.presets import tiny_bootstrap
 from coevolve.testing.reference_agent import reference_replies
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
 
-TINY = BootstrapConfig.tiny()
+TINY = tiny_bootstrap()
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "coevolve-cache"
-
-
-@pytest.fixture(scope="session")
-def tiny_build(cache_dir):
-    return bootstrap(TINY, cache_dir=cache_dir, progress=False)
 
 
 def broken(task_id: str) -> bool:
@@ -124,7 +114,13 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["cycle"] for row in rows] == [0, 1]
     assert rows[1]["stage_time_s"].keys() >= {"rollout", "train", "evaluate"}
+    # the rows report.png plots and summary.json hold the cycles' own figures
+    assert [row["heldout_success"] for row in rows] == result.success_by_cycle()
+    assert rows[1]["train_steps"] == 2 and rows[1]["train_loss"] == first["train"]["final_loss"]
+    assert json.loads((run_dir / "summary.json").read_text())["cycles"] == result.cycles
     assert Path(result.report).stat().st_size > 10_000  # a real PNG with six panels
+    # the trainer's log dicts went to the run's log file (the terminal stays clean)
+    assert "coevolve.trainer INFO: step 1: {'loss'" in (run_dir / "run.log").read_text()
     # Where the flags land: counts by kind before and after the budget, per family.
     signals = first.signals
     assert set(signals.by_kind) == {"forgetting", "boundary", "rare", "unsolved"}

@@ -20,8 +20,7 @@ from coevolve.agents.conversation import DONE_ANSWER, opening_messages, tool_cal
 from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Step, Task, Trajectory
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
-from coevolve.training.config import TrainingConfig
+from coevolve.testing.presets import tiny_bootstrap, tiny_training
 from coevolve.training.hard_negatives import (
     AdapterSwitch,
     HardNegativeSettings,
@@ -35,14 +34,7 @@ from coevolve.training.hard_negatives import (
     with_progress,
 )
 
-TINY = BootstrapConfig.tiny()
-
-
-@pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory):
-    return bootstrap(
-        TINY, cache_dir=tmp_path_factory.getbasetemp() / "coevolve-cache", progress=False
-    )
+TINY = tiny_bootstrap()
 
 
 @pytest.fixture(scope="module")
@@ -384,7 +376,7 @@ def test_dpo_sft_objective_trains_and_changes_only_the_target_adapter(
 
     out = tmp_path / "cycle-1"
     result = train_preference_adapter(
-        TrainingConfig.tiny(algorithm="dpo", max_steps=2, batch_size=2),
+        tiny_training(algorithm="dpo", max_steps=2, batch_size=2),
         objective,
         model_dir=tiny_build,
         output_dir=out,
@@ -411,7 +403,7 @@ def test_sft_weight_adds_a_per_token_nll_term(tiny_build, tasks, tmp_path):
     losses = {}
     for weight in (0.0, 1.0, 2.0):
         result = train_preference_adapter(
-            TrainingConfig.tiny(algorithm="dpo", max_steps=1, batch_size=2),
+            tiny_training(algorithm="dpo", max_steps=1, batch_size=2),
             target_objective(HardNegativeSettings(sft_weight=weight)),
             model_dir=tiny_build,
             output_dir=tmp_path / f"w{weight}",

@@ -16,17 +16,12 @@ from coevolve.agents.conversation import opening_messages, reference_conversatio
 from coevolve.agents.local_policy import LocalPolicy
 from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.testing.presets import tiny_bootstrap
 from coevolve.tokenization import load_tokenizer
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap, build_model
+from coevolve.training.bootstrap import build_model
 
-TINY = BootstrapConfig.tiny()
+TINY = tiny_bootstrap()
 MAX_NEW = 12
-
-
-@pytest.fixture(scope="session")
-def tiny_build(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "coevolve-cache"
-    return bootstrap(TINY, cache_dir=cache, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from coevolve.agents.endpoint_policy import EndpointPolicy
 from coevolve.agents.rollout import run_rollouts
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+from coevolve.testing.presets import tiny_bootstrap
+from coevolve.training.bootstrap import bootstrap
 
 pytest.importorskip("fastapi", reason="transformers serve needs fastapi (the dev extra)")
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def _free_port() -> int:
 def real_server(tmp_path_factory):
     """(base_url, model name): `transformers serve` preloading the tiny bootstrap model."""
     root = tmp_path_factory.mktemp("real-server")
-    model_dir = bootstrap(BootstrapConfig.tiny(), cache_dir=root / "cache", progress=False)
+    model_dir = bootstrap(tiny_bootstrap(), cache_dir=root / "cache", progress=False)
     port = _free_port()
     (root / "hub").mkdir()
     env = {

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+from coevolve.testing.presets import tiny_training
 from coevolve.training.config import TrainingConfig
 from coevolve.training.seal import (
     CapabilityState,
@@ -143,21 +143,12 @@ def test_training_config_takes_reweighting_for_grpo_and_sft_only():
 # --------------------------------------------------------------------------- a real GRPO step
 
 
-@pytest.fixture(scope="session")
-def bootstrap_model(tmp_path_factory):
-    return bootstrap(
-        BootstrapConfig.tiny(),
-        cache_dir=tmp_path_factory.getbasetemp() / "coevolve-cache",
-        progress=False,
-    )
-
-
-def test_seal_grpo_step_scales_trl_advantages(bootstrap_model, tmp_path):
+def test_seal_grpo_step_scales_trl_advantages(tiny_build, tmp_path):
     from coevolve.tokenization import load_tokenizer
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
-    config = TrainingConfig.tiny(
+    config = tiny_training(
         algorithm="grpo",
         max_steps=1,
         seal={
@@ -169,9 +160,9 @@ def test_seal_grpo_step_scales_trl_advantages(bootstrap_model, tmp_path):
     state = CapabilityState()
     trainer, examples, reason = make_grpo_trainer(
         config,
-        model_dir=bootstrap_model,
+        model_dir=tiny_build,
         previous_adapter=None,
-        tokenizer=load_tokenizer(bootstrap_model),
+        tokenizer=load_tokenizer(tiny_build),
         tasks=tasks,
         make_env=WorldEnvironment,
         system_prompt="Use the tools.",

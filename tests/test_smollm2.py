@@ -139,6 +139,7 @@ def test_the_real_smollm2_file_converts_to_a_135m_llama(tmp_path):
     assert config["num_hidden_layers"] == 30 and config["hidden_size"] == 576
 
 
+@pytest.mark.slow
 def test_the_default_bootstrap_path_trains_merges_and_serves_a_gguf_model(tmp_path):
     """base smollm2 end to end on the tiny GGUF: convert, LoRA SFT (TRL), merge, load, generate."""
     import asyncio

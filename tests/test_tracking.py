@@ -22,16 +22,6 @@ import yaml
 from coevolve.envs.world import load_split
 from coevolve.testing.reference_agent import reference_replies
 from coevolve.tracking import TrackingConfig, TrainTracking, cycle_metrics, require_backends
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
-
-TINY = BootstrapConfig.tiny()
-
-
-@pytest.fixture(scope="module")
-def tiny_build(tmp_path_factory):
-    return bootstrap(
-        TINY, cache_dir=tmp_path_factory.getbasetemp() / "coevolve-cache", progress=False
-    )
 
 
 def broken(task_id: str) -> bool:

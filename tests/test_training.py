@@ -20,7 +20,7 @@ from coevolve.agents.local_policy import LocalPolicy
 from coevolve.envs.base import tool_schema
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Observation, Task, Trajectory, Turn
-from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+from coevolve.testing.presets import tiny_training
 from coevolve.training.config import LoraSettings, TrainingConfig
 from coevolve.training.datasets import (
     demonstrations,
@@ -38,15 +38,6 @@ from coevolve.training.trainers import (
     load_trainable_model,
     train_adapter,
 )
-
-TINY = BootstrapConfig.tiny()
-
-
-@pytest.fixture(scope="session")
-def bootstrap_model(tmp_path_factory):
-    return bootstrap(
-        TINY, cache_dir=tmp_path_factory.getbasetemp() / "coevolve-cache", progress=False
-    )
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +197,7 @@ def _lora_tensors(adapter: Path) -> dict:
     return load_file(str(adapter / "adapter_model.safetensors"))
 
 
-def _assert_trained(bootstrap_model, result, output: Path, algorithm: str):
+def _assert_trained(tiny_build, result, output: Path, algorithm: str):
     import torch
     from safetensors.torch import load_file
 
@@ -222,14 +213,14 @@ def _assert_trained(bootstrap_model, result, output: Path, algorithm: str):
     assert any(value.abs().max() > 0 for value in lora_b)
     # base weights are untouched: the adapter holds only LoRA tensors, the model file is unchanged
     assert all("lora_" in key for key in tensors)
-    base = load_file(str(bootstrap_model / "model.safetensors"))
-    state = load_trainable_model(bootstrap_model, output).get_base_model().state_dict()
+    base = load_file(str(tiny_build / "model.safetensors"))
+    state = load_trainable_model(tiny_build, output).get_base_model().state_dict()
     for key, value in base.items():
         stem, _, kind = key.rpartition(".")
         name = key if key in state else f"{stem}.base_layer.{kind}"
         assert torch.equal(state[name], value), key
     # the adapter loads in the in-process policy and generates
-    policy = LocalPolicy(bootstrap_model, max_new_tokens=4)
+    policy = LocalPolicy(tiny_build, max_new_tokens=4)
     policy.reload_adapter(output)
     messages, _ = reference_conversation(WorldEnvironment(), load_split("validation")[0])
     reply = policy.generate_sync([messages[:2]])[0]
@@ -239,24 +230,24 @@ def _assert_trained(bootstrap_model, result, output: Path, algorithm: str):
 # --------------------------------------------------------------------------- trainers
 
 
-def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path):
+def test_sft_trains_continues_and_skips(tiny_build, trajectories, tmp_path):
     import torch
 
-    config = TrainingConfig.tiny()
+    config = tiny_training()
     conversations = successful_conversations(trajectories, max_per_task=2)
     first = tmp_path / "adapters" / "cycle-1"
     result = train_adapter(
         config,
-        model_dir=bootstrap_model,
+        model_dir=tiny_build,
         output_dir=first,
         conversations=conversations,
         progress=False,
     )
     assert result.examples == len(conversations) and result.final_loss is not None
-    _assert_trained(bootstrap_model, result, first, "sft")
+    _assert_trained(tiny_build, result, first, "sft")
 
     # cycle 2 starts from cycle 1's weights
-    model = load_trainable_model(bootstrap_model, first)
+    model = load_trainable_model(tiny_build, first)
     state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
     saved = _lora_tensors(first)
     assert len(state) == len(saved)
@@ -266,7 +257,7 @@ def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path)
     second = tmp_path / "adapters" / "cycle-2"
     result = train_adapter(
         config,
-        model_dir=bootstrap_model,
+        model_dir=tiny_build,
         output_dir=second,
         previous_adapter=first,
         conversations=conversations,
@@ -279,7 +270,7 @@ def test_sft_trains_continues_and_skips(bootstrap_model, trajectories, tmp_path)
     # nothing to train on: skipped, the previous adapter stays the policy, nothing written
     third = tmp_path / "adapters" / "cycle-3"
     result = train_adapter(
-        config, model_dir=bootstrap_model, output_dir=third, previous_adapter=second, progress=False
+        config, model_dir=tiny_build, output_dir=third, previous_adapter=second, progress=False
     )
     assert result.skipped and result.adapter_dir == str(second) and result.steps == 0
     assert not third.exists()
@@ -307,17 +298,15 @@ def test_length_grouped_order_pads_less_and_keeps_lengths_mixed_over_the_run():
     assert length_grouped_order([], batch_size=8, rows=10, seed=0) == []
 
 
-def test_sft_trainer_reads_rows_in_the_length_grouped_order(
-    bootstrap_model, trajectories, tmp_path
-):
+def test_sft_trainer_reads_rows_in_the_length_grouped_order(tiny_build, trajectories, tmp_path):
     from coevolve.tokenization import load_tokenizer
 
-    tokenizer = load_tokenizer(bootstrap_model)
+    tokenizer = load_tokenizer(tiny_build)
     conversations = successful_conversations(trajectories, max_per_task=2)
     for batching in ("length_grouped", "random"):
-        config = TrainingConfig.tiny(sft_batching=batching)
+        config = tiny_training(sft_batching=batching)
         trainer, _, _ = _sft_trainer(
-            config, bootstrap_model, None, tokenizer, conversations, "cpu", tmp_path, False
+            config, tiny_build, None, tokenizer, conversations, "cpu", tmp_path, False
         )
         rows = config.max_steps * config.batch_size
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
@@ -330,13 +319,13 @@ def test_sft_trainer_reads_rows_in_the_length_grouped_order(
             assert len(lengths) == len(conversations)
 
 
-def test_sft_example_weights_scale_each_example_loss(bootstrap_model, trajectories, tmp_path):
+def test_sft_example_weights_scale_each_example_loss(tiny_build, trajectories, tmp_path):
     """All-zero weights: zero loss and an adapter still at its start (B = 0); weights 1: trained."""
-    config = TrainingConfig.tiny()
+    config = tiny_training()
     conversations = successful_conversations(trajectories, max_per_task=2)
     zero = train_adapter(
         config,
-        model_dir=bootstrap_model,
+        model_dir=tiny_build,
         output_dir=tmp_path / "zero",
         conversations=conversations,
         example_weights=[0.0] * len(conversations),
@@ -347,18 +336,18 @@ def test_sft_example_weights_scale_each_example_loss(bootstrap_model, trajectori
     assert lora_b and all(value.abs().max() == 0 for value in lora_b)
     ones = train_adapter(
         config,
-        model_dir=bootstrap_model,
+        model_dir=tiny_build,
         output_dir=tmp_path / "ones",
         conversations=conversations,
         example_weights=[1.0] * len(conversations),
         progress=False,
     )
-    _assert_trained(bootstrap_model, ones, tmp_path / "ones", "sft")
+    _assert_trained(tiny_build, ones, tmp_path / "ones", "sft")
     assert ones.final_loss is not None and ones.final_loss > 0
     with pytest.raises(ValueError, match="example weights for"):
         train_adapter(
             config,
-            model_dir=bootstrap_model,
+            model_dir=tiny_build,
             output_dir=tmp_path / "bad",
             conversations=conversations,
             example_weights=[1.0],
@@ -366,21 +355,21 @@ def test_sft_example_weights_scale_each_example_loss(bootstrap_model, trajectori
         )
 
 
-def test_dpo_trains(bootstrap_model, trajectories, tmp_path):
+def test_dpo_trains(tiny_build, trajectories, tmp_path):
     pairs = preference_pairs(trajectories, max_per_task=1)
     output = tmp_path / "dpo"
     result = train_adapter(
-        TrainingConfig.tiny(algorithm="dpo"),
-        model_dir=bootstrap_model,
+        tiny_training(algorithm="dpo"),
+        model_dir=tiny_build,
         output_dir=output,
         pairs=pairs,
         progress=False,
     )
     assert result.examples == len(pairs)
-    _assert_trained(bootstrap_model, result, output, "dpo")
+    _assert_trained(tiny_build, result, output, "dpo")
     skipped = train_adapter(
-        TrainingConfig.tiny(algorithm="dpo"),
-        model_dir=bootstrap_model,
+        tiny_training(algorithm="dpo"),
+        model_dir=tiny_build,
         output_dir=tmp_path / "none",
         progress=False,
     )
@@ -417,31 +406,31 @@ class LengthEnvironment:
         return ""
 
 
-def test_grpo_trains_with_environment_reward(bootstrap_model, tmp_path):
+def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
     tasks = [
         Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
     ]
     output = tmp_path / "grpo"
     result = train_adapter(
-        TrainingConfig.tiny(algorithm="grpo"),
-        model_dir=bootstrap_model,
+        tiny_training(algorithm="grpo"),
+        model_dir=tiny_build,
         output_dir=output,
         tasks=tasks,
         make_env=LengthEnvironment,
         progress=False,
     )
     assert result.examples == 2 and result.mean_reward is not None
-    _assert_trained(bootstrap_model, result, output, "grpo")
+    _assert_trained(tiny_build, result, output, "grpo")
     with pytest.raises(ValueError, match="make_env"):
         train_adapter(
-            TrainingConfig.tiny(algorithm="grpo"),
-            model_dir=bootstrap_model,
+            tiny_training(algorithm="grpo"),
+            model_dir=tiny_build,
             output_dir=tmp_path / "x",
             tasks=tasks,
         )
     skipped = train_adapter(
-        TrainingConfig.tiny(algorithm="grpo"),
-        model_dir=bootstrap_model,
+        tiny_training(algorithm="grpo"),
+        model_dir=tiny_build,
         output_dir=tmp_path / "y",
         make_env=LengthEnvironment,
         progress=False,
@@ -473,7 +462,7 @@ def test_grpo_environment_wraps_the_world(tasks):
     assert environment_score([[{"role": "assistant", "content": "Done."}]], [episode]) == [0.0]
 
 
-def test_adapter_marker_is_written_last(bootstrap_model, trajectories, tmp_path):
+def test_adapter_marker_is_written_last(tiny_build, trajectories, tmp_path):
     """An unfinished adapter directory (no marker) is not complete."""
     output = tmp_path / "partial"
     output.mkdir()

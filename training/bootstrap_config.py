@@ -40,7 +40,8 @@ class BootstrapConfig(BaseModel):
     ``base: smollm2`` (the default) LoRA-fine-tunes SmolLM2-135M-Instruct on the seed
     split for ``max_steps`` steps and merges the adapter into the weights;
     ``base: tiny`` trains the from-scratch test model (the tokenizer and model
-    fields below apply to it only; ``BootstrapConfig.tiny()`` is its test preset).
+    fields below apply to it only; ``coevolve.testing.presets.tiny_bootstrap()`` is its
+    test preset).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -249,32 +250,6 @@ class BootstrapConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    @classmethod
-    def tiny(cls, **overrides: Any) -> BootstrapConfig:
-        """A model that builds in seconds, for tests. It learns nothing useful."""
-        values: dict[str, Any] = {
-            "base": "tiny",
-            "learning_rate": 3e-3,
-            "loss_on_observations": True,
-            "vocab_size": 400,
-            "hidden_size": 32,
-            "num_layers": 1,
-            "num_heads": 2,
-            "num_kv_heads": 1,
-            "intermediate_size": 64,
-            "max_position_embeddings": 1024,
-            "max_length": 512,
-            "num_train_tasks": 48,
-            "augment_copies": 1,
-            "batch_size": 8,
-            "max_steps": 4,
-            "warmup_ratio": 0.0,
-            "time_budget_s": None,
-            "eval_split": None,
-        }
-        values.update(overrides)
-        return cls(**values)
 
     def cache_key(self) -> str:
         """Hash of everything that shapes the trained model (and the recipe version)."""

@@ -258,22 +258,3 @@ class TrainingConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    @classmethod
-    def tiny(cls, **overrides: object) -> TrainingConfig:
-        """A few steps on small batches: for tests with the tiny bootstrap model."""
-        values: dict[str, object] = {
-            "lora": LoraSettings(r=4, alpha=8, dropout=0.0),
-            "learning_rate": 1e-2,
-            "max_steps": 2,
-            "batch_size": 4,
-            "max_length": 512,
-            "warmup_ratio": 0.0,
-            "grpo_num_generations": 2,
-            "grpo_prompts_per_step": 2,
-            "grpo_max_completion_length": 24,
-            "grpo_max_tool_calls": 2,
-            "grpo_temperature": 1.0,
-        }
-        values.update(overrides)
-        return cls.model_validate(values)

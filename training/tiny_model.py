@@ -12,6 +12,7 @@ from .bootstrap_config import RECIPE_VERSION
 from .bootstrap_corpus import augment_corpus, build_corpus
 from .chat_template import observation_mask, tokenize_for_training
 from .tiny_tokenizer import _template_texts, train_tokenizer
+from .trainer_common import quiet_trainer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -250,7 +251,7 @@ def make_trainer(
         report_to="none",
         logging_steps=max(1, min(25, config.max_steps // 10)),
         logging_strategy="steps",
-        disable_tqdm=not progress,
+        disable_tqdm=True,  # quiet_trainer's step bar instead
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -264,12 +265,9 @@ def make_trainer(
         callbacks=[Stop(), Threads()],
     )
     trainer.thread_tuner = threads
-    if not progress:
-        # Without tqdm, transformers prints every log dict to stdout instead; a quiet
-        # build (e.g. `coevolve bootstrap --json`) must print nothing of its own.
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)
+    # The log dicts go to the trainer logger, never to stdout (tqdm's bar wrote them
+    # there): a quiet build (`coevolve bootstrap --json`) prints nothing of its own.
+    quiet_trainer(trainer, progress)
     return trainer
 
 

@@ -1,8 +1,10 @@
 """What every TRL trainer of ours shares: the training device, common arguments, quiet
-library progress bars with one step bar of our own, running a trainer, releasing memory."""
+library progress bars with one step bar of our own, the trainer's log dicts sent to a
+logger, running a trainer, releasing memory."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,11 +133,35 @@ def _step_bar(total: int) -> Any:
     return StepBar()
 
 
+# The trainer's log dicts, one record per logging step: a run writes them to its run.log
+# (coevolve.run_log); `coevolve run --verbose` shows them on the terminal too.
+TRAINER_LOGGER = "coevolve.trainer"
+
+
+def _log_records() -> Any:
+    """A trainer callback logging each of the trainer's log dicts to ``TRAINER_LOGGER``."""
+    from transformers import TrainerCallback
+
+    logger = logging.getLogger(TRAINER_LOGGER)
+
+    class LogRecords(TrainerCallback):
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> Any:
+            if logs:
+                logger.info("step %d: %s", state.global_step, logs)
+            return control
+
+    return LogRecords()
+
+
 def quiet_trainer(trainer: Any, progress: bool) -> None:
-    # Without tqdm, transformers prints every log dict to stdout instead: never here.
+    # Without tqdm, transformers prints every log dict to stdout instead: never here; they
+    # go to the trainer logger.
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(_log_records())
     if progress:
         trainer.add_callback(_step_bar(trainer.args.max_steps))
 
