@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .errors import PROGRAMMING_ERRORS
+
 if TYPE_CHECKING:  # pragma: no cover
     from .summary import CycleSummary
 
@@ -229,7 +231,9 @@ def log_cycle(config: Any, run_dir: str | Path, summary: CycleSummary) -> None:
     for backend in backends:
         try:
             _LOGGERS[backend](tracking, run_dir, metrics, step, summary)
-        except Exception as err:  # a tracker must not end a run
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception as err:  # boundary: third-party trackers and their servers, not the run
             log.warning("tracking: %s could not log cycle %d: %s", backend, cycle, err)
 
 

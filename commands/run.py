@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ..errors import PROGRAMMING_ERRORS
 from .common import PACKAGE_DIR, SetOption, console, err_console, fail
 
 
@@ -94,7 +95,9 @@ def run_command(
         raise fail(str(err)) from None
     except typer.Exit:  # an error already reported (it is a RuntimeError too)
         raise
-    except Exception as err:
+    except PROGRAMMING_ERRORS:  # a bug: its traceback, not a one-line message
+        raise
+    except Exception as err:  # boundary: the CLI turns what stopped a run into one line
         if debug:
             raise
         raise fail(stop_message(err, target), code=1) from None

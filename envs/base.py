@@ -130,6 +130,12 @@ class ToolError(Exception):
         self.kind = kind
 
 
+# How a task that does not fit its environment fails to run: a setup without the parts
+# reset() needs (ValueError, KeyError), no turns (IndexError), a verifier that cannot
+# read it (RuntimeError). Pydantic's ValidationError is a ValueError.
+TASK_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, RuntimeError)
+
+
 def tool_schema(
     name: str, description: str, properties: dict[str, Any], required: Sequence[str] = ()
 ) -> dict:
@@ -195,14 +201,12 @@ class ToolEnvironment:
         problem = check_arguments(action.arguments, schema.get("parameters", {}))
         if problem:
             return Observation(text=f"error: {action.name}: {problem}", error="bad_arguments")
+        # Anything but a ToolError is a bug in the tool and propagates; an environment whose
+        # tools are third-party code turns their failures into ToolErrors (BfclEnvironment).
         try:
             return Observation(text=self._execute(action))
         except ToolError as err:
             return Observation(text=f"error: {err}", error=err.kind)
-        except Exception as err:  # a tool bug must not end the episode
-            return Observation(
-                text=f"error: {action.name} failed: {type(err).__name__}: {err}", error="tool_error"
-            )
 
     def action_pattern(self, steps: Sequence[Step]) -> str:
         return default_action_pattern(steps)
@@ -304,7 +308,7 @@ def check_references(
         report.total += 1
         try:
             score, steps = replay_reference(make_env(), task)
-        except Exception as err:  # report, do not stop the check
+        except TASK_ERRORS as err:  # a task the environment cannot run is reported, not fatal
             report.failures.append({"task": task.id, "error": f"{type(err).__name__}: {err}"})
             continue
         if is_success(score):

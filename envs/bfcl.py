@@ -459,7 +459,15 @@ class BfclEnvironment(ToolEnvironment):
         # checker must replay it to reach the same state.
         self._current_calls.append(bfcl_call_string(call))
         # A copy, so the instance never shares lists with the recorded ToolCall.
-        result = getattr(owner, call.name)(**copy.deepcopy(call.arguments))
+        arguments = copy.deepcopy(call.arguments)
+        try:
+            result = getattr(owner, call.name)(**arguments)
+        except Exception as err:  # boundary: model arguments reach BFCL's own tool code
+            # Any exception there, TypeError included ("unexpected keyword argument"), is
+            # the model's call failing, as BFCL's executor records it; not a bug of ours.
+            raise ToolError(
+                "tool_error", f"{call.name} failed: {type(err).__name__}: {err}"
+            ) from err
         text = _render_result(result)
         if isinstance(result, dict) and "error" in result:
             raise ToolError("api_error", text)

@@ -211,7 +211,7 @@ def diagnose_bfcl(task: Task, model_turns: Sequence[ModelTurn]) -> BfclDiagnosis
                     model_name=model_name + "_ground_truth",
                     **options,
                 )
-            except Exception:
+            except Exception:  # boundary: only BFCL's code on task data runs here (SEAL's gt_error)
                 labels.append(GT_ERROR)
                 continue
             labels.append(
@@ -257,7 +257,7 @@ def _bfcl_turn_label(
             return STATE_MISMATCH
         if not checker.response_checker(list(all_model_results), gt_results, index)["valid"]:
             return RESPONSE_MISMATCH
-    except Exception:
+    except Exception:  # boundary: only BFCL's checkers run here (SEAL's checker_error)
         return CHECKER_ERROR
     return PASS
 
@@ -317,7 +317,7 @@ def world_final_state(task: Task, steps: Sequence[Step]) -> dict[str, Any]:
 def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> list[str]:
     """One label per step plus one outcome label (module docstring)."""
     from .world.apps import APPS, World
-    from .world.verifier import clone, comparable_view, replay
+    from .world.verifier import REPLAY_ERRORS, clone, comparable_view, replay
 
     app_of = {tool: app for app, tools in APPS.items() for tool in tools}
     initial = task.setup["state"]
@@ -333,7 +333,7 @@ def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> lis
         before = units(reference_world.state)
         try:
             reference_world.run(call.name, dict(call.arguments))
-        except Exception:
+        except REPLAY_ERRORS:  # a planned failure changes nothing, as in verifier.replay
             continue
         touched |= _changed(before, units(reference_world.state))
     reference_apps = {app_of.get(call.name) for call in task.reference_calls}
@@ -394,8 +394,10 @@ def _key(arguments: Mapping[str, Any]) -> str:
 
 
 def _run_quietly(world: Any, step: Step) -> None:
+    from .world.verifier import REPLAY_ERRORS
+
     assert step.call is not None
     try:
         world.run(step.call.name, dict(step.call.arguments))
-    except Exception:  # it succeeded in the episode; a replay difference must not crash diagnosis
+    except REPLAY_ERRORS:  # it succeeded in the episode; a replay difference changes nothing
         pass

@@ -181,6 +181,8 @@ async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any
     neighbours: dict[str, list[Neighbour]] = {}
     wanted = sorted({item.trajectory.task_id for item in kept})
     if wanted and rt.neighbours > 0:
+        from chromadb.errors import ChromaError
+
         by_id = {task.id: task for task in parents}
         try:
             found = await asyncio.to_thread(
@@ -190,7 +192,9 @@ async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any
                 task_id: [Neighbour(id=n.id, text=n.text, similarity=n.similarity) for n in near]
                 for task_id, near in zip(wanted, found, strict=True)
             }
-        except Exception as err:  # a store hiccup costs the "do not repeat" list, not the pass
+        except (ChromaError, RuntimeError, OSError, ValueError) as err:  # costs the list only
+            # A store hiccup (Chroma, the embedder's RuntimeError, the disk) costs the "do not
+            # repeat" list, not the pass.
             log.warning("nearest-task lookup failed: %s", err)
     return {
         "flagged": kept,
@@ -234,7 +238,8 @@ class SynthesisError(RuntimeError):
 
 
 def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, Any]:
-    """A role's failure on one item: re-raised if it is a bug, else a rejection and a count."""
+    """A role's failure on one item: re-raised if it is a bug (a programming error in our
+    code or a role's ends the pass), else a rejection and a count."""
     if isinstance(err, PROGRAMMING_ERRORS):
         raise err
     return {
@@ -247,7 +252,7 @@ async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]
     rt, item = _runtime(runtime), state["item"]
     try:
         context = await rt.roles.summarizer.summarize(item, state["parent"])
-    except Exception as err:  # one unreachable endpoint or bad reply must not end the pass
+    except Exception as err:  # boundary: one unreachable endpoint or bad reply, not the pass
         return {"context": None, **_crashed("summarize", item, err)}
     return {"context": context}
 
@@ -258,7 +263,7 @@ async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
         return {"rounds": []}
     try:
         rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
-    except Exception as err:
+    except Exception as err:  # boundary: the explorer's endpoint and environment, as summarize
         return {"rounds": [], **_crashed("explore", item, err)}
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
@@ -276,7 +281,7 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
         abstraction = await rt.roles.abstractor.abstract(
             item, parent, context, rounds, neighbours, rt.make_env
         )
-    except Exception as err:
+    except Exception as err:  # boundary: the abstractor's endpoint, as summarize
         return {"proposals": [], **_crashed("abstract", item, err)}
     proposals = abstraction.candidates
     rejections = [
@@ -299,9 +304,9 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     for candidate in state.get("proposals", []):
         try:
             verdict = await rt.roles.judge.judge(candidate, rt.make_env)
-        except Exception as err:
-            if isinstance(err, PROGRAMMING_ERRORS):
-                raise
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception as err:  # boundary: the judge's endpoint fails one candidate, not all
             verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
         if verdict.is_accepted(rt.judge_veto):
             judged.append(

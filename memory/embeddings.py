@@ -63,7 +63,7 @@ def _fast_bf16_cpu() -> bool:
         try:
             if check is not None and check():
                 return True
-        except Exception:  # a private torch helper changed: fall back to float32
+        except (RuntimeError, TypeError):  # a private torch helper changed: use float32
             continue
     return False
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ..errors import PROGRAMMING_ERRORS
 from .openai_script import (
     RecordedRequest,
     Reply,
@@ -109,6 +110,7 @@ class ScriptedOpenAIServer:
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._script_index = 0
+        self._script_bugs: list[BaseException] = []  # raised again by stop()
         self._adapters: dict[str, str] = {}
         # (status, message): answer every LoRA load with this error, as a vLLM started
         # without runtime LoRA updating does; None loads adapters. Settable while serving.
@@ -140,7 +142,11 @@ class ScriptedOpenAIServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving, cut delays short and close kept-alive connections."""
+        """Stop serving, cut delays short and close kept-alive connections.
+
+        Raises the first programming error (a failed assert, a TypeError) a script
+        callable raised while serving: the request got a 500, the test gets the bug.
+        """
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
@@ -158,6 +164,9 @@ class ScriptedOpenAIServer:
         httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._script_bugs:
+            bug, self._script_bugs = self._script_bugs[0], []
+            raise bug
 
     def __enter__(self) -> ScriptedOpenAIServer:
         return self.start()
@@ -300,8 +309,11 @@ class ScriptedOpenAIServer:
         if callable(script):
             try:
                 reply = script(body)
-            except Exception as err:
-                # A broken script callable must show up in the test, not vanish in a thread.
+            except Exception as err:  # boundary: the test's own script, answered with a 500
+                # A broken script callable must show up in the test, not vanish in a thread:
+                # a bug in it (a failed assert, a TypeError) is raised again by stop().
+                if isinstance(err, PROGRAMMING_ERRORS):
+                    self._script_bugs.append(err)
                 detail = "".join(traceback.format_exception_only(type(err), err)).strip()
                 raise _ScriptProblem(f"the script raised {detail}") from err
         else:

@@ -19,10 +19,22 @@ from pydantic import BaseModel, ConfigDict
 from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
-from ..envs.base import Environment
+from ..envs.base import TASK_ERRORS, Environment
 from ..records import Task, Trajectory, is_success
 
 logger = logging.getLogger(__name__)
+
+
+class ReplayError(RuntimeError):
+    """Every item of a batch raised while being replayed: the step has nothing to learn from,
+    which is a broken environment or task set, not a batch of failed tasks."""
+
+
+def every_item_failed(what: str, total: int, first: str) -> ReplayError:
+    return ReplayError(
+        f"every one of the {total} {what} raised, so there is nothing to train on; the "
+        f"first: {first}"
+    )
 
 
 def json_arguments(messages: Sequence[Message]) -> list[Message]:
@@ -110,11 +122,13 @@ def demonstrations_by_task(
 ) -> list[tuple[Task, list[Message]]]:
     """``demonstrations``, each with the task it demonstrates."""
     conversations = []
+    crashed: list[str] = []
     for task in tasks:
         try:
             messages, score = reference_conversation(make_env(), task, system_prompt)
-        except Exception as err:  # one broken task must not end the cycle
-            logger.warning("demonstration of %s failed: %s: %s", task.id, type(err).__name__, err)
+        except TASK_ERRORS as err:  # one broken task must not end the cycle
+            crashed.append(f"{task.id}: {type(err).__name__}: {err}")
+            logger.warning("demonstration of %s failed: %s", task.id, crashed[-1])
             continue
         if is_success(score):
             conversations.append((task, messages))
@@ -122,6 +136,8 @@ def demonstrations_by_task(
             logger.info(
                 "demonstration of %s does not verify (score %.2f); left out", task.id, score
             )
+    if tasks and len(crashed) == len(tasks):
+        raise every_item_failed("reference replays", len(tasks), crashed[0])
     return conversations
 
 

@@ -14,8 +14,9 @@ from pydantic import Field
 
 from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
+from ..envs.base import TASK_ERRORS
 from ..records import Task, Trajectory, is_success
-from .datasets import PreferencePair, json_arguments, split_opening
+from .datasets import PreferencePair, every_item_failed, json_arguments, split_opening
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -37,18 +38,23 @@ def with_progress(
     from ..envs.registry import ENVIRONMENTS
 
     out = []
+    tried, crashed = 0, []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
         if trajectory.progress is not None or task is None or task.env not in ENVIRONMENTS:
             out.append(trajectory)
             continue
+        tried += 1
         try:
             _, progress = ENVIRONMENTS[task.env].diagnose(task, trajectory)
-        except Exception as err:  # one odd trajectory must not end the cycle
-            logger.warning("no progress for %s: %s: %s", trajectory.id, type(err).__name__, err)
+        except TASK_ERRORS as err:  # one odd trajectory must not end the cycle
+            crashed.append(f"{trajectory.id}: {type(err).__name__}: {err}")
+            logger.warning("no progress for %s", crashed[-1])
             out.append(trajectory)
             continue
         out.append(trajectory.model_copy(update={"progress": min(max(progress, 0.0), 1.0)}))
+    if tried and len(crashed) == tried:
+        raise every_item_failed("progress diagnoses", tried, crashed[0])
     return out
 
 
@@ -195,14 +201,18 @@ def expert_conversations(
     """The expert conversation of each task: its reference solution replayed, kept only when
     it verifies; otherwise the shortest verified success among ``successes``."""
     experts: dict[str, list[Message]] = {}
+    crashed: list[str] = []
     for task in tasks:
         try:
             messages, score = reference_conversation(make_env(), task, system_prompt)
-        except Exception as err:  # a broken reference must not end the cycle
-            logger.warning("reference of %s failed: %s: %s", task.id, type(err).__name__, err)
-            score = 0.0
+        except TASK_ERRORS as err:  # a broken reference must not end the cycle
+            crashed.append(f"{task.id}: {type(err).__name__}: {err}")
+            logger.warning("reference of %s failed: %s", task.id, crashed[-1])
+            continue
         if is_success(score):
             experts[task.id] = json_arguments(messages)
+    if tasks and len(crashed) == len(tasks):
+        raise every_item_failed("reference replays", len(tasks), crashed[0])
     for trajectory in sorted(successes, key=lambda t: len(t.messages)):
         if (
             trajectory.task_id not in experts

@@ -23,13 +23,18 @@ def clone(state: Any) -> Any:
     return json.loads(json.dumps(state))
 
 
+# How a recorded call fails when replayed without the dispatcher's schema check: a domain
+# error (ToolError), arguments the method does not take (TypeError), a missing item.
+REPLAY_ERRORS = (ToolError, TypeError, KeyError, ValueError)
+
+
 def replay(state: State, calls: Sequence[ToolCall]) -> State:
     """Apply calls to a copy of ``state``; failing calls change nothing, as in an episode."""
     world = World(clone(state))
     for tool_call in calls:
         try:
             world.run(tool_call.name, dict(tool_call.arguments))
-        except (ToolError, TypeError, KeyError, ValueError):
+        except REPLAY_ERRORS:
             pass
     return world.state
 
