@@ -1,6 +1,6 @@
 """The built-in world: the embedded default environment."""
 
-from .apps import APPS, TOOL_NAMES, TOOL_SCHEMAS, World
+from .apps import APPS, TOOL_NAMES, World, tool_schemas
 from .env import WorldEnvironment, verify
 from .families import FAMILIES, SPLITS, pools_for
 from .splits import DEFAULT_SIZES, family_counts, load_split, make_task
@@ -11,12 +11,12 @@ __all__ = [
     "FAMILIES",
     "SPLITS",
     "TOOL_NAMES",
-    "TOOL_SCHEMAS",
     "World",
     "WorldEnvironment",
     "family_counts",
     "load_split",
     "make_task",
     "pools_for",
+    "tool_schemas",
     "verify",
 ]

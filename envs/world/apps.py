@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
 
 from ..base import ToolError, tool_schema
 
@@ -31,149 +33,8 @@ PHONE = re.compile(r"^555-\d{4}$")
 DATE = re.compile(r"^(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")
 TIME = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 
-_S = {"type": "string"}
-_I = {"type": "integer"}
-
-
-def _str(description: str) -> dict[str, str]:
-    return {**_S, "description": description}
-
-
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    # contacts
-    tool_schema(
-        "find_contact", "Find a contact by name.", {"name": _str("Contact name")}, ["name"]
-    ),
-    tool_schema("list_contacts", "List all contacts.", {}),
-    tool_schema(
-        "add_contact",
-        "Save a new contact.",
-        {"name": _str("Contact name"), "phone": _str("Phone number like 555-0123")},
-        ["name", "phone"],
-    ),
-    tool_schema(
-        "update_phone",
-        "Change a contact's phone number.",
-        {"contact_id": _str("Contact id like c3"), "phone": _str("New phone number like 555-0123")},
-        ["contact_id", "phone"],
-    ),
-    tool_schema(
-        "delete_contact", "Delete a contact.", {"contact_id": _str("Contact id")}, ["contact_id"]
-    ),
-    # messages
-    tool_schema(
-        "send_message",
-        "Send a text message to a contact.",
-        {"contact_id": _str("Contact id like c3"), "text": _str("Message text")},
-        ["contact_id", "text"],
-    ),
-    tool_schema(
-        "read_messages",
-        "Read the conversation with a contact, oldest first.",
-        {"contact_id": _str("Contact id")},
-        ["contact_id"],
-    ),
-    tool_schema(
-        "search_messages", "Find messages containing a word.", {"query": _str("Word")}, ["query"]
-    ),
-    tool_schema(
-        "delete_message", "Delete a message.", {"message_id": _str("Message id")}, ["message_id"]
-    ),
-    # calendar
-    tool_schema(
-        "find_event", "Find calendar events by title.", {"title": _str("Event title")}, ["title"]
-    ),
-    tool_schema(
-        "list_events", "List the events on a date.", {"date": _str("Date MM-DD")}, ["date"]
-    ),
-    tool_schema(
-        "create_event",
-        "Create a calendar event.",
-        {"title": _str("Title"), "date": _str("Date MM-DD"), "time": _str("Time HH:MM")},
-        ["title", "date", "time"],
-    ),
-    tool_schema(
-        "move_event",
-        "Move an event to a new date and time.",
-        {
-            "event_id": _str("Event id like e2"),
-            "date": _str("Date MM-DD"),
-            "time": _str("Time HH:MM"),
-        },
-        ["event_id", "date", "time"],
-    ),
-    tool_schema(
-        "cancel_event", "Cancel (delete) an event.", {"event_id": _str("Event id")}, ["event_id"]
-    ),
-    # notes
-    tool_schema(
-        "create_note",
-        "Create a note.",
-        {"title": _str("Title"), "body": _str("Text")},
-        ["title", "body"],
-    ),
-    tool_schema("find_note", "Find notes by title.", {"title": _str("Title")}, ["title"]),
-    tool_schema("read_note", "Read a note's text.", {"note_id": _str("Note id")}, ["note_id"]),
-    tool_schema(
-        "append_note",
-        "Add a line to the end of a note.",
-        {"note_id": _str("Note id"), "text": _str("Text to add")},
-        ["note_id", "text"],
-    ),
-    tool_schema("delete_note", "Delete a note.", {"note_id": _str("Note id")}, ["note_id"]),
-    # shop
-    tool_schema(
-        "search_products", "Search the shop's products.", {"query": _str("Product name")}, ["query"]
-    ),
-    tool_schema(
-        "add_to_cart",
-        "Put a product in the cart.",
-        {
-            "product_id": _str("Product id like p4"),
-            "quantity": {**_I, "description": "How many, 1-9"},
-        },
-        ["product_id", "quantity"],
-    ),
-    tool_schema("view_cart", "Show the cart and its total.", {}),
-    tool_schema(
-        "remove_from_cart",
-        "Take a product out of the cart.",
-        {"product_id": _str("Product id")},
-        ["product_id"],
-    ),
-    tool_schema("checkout", "Pay for the cart from the wallet and place an order.", {}),
-    tool_schema("list_orders", "List placed orders.", {}),
-    tool_schema(
-        "cancel_order",
-        "Cancel an order and refund it to the wallet.",
-        {"order_id": _str("Order id")},
-        ["order_id"],
-    ),
-    # wallet
-    tool_schema("get_balance", "Show the wallet balance.", {}),
-    tool_schema(
-        "top_up",
-        "Add money to the wallet.",
-        {"amount": {**_I, "description": "Whole amount, 1-500"}},
-        ["amount"],
-    ),
-    # reminders
-    tool_schema(
-        "set_reminder",
-        "Set a reminder.",
-        {"text": _str("What to remind"), "date": _str("Date MM-DD"), "time": _str("Time HH:MM")},
-        ["text", "date", "time"],
-    ),
-    tool_schema("list_reminders", "List reminders.", {}),
-    tool_schema(
-        "delete_reminder",
-        "Delete a reminder.",
-        {"reminder_id": _str("Reminder id")},
-        ["reminder_id"],
-    ),
-]
-
-TOOL_NAMES = tuple(schema["function"]["name"] for schema in TOOL_SCHEMAS)
+# The tools of each app, in the order the policy sees them. Each is the World method of
+# that name, whose signature and docstring are its schema (``tool_schemas``).
 APPS = {
     "contacts": ("find_contact", "list_contacts", "add_contact", "update_phone", "delete_contact"),
     "messages": ("send_message", "read_messages", "search_messages", "delete_message"),
@@ -191,29 +52,16 @@ APPS = {
     "wallet": ("get_balance", "top_up"),
     "reminders": ("set_reminder", "list_reminders", "delete_reminder"),
 }
-# Tools that change state: the describer writes instructions from these.
-MUTATING_TOOLS = frozenset(
-    {
-        "add_contact",
-        "update_phone",
-        "delete_contact",
-        "send_message",
-        "delete_message",
-        "create_event",
-        "move_event",
-        "cancel_event",
-        "create_note",
-        "append_note",
-        "delete_note",
-        "add_to_cart",
-        "remove_from_cart",
-        "checkout",
-        "cancel_order",
-        "top_up",
-        "set_reminder",
-        "delete_reminder",
-    }
-)
+TOOL_NAMES = tuple(name for tools in APPS.values() for name in tools)
+
+ToolMethod = TypeVar("ToolMethod", bound=Callable[..., str])
+_mutating: set[str] = set()
+
+
+def mutating(method: ToolMethod) -> ToolMethod:
+    """Mark a World tool that changes the state (the describer writes instructions from these)."""
+    _mutating.add(method.__name__)
+    return method
 
 
 def empty_state(balance: int = 0) -> State:
@@ -273,6 +121,11 @@ class World:
 
     # ------------------------------------------------------------ contacts
     def find_contact(self, name: str) -> str:
+        """Find a contact by name.
+
+        Args:
+            name: Contact name
+        """
         found = [
             render(cid, name=c["name"], phone=c["phone"])
             for cid, c in self.state["contacts"].items()
@@ -283,13 +136,21 @@ class World:
         return "\n".join(found)
 
     def list_contacts(self) -> str:
+        """List all contacts."""
         rows = [
             render(cid, name=c["name"], phone=c["phone"])
             for cid, c in self.state["contacts"].items()
         ]
         return "\n".join(rows) or "no contacts"
 
+    @mutating
     def add_contact(self, name: str, phone: str) -> str:
+        """Save a new contact.
+
+        Args:
+            name: Contact name
+            phone: Phone number like 555-0123
+        """
         self._check(PHONE, phone, "phone", "555-0123")
         if not name.strip():
             raise ToolError("invalid_value", "name must not be empty")
@@ -299,19 +160,39 @@ class World:
         self.state["contacts"][contact_id] = {"name": name.strip(), "phone": phone}
         return "saved " + render(contact_id, name=name.strip(), phone=phone)
 
+    @mutating
     def update_phone(self, contact_id: str, phone: str) -> str:
+        """Change a contact's phone number.
+
+        Args:
+            contact_id: Contact id like c3
+            phone: New phone number like 555-0123
+        """
         self._check(PHONE, phone, "phone", "555-0123")
         contact = self._get("contacts", contact_id, "contact")
         contact["phone"] = phone
         return "updated " + render(contact_id, name=contact["name"], phone=phone)
 
+    @mutating
     def delete_contact(self, contact_id: str) -> str:
+        """Delete a contact.
+
+        Args:
+            contact_id: Contact id
+        """
         contact = self._get("contacts", contact_id, "contact")
         del self.state["contacts"][contact_id]
         return f"deleted contact {contact['name']}"
 
     # ------------------------------------------------------------ messages
+    @mutating
     def send_message(self, contact_id: str, text: str) -> str:
+        """Send a text message to a contact.
+
+        Args:
+            contact_id: Contact id like c3
+            text: Message text
+        """
         self._get("contacts", contact_id, "contact")
         if not text.strip():
             raise ToolError("invalid_value", "message text must not be empty")
@@ -324,6 +205,11 @@ class World:
         return "sent " + render(message_id, to=self._contact_name(contact_id))
 
     def read_messages(self, contact_id: str) -> str:
+        """Read the conversation with a contact, oldest first.
+
+        Args:
+            contact_id: Contact id
+        """
         self._get("contacts", contact_id, "contact")
         rows = [
             render(
@@ -337,6 +223,11 @@ class World:
         return "\n".join(rows) or "no messages"
 
     def search_messages(self, query: str) -> str:
+        """Find messages containing a word.
+
+        Args:
+            query: Word
+        """
         rows = [
             render(mid, contact=self._contact_name(m["contact_id"]), text=m["text"])
             for mid, m in self.state["messages"].items()
@@ -344,13 +235,24 @@ class World:
         ]
         return "\n".join(rows) or "no messages"
 
+    @mutating
     def delete_message(self, message_id: str) -> str:
+        """Delete a message.
+
+        Args:
+            message_id: Message id
+        """
         self._get("messages", message_id, "message")
         del self.state["messages"][message_id]
         return f"deleted message {message_id}"
 
     # ------------------------------------------------------------ calendar
     def find_event(self, title: str) -> str:
+        """Find calendar events by title.
+
+        Args:
+            title: Event title
+        """
         rows = [
             render(eid, title=e["title"], date=e["date"], time=e["time"])
             for eid, e in self.state["events"].items()
@@ -361,6 +263,11 @@ class World:
         return "\n".join(rows)
 
     def list_events(self, date: str) -> str:
+        """List the events on a date.
+
+        Args:
+            date: Date MM-DD
+        """
         self._check(DATE, date, "date", "05-14")
         rows = [
             render(eid, title=e["title"], date=e["date"], time=e["time"])
@@ -369,7 +276,15 @@ class World:
         ]
         return "\n".join(rows) or f"no events on {date}"
 
+    @mutating
     def create_event(self, title: str, date: str, time: str) -> str:
+        """Create a calendar event.
+
+        Args:
+            title: Title
+            date: Date MM-DD
+            time: Time HH:MM
+        """
         self._check(DATE, date, "date", "05-14")
         self._check(TIME, time, "time", "09:30")
         if not title.strip():
@@ -378,20 +293,41 @@ class World:
         self.state["events"][event_id] = {"title": title.strip(), "date": date, "time": time}
         return "created " + render(event_id, title=title.strip(), date=date, time=time)
 
+    @mutating
     def move_event(self, event_id: str, date: str, time: str) -> str:
+        """Move an event to a new date and time.
+
+        Args:
+            event_id: Event id like e2
+            date: Date MM-DD
+            time: Time HH:MM
+        """
         self._check(DATE, date, "date", "05-14")
         self._check(TIME, time, "time", "09:30")
         event = self._get("events", event_id, "event")
         event.update(date=date, time=time)
         return "moved " + render(event_id, title=event["title"], date=date, time=time)
 
+    @mutating
     def cancel_event(self, event_id: str) -> str:
+        """Cancel (delete) an event.
+
+        Args:
+            event_id: Event id
+        """
         event = self._get("events", event_id, "event")
         del self.state["events"][event_id]
         return f"cancelled {event['title']}"
 
     # ------------------------------------------------------------ notes
+    @mutating
     def create_note(self, title: str, body: str) -> str:
+        """Create a note.
+
+        Args:
+            title: Title
+            body: Text
+        """
         if not title.strip():
             raise ToolError("invalid_value", "title must not be empty")
         note_id = self._new_id("notes")
@@ -399,6 +335,11 @@ class World:
         return "created " + render(note_id, title=title.strip())
 
     def find_note(self, title: str) -> str:
+        """Find notes by title.
+
+        Args:
+            title: Title
+        """
         rows = [
             render(nid, title=n["title"])
             for nid, n in self.state["notes"].items()
@@ -409,21 +350,44 @@ class World:
         return "\n".join(rows)
 
     def read_note(self, note_id: str) -> str:
+        """Read a note's text.
+
+        Args:
+            note_id: Note id
+        """
         note = self._get("notes", note_id, "note")
         return render(note_id, title=note["title"], body=note["body"])
 
+    @mutating
     def append_note(self, note_id: str, text: str) -> str:
+        """Add a line to the end of a note.
+
+        Args:
+            note_id: Note id
+            text: Text to add
+        """
         note = self._get("notes", note_id, "note")
         note["body"] = f"{note['body']}\n{text}" if note["body"] else text
         return "updated " + render(note_id, title=note["title"])
 
+    @mutating
     def delete_note(self, note_id: str) -> str:
+        """Delete a note.
+
+        Args:
+            note_id: Note id
+        """
         note = self._get("notes", note_id, "note")
         del self.state["notes"][note_id]
         return f"deleted note {note['title']}"
 
     # ------------------------------------------------------------ shop
     def search_products(self, query: str) -> str:
+        """Search the shop's products.
+
+        Args:
+            query: Product name
+        """
         words = query.strip().lower()
         rows = [
             render(pid, name=p["name"], price=p["price"])
@@ -432,7 +396,14 @@ class World:
         ]
         return "\n".join(rows) or f"no products match {query}"
 
+    @mutating
     def add_to_cart(self, product_id: str, quantity: int) -> str:
+        """Put a product in the cart.
+
+        Args:
+            product_id: Product id like p4
+            quantity: How many, 1-9
+        """
         self._get("products", product_id, "product")
         quantity = int(quantity)
         if not 1 <= quantity <= 9:
@@ -446,6 +417,7 @@ class World:
         return sum(products[pid]["price"] * qty for pid, qty in self.state["cart"].items())
 
     def view_cart(self) -> str:
+        """Show the cart and its total."""
         products = self.state["products"]
         rows = [
             render(pid, name=products[pid]["name"], quantity=qty, price=products[pid]["price"])
@@ -453,13 +425,21 @@ class World:
         ]
         return "\n".join([*rows, f"total={self._cart_total()}"]) if rows else "cart is empty"
 
+    @mutating
     def remove_from_cart(self, product_id: str) -> str:
+        """Take a product out of the cart.
+
+        Args:
+            product_id: Product id
+        """
         if product_id not in self.state["cart"]:
             raise ToolError("not_found", f"{product_id} is not in the cart")
         del self.state["cart"][product_id]
         return f"removed {product_id} total={self._cart_total()}"
 
+    @mutating
     def checkout(self) -> str:
+        """Pay for the cart from the wallet and place an order."""
         if not self.state["cart"]:
             raise ToolError("empty_cart", "the cart is empty")
         total = self._cart_total()
@@ -480,6 +460,7 @@ class World:
         return f"ordered {render(order_id, total=total)} balance={balance - total}"
 
     def list_orders(self) -> str:
+        """List placed orders."""
         products = self.state["products"]
         rows = []
         for oid, order in self.state["orders"].items():
@@ -489,7 +470,13 @@ class World:
             rows.append(render(oid, items=items, total=order["total"], status=order["status"]))
         return "\n".join(rows) or "no orders"
 
+    @mutating
     def cancel_order(self, order_id: str) -> str:
+        """Cancel an order and refund it to the wallet.
+
+        Args:
+            order_id: Order id
+        """
         order = self._get("orders", order_id, "order")
         if order["status"] == "cancelled":
             raise ToolError("already_cancelled", f"order {order_id} is already cancelled")
@@ -499,9 +486,16 @@ class World:
 
     # ------------------------------------------------------------ wallet
     def get_balance(self) -> str:
+        """Show the wallet balance."""
         return f"balance={self.state['wallet']['balance']}"
 
+    @mutating
     def top_up(self, amount: int) -> str:
+        """Add money to the wallet.
+
+        Args:
+            amount: Whole amount, 1-500
+        """
         amount = int(amount)
         if not 1 <= amount <= 500:
             raise ToolError("invalid_value", "amount must be between 1 and 500")
@@ -509,7 +503,15 @@ class World:
         return f"balance={self.state['wallet']['balance']}"
 
     # ------------------------------------------------------------ reminders
+    @mutating
     def set_reminder(self, text: str, date: str, time: str) -> str:
+        """Set a reminder.
+
+        Args:
+            text: What to remind
+            date: Date MM-DD
+            time: Time HH:MM
+        """
         self._check(DATE, date, "date", "05-14")
         self._check(TIME, time, "time", "09:30")
         if not text.strip():
@@ -519,13 +521,46 @@ class World:
         return "set " + render(reminder_id, text=text, date=date, time=time)
 
     def list_reminders(self) -> str:
+        """List reminders."""
         rows = [
             render(rid, text=r["text"], date=r["date"], time=r["time"])
             for rid, r in self.state["reminders"].items()
         ]
         return "\n".join(rows) or "no reminders"
 
+    @mutating
     def delete_reminder(self, reminder_id: str) -> str:
+        """Delete a reminder.
+
+        Args:
+            reminder_id: Reminder id
+        """
         self._get("reminders", reminder_id, "reminder")
         del self.state["reminders"][reminder_id]
         return f"deleted reminder {reminder_id}"
+
+
+# Tools that change state: the describer writes instructions from these.
+MUTATING_TOOLS = frozenset(_mutating)
+
+
+@cache
+def tool_schemas() -> list[dict[str, Any]]:
+    """The tools' OpenAI function schemas, derived from the World methods' type hints and
+    docstrings (the summary line, and an ``Args:`` line per argument)."""
+    from transformers.utils import get_json_schema
+
+    world = World(empty_state())
+    schemas = []
+    for name in TOOL_NAMES:
+        function = get_json_schema(getattr(world, name))["function"]
+        parameters = function["parameters"]
+        schemas.append(
+            tool_schema(
+                name,
+                function["description"],
+                parameters["properties"],
+                parameters.get("required", ()),
+            )
+        )
+    return schemas

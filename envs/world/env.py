@@ -12,7 +12,7 @@ from typing import Any
 
 from ...records import Observation, Task, ToolCall, Trajectory
 from ..base import ToolEnvironment, ToolError
-from .apps import MUTATING_TOOLS, TOOL_NAMES, TOOL_SCHEMAS, State, World
+from .apps import MUTATING_TOOLS, TOOL_NAMES, State, World, tool_schemas
 from .families import clock, date, phone, pools_for
 from .verifier import clone, replay, verify
 
@@ -40,7 +40,7 @@ class WorldEnvironment(ToolEnvironment):
         self.turn = 0
 
     def tools(self) -> list[dict[str, Any]]:
-        return TOOL_SCHEMAS
+        return tool_schemas()
 
     def reset(self, task: Task) -> str:
         if "state" not in task.setup:
