@@ -54,7 +54,7 @@ def test_bad_model_arguments_still_become_error_observations():
     env = WorldEnvironment()
     env.reset(world_task())
     before = repr(env.world.state)  # type: ignore[union-attr]
-    cases = {
+    cases: dict[str, ToolCall | str] = {
         "bad_arguments": ToolCall(name="top_up", arguments={"amount": "ten"}),
         "unknown_tool": ToolCall(name="top_upp", arguments={"amount": 10}),
         "invalid_value": ToolCall(name="top_up", arguments={"amount": 10_000}),
