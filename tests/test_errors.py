@@ -145,3 +145,31 @@ def test_a_bug_in_a_script_callable_answers_500_and_stop_raises_it(scripted_serv
     with pytest.raises(AssertionError, match="the test's own check failed"):
         server.stop()
     server.stop()  # stopped and reported once: teardown stops it again quietly
+
+
+# --------------------------------------------------------------------------- trackers
+
+
+def test_a_tracker_failing_is_logged_but_a_bug_in_our_logger_propagates(
+    tmp_path, monkeypatch, caplog
+):
+    from types import SimpleNamespace
+
+    from coevolve import tracking
+
+    config = SimpleNamespace(tracking=tracking.TrackingConfig(report_to=["tensorboard"]))
+    summary = {"cycle": 1}
+
+    def unreachable(*args):
+        raise ConnectionError("tracking server unreachable")
+
+    monkeypatch.setitem(tracking._LOGGERS, "tensorboard", unreachable)
+    tracking.log_cycle(config, tmp_path, summary)
+    assert "tracking server unreachable" in caplog.text
+
+    def buggy(*args):
+        raise TypeError("log_metrics() got an unexpected keyword argument 'stepp'")
+
+    monkeypatch.setitem(tracking._LOGGERS, "tensorboard", buggy)
+    with pytest.raises(TypeError, match="stepp"):
+        tracking.log_cycle(config, tmp_path, summary)

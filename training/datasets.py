@@ -31,6 +31,7 @@ class ReplayError(RuntimeError):
 
 
 def every_item_failed(what: str, total: int, first: str) -> ReplayError:
+    """The error for a batch of ``total`` items that all raised, naming the first failure."""
     return ReplayError(
         f"every one of the {total} {what} raised, so there is nothing to train on; the "
         f"first: {first}"
@@ -128,7 +129,7 @@ def demonstrations_by_task(
             messages, score = reference_conversation(make_env(), task, system_prompt)
         except TASK_ERRORS as err:  # one broken task must not end the cycle
             crashed.append(f"{task.id}: {type(err).__name__}: {err}")
-            logger.warning("demonstration of %s failed: %s", task.id, crashed[-1])
+            logger.warning("demonstration of %s", crashed[-1])
             continue
         if is_success(score):
             conversations.append((task, messages))

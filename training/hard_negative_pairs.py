@@ -207,7 +207,7 @@ def expert_conversations(
             messages, score = reference_conversation(make_env(), task, system_prompt)
         except TASK_ERRORS as err:  # a broken reference must not end the cycle
             crashed.append(f"{task.id}: {type(err).__name__}: {err}")
-            logger.warning("reference of %s failed: %s", task.id, crashed[-1])
+            logger.warning("reference of %s", crashed[-1])
             continue
         if is_success(score):
             experts[task.id] = json_arguments(messages)
