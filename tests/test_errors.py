@@ -156,9 +156,11 @@ def test_a_tracker_failing_is_logged_but_a_bug_in_our_logger_propagates(
     from types import SimpleNamespace
 
     from coevolve import tracking
+    from coevolve.summary import CycleSummary, EvaluationFigures
 
     config = SimpleNamespace(tracking=tracking.TrackingConfig(report_to=["tensorboard"]))
-    summary = {"cycle": 1}
+    figures = EvaluationFigures(success=0.5, tool_sequence=0.5, calls=0.5, episodes=2, time_s=1.0)
+    summary = CycleSummary(cycle=1, evaluate=figures)
 
     def unreachable(*args):
         raise ConnectionError("tracking server unreachable")
