@@ -11,40 +11,47 @@ from rich.console import Console
 from coevolve.envs.world import load_split
 from coevolve.memory.pool import TaskPool
 from coevolve.report import metrics_rows, overhead_share, print_summary, write_report
+from coevolve.summary import CycleSummary
 
 BASELINE = {
     "cycle": 0,
     "evaluate": {
         "success": 0.25,
         "tool_sequence": 0.5,
+        "calls": 0.5,
+        "episodes": 4,
         "by_family": {"alpha": 0.5, "beta": 0.0},
         "time_s": 10.0,
     },
 }
 CYCLE_1 = {
     "cycle": 1,
-    "rollout": {"success": 0.375, "episodes": 8, "diagnosis": {"wrong_tool": 3}, "time_s": 20.0},
+    "rollout": {"tasks": 4, "seed_tasks": 3, "synthesized_tasks": 1, "success": 0.375, "episodes": 8, "diagnosis": {"wrong_tool": 3}, "time_s": 20.0},
     "signals": {
         "by_kind": {"forgetting": 0, "boundary": 2, "rare": 1, "unsolved": 3},
         "kept_by_kind": {"boundary": 2, "unsolved": 1},
+        "flagged": 6,
         "kept": 3,
         "flag_precision": 2 / 3,
-        "by_family": {"beta": {"flagged_items": 4, "kept_items": 3}},
+        "by_family": {"beta": {"flagged_items": 4, "kept_items": 3, "rollout_success": 0.25}},
         "time_s": 1.0,
     },
-    "synthesize": {"candidates": 5, "accepted": 2, "duplicates": 1, "by_family": {"beta": 2}},
-    "pool": {"size": 42, "synthesized": 2, "time_s": 1.0},
+    "synthesize": {"candidates": 5, "accepted": 2, "duplicates": 1, "by_family": {"beta": 2},
+                   "time_s": 5.0},
+    "pool": {"added": 2, "seed": 40, "size": 42, "synthesized": 2, "time_s": 1.0},
     # the train stage counts its whole time; 30 of its 40 seconds are optimiser steps
-    "train": {"examples": 12, "steps": 3, "final_loss": 1.2345, "stage_time_s": 40.0,
+    "train": {"algorithm": "sft", "adapter_dir": "adapters/cycle-1", "examples": 12, "steps": 3, "final_loss": 1.2345, "stage_time_s": 40.0,
               "time_s": 35.0, "train_time_s": 30.0},
     "evaluate": {
         "success": 0.5,
         "tool_sequence": 0.75,
+        "calls": 0.75,
+        "episodes": 4,
         "by_family": {"alpha": 0.5, "beta": 0.5},
         "time_s": 28.0,
     },
 }  # fmt: skip
-CYCLES = [BASELINE, CYCLE_1]
+CYCLES = [CycleSummary.model_validate(cycle) for cycle in (BASELINE, CYCLE_1)]
 
 
 def test_metrics_rows_carry_each_stage_figure():
@@ -59,7 +66,8 @@ def test_metrics_rows_carry_each_stage_figure():
         "boundary": 2,
         "unsolved": 1,
     }
-    assert first["flags_by_family"] == {"beta": {"flagged_items": 4, "kept_items": 3}}
+    beta = first["flags_by_family"]["beta"]
+    assert (beta["flagged_items"], beta["kept_items"], beta["rollout_success"]) == (4, 3, 0.25)
     assert (first["candidates"], first["accepted"], first["duplicates"]) == (5, 2, 1)
     assert first["accepted_by_family"] == {"beta": 2}
     assert (first["pool_size"], first["pool_synthesized"]) == (42, 2)
@@ -68,13 +76,14 @@ def test_metrics_rows_carry_each_stage_figure():
     assert first["stage_time_s"] == {
         "rollout": 20.0,
         "signals": 1.0,
+        "synthesize": 5.0,
         "pool": 1.0,
         "train": 40.0,
         "evaluate": 28.0,
     }
-    # 90 s in all; rollouts 20 + evaluation 28 + optimiser steps 30 = 78 s busy
-    assert first["overhead_share"] == pytest.approx(12 / 90)
-    assert overhead_share(CYCLE_1) == first["overhead_share"]
+    # 95 s in all; rollouts 20 + evaluation 28 + optimiser steps 30 = 78 s busy
+    assert first["overhead_share"] == pytest.approx(17 / 95)
+    assert overhead_share(CYCLES[1]) == first["overhead_share"]
 
 
 def test_write_report_writes_the_rows_the_summary_and_the_figure(tmp_path):
@@ -88,7 +97,7 @@ def test_write_report_writes_the_rows_the_summary_and_the_figure(tmp_path):
     assert rows == json.loads(json.dumps(metrics_rows(CYCLES)))
     summary = json.loads(paths["summary"].read_text())
     assert summary == {
-        "cycles": CYCLES,
+        "cycles": [cycle.model_dump(mode="json") for cycle in CYCLES],
         "pool": {"seed": 2, "synthesized": 1, "signal:unsolved": 1},
     }
     assert paths["report"] == tmp_path / "report.png"
@@ -118,14 +127,23 @@ def test_summary_tables_show_each_cycle_family_and_stage():
     # loss, overhead
     assert row("1", "per cycle") == [
         "1", "50.0%", "75.0%", "37.5%", "0", "2", "1", "3", "66.7%", "5 / 2 / 1", "42",
-        "1.234", "13.3%",
+        "1.234", "17.9%",
     ]  # fmt: skip
     assert row("0", "per cycle")[:3] == ["0", "25.0%", "50.0%"]
     # family, cycle 0, cycle 1, change (points), flagged, kept, synthesized
     assert row("beta", "per family") == ["beta", "0.0%", "50.0%", "+50.0", "4", "3", "2"]
     assert row("alpha", "per family") == ["alpha", "50.0%", "50.0%", "+0.0", "0", "0", "0"]
     # cycle, rollout, signals, synthesize, pool, train, evaluate, total
-    assert row("1", "seconds per stage") == ["1", "20.0", "1.0", "", "1.0", "40.0", "28.0", "90.0"]
+    assert row("1", "seconds per stage") == [
+        "1",
+        "20.0",
+        "1.0",
+        "5.0",
+        "1.0",
+        "40.0",
+        "28.0",
+        "95.0",
+    ]
     text = "\n".join(lines)
     assert "cycle 1 rollout diagnosis (SEAL labels): wrong_tool 3" in text
     assert "pool: 40 seed + 2 synthesized tasks (unsolved 2)" in text
