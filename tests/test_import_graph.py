@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -173,6 +174,16 @@ def test_the_graph_sees_imports_inside_functions() -> None:
 def test_no_import_circles() -> None:
     found = circles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_architecture_doc_draws_todays_import_graph() -> None:
+    doc = (PACKAGE_ROOT / "docs" / "architecture.md").read_text()
+    drawn = re.search(r"```mermaid\n(flowchart TD\n.*?)```", doc, re.S)
+    assert drawn, "docs/architecture.md has no import graph (```mermaid flowchart TD)"
+    assert drawn.group(1).strip() == mermaid(folder_graph(import_graph())), (
+        "docs/architecture.md's import graph is out of date: replace it with the output of "
+        "`python tests/test_import_graph.py --mermaid`"
+    )
 
 
 # coevolve.config composes the config sections, which live beside the code they
