@@ -36,7 +36,8 @@ from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
 
 log = logging.getLogger("coevolve.synthesis")
 
-STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
+# The synthesis funnel: how many items reach each stage of a pass, in order.
+FUNNEL_STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
 
 
 def add_counts(left: dict[str, int] | None, right: dict[str, int] | None) -> dict[str, int]:
@@ -430,7 +431,7 @@ async def synthesize(
         out: Any = await (compiled or graph).ainvoke(
             graph_input, config=cast(Any, config), context=cast(Any, runtime), durability="async"
         )
-    counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
+    counts = {stage: out.get("counts", {}).get(stage, 0) for stage in FUNNEL_STAGES}
     counts["crashed"] = out.get("counts", {}).get("crashed", 0)
     if flagged and counts["crashed"] >= len(flagged):
         first = out.get("rejections", [])[0].reason if out.get("rejections") else "unknown"
