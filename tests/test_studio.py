@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -74,9 +75,9 @@ def test_the_graphs_are_listed(studio):
 
 
 def test_studio_draws_the_synthesis_nodes_inside_the_cycle(studio):
-    assistants = _request(f"{studio}/assistants/search", {"graph_id": "cycle"})
+    assistants: Any = _request(f"{studio}/assistants/search", {"graph_id": "cycle"})
     cycle = next(a for a in assistants if a["graph_id"] == "cycle")
-    drawn = _request(f"{studio}/assistants/{cycle['assistant_id']}/graph?xray=true")
+    drawn: Any = _request(f"{studio}/assistants/{cycle['assistant_id']}/graph?xray=true")
     nodes = {node["id"] for node in drawn["nodes"]}
     assert {"synthesize", "record_synthesis", "update_pool"} <= nodes
     assert {
