@@ -16,7 +16,7 @@ from .records import SIGNAL_KINDS
 from .summary import CycleSummary, RunSummary
 
 # The keys of a cycle summary, in the order the cycle graph runs them.
-STAGES = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
+CYCLE_STAGES = ("rollout", "signals", "synthesize", "pool", "train", "evaluate")
 GENERATION_STAGES = ("rollout", "evaluate")
 
 
@@ -266,13 +266,13 @@ def print_summary(
 
     times = Table(title="seconds per stage")
     times.add_column("cycle", justify="right")
-    for stage in (*STAGES, "total"):
+    for stage in (*CYCLE_STAGES, "total"):
         times.add_column(stage, justify="right")
     for row in rows:
         seconds = row["stage_time_s"]
         times.add_row(
             str(row["cycle"]),
-            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in STAGES),
+            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in CYCLE_STAGES),
             f"{sum(seconds.values()):.1f}",
         )
     console.print(times)

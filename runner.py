@@ -191,7 +191,13 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], 
     from .graph.cycle import builder
 
     config = rt.config
-    thread: Any = {**THREAD, "recursion_limit": 16 + 8 * config.cycles}
+    # The synthesis subgraph inherits the run's config: its branches run max_concurrency
+    # at a time (the cycle's own nodes run one at a time).
+    thread: Any = {
+        **THREAD,
+        "recursion_limit": 16 + 8 * config.cycles,
+        "max_concurrency": config.synthesis.max_concurrency,
+    }
     async with AsyncSqliteSaver.from_conn_string(str(rt.run_dir / CHECKPOINTS)) as saver:
         compiled = builder.compile(checkpointer=saver)
         snapshot = await compiled.aget_state(thread)

@@ -72,7 +72,8 @@ def bench_graph() -> float:
     from coevolve.agents.rollout import run_rollouts
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.graph.synthesis import SynthesisRuntime, synthesize
+    from coevolve.graph.runtime import SynthesisRuntime
+    from coevolve.graph.synthesis import synthesize
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.memory.store import TaskStore
     from coevolve.records import Signal

@@ -63,8 +63,9 @@ def synthesize_command(
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
     from ..envs.registry import get_environment
+    from ..graph.runtime import SynthesisRuntime
     from ..graph.runtime_factory import build_store
-    from ..graph.synthesis import SynthesisRuntime, synthesize
+    from ..graph.synthesis import synthesize
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals

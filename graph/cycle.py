@@ -1,13 +1,20 @@
 """The closed loop as a LangGraph StateGraph: one pass per cycle, looping.
 
-    START -> baseline -> rollout -> signals -> synthesize -> update_pool -> train -> evaluate
-                            ^                                                          |
-                            +----------------- (more cycles) --------------------------+-> END
+    START -> baseline -> rollout -> signals -> synthesize -> synthesis -> record_synthesis
+                            ^                               (subgraph)          |
+                            |                                                   v
+                            +---- (more cycles) ---- evaluate <- train <- update_pool
+                                                        |
+                                                        +-> END
 
 - *baseline* evaluates the starting policy on the held-out split (cycle 0);
 - *rollout* samples the cycle's tasks from the pool and runs K episodes each;
 - *signals* flags failure-prone trajectories (forgetting, boundary, rare);
-- *synthesize* runs the synthesis graph (graph/synthesis.py) as a subgraph;
+- *synthesize* hands the kept flagged items and their parent tasks to
+  *synthesis*, the compiled synthesis graph (graph/synthesis.py) as a subgraph
+  node (Studio draws its prepare, branch and dedup nodes), and
+  *record_synthesis* writes its accepted tasks and rejections and the stage's
+  figures;
 - *update_pool* adds the accepted tasks, with provenance, to the training pool;
 - *train* runs the configured TRL step (sft / grpo / dpo) with a LoRA adapter,
   saves ``adapters/cycle-N`` and swaps it into the policy
@@ -16,18 +23,24 @@
 
 The state stays small and JSON-friendly (figures and file paths): the
 trajectories, flagged items and tasks of a cycle live in files under
-``<run_dir>/cycles/NNN/``, written atomically. The runner (coevolve.runner)
+``<run_dir>/cycles/NNN/``, written atomically. Only while the synthesis stage
+runs does it hold the pass's input and output (the keys the subgraph reads and
+writes), and record_synthesis empties them. The runner (coevolve.runner)
 compiles ``builder`` with a SQLite checkpointer, so a killed run resumes after
-its last finished node. Every node can run again after a kill without doing
-harm: sampling is seeded per (seed, cycle, stage), the history and pattern
-counts record a cycle once, a half-finished synthesis pass is removed from the
-task store before it runs again, the pool adds by task id, and a finished
-adapter is reused.
+its last finished node; the synthesis subgraph checkpoints into the same saver,
+so a pass killed half-way resumes inside it (its finished branches are kept).
+Every node can run again after a kill without doing harm: sampling is seeded
+per (seed, cycle, stage), the history and pattern counts record a cycle once,
+a synthesis pass takes its cycle's tasks out of the task store before it reads
+the store (prepare) and again before it stores (dedup), the pool adds by task
+id, and a finished adapter is reused.
 
 The heavy objects a node needs (policy, environment factory, pool, store,
 roles) are injected as the graph's runtime context, a ``CycleRuntime``
-(``graph/runtime.py``, re-exported here with ``seed_everything``). Under
-LangGraph Studio the context is JSON, and ``graph/runtime_factory.py`` builds the
+(``graph/runtime.py``, re-exported here with ``seed_everything``). The
+synthesis subgraph's nodes get the same context and ask it for their
+``SynthesisRuntime`` (``CycleRuntime.synthesis_runtime``). Under LangGraph
+Studio the context is JSON, and ``graph/runtime_factory.py`` builds the
 runtime from the config it names.
 """
 
@@ -37,7 +50,7 @@ import operator
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, TypedDict, cast
+from typing import Annotated, Any, Literal, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -55,6 +68,8 @@ from ..summary import (
 )
 from ..tracking import log_cycle
 from .runtime import CycleRuntime, seed_everything
+from .synthesis import Rejection, SynthesisResult
+from .synthesis import graph as synthesis
 
 
 class CycleState(TypedDict, total=False):
@@ -66,6 +81,26 @@ class CycleState(TypedDict, total=False):
     current: dict[str, Any]
     # One CycleSummary per finished cycle, dumped (read them with CycleSummary.model_validate).
     finished: Annotated[list[dict[str, Any]], operator.add]
+    # The synthesis subgraph reads and writes these keys (those of its input and output
+    # schemas); they hold a pass's items only while the stage runs (record_synthesis
+    # empties them).
+    flagged: list[dict[str, Any]]  # the cycle's kept flagged items, as JSON
+    parents: list[dict[str, Any]]  # their parent tasks, as JSON
+    accepted: list[Task]
+    counts: dict[str, int]
+    rejections: list[Rejection]
+    roles: dict[str, str]
+    synthesis_started: float  # wall-clock time the stage started
+
+
+SYNTHESIS_CLEARED: dict[str, Any] = {
+    "flagged": [],
+    "parents": [],
+    "accepted": [],
+    "counts": {},
+    "rejections": [],
+    "roles": {},
+}
 
 
 def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
@@ -326,44 +361,32 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 
 async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    from ..files import dump_jsonl, load_jsonl
-    from ..graph.synthesis import SynthesisRuntime
-    from ..graph.synthesis import synthesize as run_synthesis
+    """The synthesis subgraph's input: the cycle's kept flagged items and their parent tasks."""
+    from ..files import load_jsonl
     from ..memory.signals import FlaggedTrajectory
 
     rt = _runtime(runtime)
-    config = rt.config
     cycle = state["cycle"]
-    started = time.perf_counter()
     flagged = load_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", FlaggedTrajectory)
-    if not config.synthesis.enabled:
+    if not rt.config.synthesis.enabled:
         flagged = []  # the static arm: the pool stays the seed tasks
-    # A pass killed half-way may have stored some of its tasks: take them out, so
-    # this pass runs against the store as it was and accepts the same tasks.
-    removed = rt.store.remove({"$and": [{"source": "synthesized"}, {"cycle": cycle}]})
     parent_ids = {item.trajectory.task_id for item in flagged}
     parents = [task for task in rt.pool.tasks if task.id in parent_ids]
-    seed_everything(config.seed, cycle, "synthesize")
-    result = await run_synthesis(
-        flagged,
-        parents,
-        SynthesisRuntime(
-            roles=rt.roles,
-            make_env=rt.make_env,
-            store=rt.store,
-            neighbours=config.synthesis.neighbours,
-            max_accepted=config.synthesis.max_accepted,
-            judge_veto=config.synthesis.judge_veto,
-            dedup_where=(
-                {"source": "synthesized"}
-                if config.synthesis.dedup_against == "synthesized"
-                else None
-            ),
-        ),
-        cycle=cycle,
-        max_concurrency=config.synthesis.max_concurrency,
-        compiled=subgraph,
-    )
+    # JSON in the cycle's state, as everywhere else in it (the subgraph validates it).
+    return {
+        "flagged": [item.model_dump(mode="json") for item in flagged],
+        "parents": [task.model_dump(mode="json") for task in parents],
+        "synthesis_started": time.time(),
+    }
+
+
+async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+    """The synthesis subgraph's output: the cycle's files and the synthesize figures."""
+    from ..files import dump_jsonl
+
+    rt = _runtime(runtime)
+    cycle = state["cycle"]
+    result = SynthesisResult.from_output(state)
     dump_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", result.accepted)
     # Every rejection with its stage and reason, not only the most common ones.
     dump_jsonl(rt.cycle_dir(cycle) / "rejections.jsonl", result.rejections)
@@ -383,8 +406,9 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
             "top_rejections": dict(reasons.most_common(3)),
             "rejections": len(result.rejections),
             "roles": result.roles,
-            "removed_on_resume": removed,
-            "time_s": time.perf_counter() - started,
+            # Tasks of a killed attempt of this pass that the pass took out of the store.
+            "removed_on_resume": (state.get("counts") or {}).get("removed", 0),
+            "time_s": time.time() - state.get("synthesis_started", time.time()),
         }
     )
     rt.say(
@@ -392,7 +416,10 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
         f"{figures.duplicates} duplicates, {figures.accepted} accepted "
         f"[{figures.time_s:.0f} s]"
     )
-    return {"current": {**state.get("current", {}), "synthesize": figures.model_dump()}}
+    return {
+        "current": {**state.get("current", {}), "synthesize": figures.model_dump()},
+        **SYNTHESIS_CLEARED,
+    }
 
 
 async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -459,6 +486,10 @@ builder.add_node("baseline", baseline)
 builder.add_node("rollout", rollout)
 builder.add_node("signals", signals)
 builder.add_node("synthesize", synthesize)
+# The compiled synthesis graph as a subgraph: Studio draws its nodes, it gets the
+# cycle's context (a SynthesisHost) and checkpoints into the cycle's saver.
+builder.add_node("synthesis", synthesis)
+builder.add_node("record_synthesis", record_synthesis)
 builder.add_node("update_pool", update_pool)
 builder.add_node("train", train)
 builder.add_node("evaluate", evaluate)
@@ -466,21 +497,11 @@ builder.add_edge(START, "baseline")
 builder.add_conditional_edges("baseline", next_step, ["rollout", END])
 builder.add_edge("rollout", "signals")
 builder.add_edge("signals", "synthesize")
-builder.add_edge("synthesize", "update_pool")
+builder.add_edge("synthesize", "synthesis")
+builder.add_edge("synthesis", "record_synthesis")
+builder.add_edge("record_synthesis", "update_pool")
 builder.add_edge("update_pool", "train")
 builder.add_edge("train", "evaluate")
 builder.add_conditional_edges("evaluate", next_step, ["rollout", END])
 # Studio compiles nothing itself; runners compile `builder` with their own checkpointer.
 graph = builder.compile()
-
-
-def _synthesis_subgraph() -> Any:
-    from .synthesis import builder as synthesis_builder
-
-    # checkpointer=False: the synthesis pass keeps no checkpoints of its own inside
-    # a checkpointed cycle (its state holds whole trajectories); the cycle node is
-    # the unit that resumes.
-    return synthesis_builder.compile(checkpointer=False)
-
-
-subgraph = cast(Any, _synthesis_subgraph())

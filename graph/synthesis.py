@@ -4,13 +4,18 @@
                                                    \\-> dedup (task store) -> accepted tasks
 
 Roles, the environment factory and the task store are injected through the
-graph's runtime context (``SynthesisRuntime``), never built inside nodes. When
-no context is given (LangGraph Studio), a default runtime is built once from a
-small JSON spec: the built-in world, offline roles and an in-memory store.
+graph's runtime context (``SynthesisRuntime``, graph/runtime.py), never built
+inside nodes. The cycle graph (graph/cycle.py) runs this graph as a subgraph
+node, so its nodes get the cycle's context, a ``CycleRuntime``: any context
+with a ``synthesis_runtime()`` method (``SynthesisHost``) serves. When no
+context is given (LangGraph Studio), a default runtime is built once from a
+small JSON spec: the built-in world, offline roles and an in-memory store; the
+cycle's Studio context (``{"config": ...}``) gives the cycle's runtime.
 
 ``builder`` is the uncompiled graph and ``graph`` the compiled one without a
 checkpointer (Studio refuses graphs compiled with their own); a runner compiles
-``builder`` with its own saver.
+``builder`` with its own saver, and as a subgraph it checkpoints into its
+parent's saver.
 """
 
 from __future__ import annotations
@@ -18,25 +23,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
-import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any, TypedDict, cast
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Protocol, TypedDict, cast, runtime_checkable
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from ..agents.roles import ExplorationRound, Roles, candidate_to_task, primary_signal
+from ..agents.roles import ExplorationRound, candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
 from ..errors import PROGRAMMING_ERRORS
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
+from .runtime import SynthesisRuntime
 
 log = logging.getLogger("coevolve.synthesis")
 
-STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
+# The synthesis funnel: how many items reach each stage of a pass, in order.
+FUNNEL_STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
 
 
 def add_counts(left: dict[str, int] | None, right: dict[str, int] | None) -> dict[str, int]:
@@ -63,18 +68,17 @@ class JudgedCandidate(BaseModel):
     signal: str | None = None
 
 
-@dataclass
-class SynthesisRuntime:
-    """What the nodes use: injected by the caller, or built from a spec for Studio."""
+@runtime_checkable
+class SynthesisHost(Protocol):
+    """The context of a graph that runs this one as a subgraph (the cycle graph's
+    ``CycleRuntime``): the subgraph's nodes get it, and ask it for their runtime."""
 
-    roles: Roles
-    make_env: Any  # Callable[[], Environment]
-    store: Any  # memory.store.TaskStore
-    neighbours: int = 5
-    max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
-    judge_veto: bool = True  # accept only verified replays the judge agrees with
-    dedup_where: dict[str, Any] | None = None  # which stored tasks dedup compares with
-    extra: dict[str, Any] = field(default_factory=dict)
+    def synthesis_runtime(self) -> SynthesisRuntime: ...
+
+
+# What the nodes accept as their runtime context: a runtime, a host that provides one,
+# or Studio's JSON spec (None: the default spec).
+SynthesisRunContext = SynthesisRuntime | SynthesisHost | dict[str, Any] | None
 
 
 class SynthesisInput(TypedDict, total=False):
@@ -150,10 +154,25 @@ def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
 
 
 def _runtime(runtime: Runtime[Any] | None) -> SynthesisRuntime:
-    context = getattr(runtime, "context", None)
+    context: SynthesisRunContext = getattr(runtime, "context", None)
     if isinstance(context, SynthesisRuntime):
         return context
+    if isinstance(context, SynthesisHost):
+        return context.synthesis_runtime()
+    if isinstance(context, dict) and "config" in context:
+        # The cycle graph under Studio: its JSON context names a config.
+        from .runtime_factory import studio_runtime
+
+        return studio_runtime(context).synthesis_runtime()
     return default_runtime(context if isinstance(context, dict) else None)
+
+
+async def _remove_cycle(rt: SynthesisRuntime, cycle: int) -> int:
+    """Take the synthesized tasks of ``cycle`` out of the store (``replace_cycle`` only)."""
+    if not rt.replace_cycle:
+        return 0
+    where = {"$and": [{"source": "synthesized"}, {"cycle": cycle}]}
+    return int(await asyncio.to_thread(rt.store.remove, where))
 
 
 # --------------------------------------------------------------------------- nodes
@@ -163,6 +182,10 @@ async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any
     """Validate the input (Studio sends JSON), report which role implementations run, and
     look up every parent's nearest stored tasks in one batch (the abstractor's "do not repeat")."""
     rt = _runtime(runtime)
+    cycle = int(state.get("cycle", 0))
+    removed = await _remove_cycle(rt, cycle)
+    if rt.on_start is not None:
+        rt.on_start(cycle)
     flagged = [FlaggedTrajectory.model_validate(item) for item in state.get("flagged", [])]
     parents = [Task.model_validate(task) for task in state.get("parents", [])]
     known = {task.id for task in parents}
@@ -200,9 +223,9 @@ async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any
         "flagged": kept,
         "parents": parents,
         "neighbours": neighbours,
-        "cycle": int(state.get("cycle", 0)),
+        "cycle": cycle,
         "roles": roles,
-        "counts": {"flagged": len(flagged)},
+        "counts": {"flagged": len(flagged), "removed": removed},
         "rejections": rejections,
     }
 
@@ -323,8 +346,21 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 
 async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
-    """Store the novel accepted candidates; duplicates of the store or the batch are dropped."""
+    """Store the novel accepted candidates; duplicates of the store or the batch are dropped.
+
+    A pass in which every flagged item failed with an exception raises ``SynthesisError``
+    here, before anything is stored, so the pass (or the cycle node) fails and a resumed
+    run tries it again."""
+    counts = state.get("counts", {})
+    flagged = counts.get("flagged", 0)
+    if flagged and counts.get("crashed", 0) >= flagged:
+        first = state["rejections"][0].reason if state.get("rejections") else "unknown"
+        raise SynthesisError(
+            f"every one of the {flagged} flagged items failed with an exception, so the "
+            f"pass made nothing; the first: {first}"
+        )
     rt = _runtime(runtime)
+    removed = await _remove_cycle(rt, state.get("cycle", 0))
     parents = {task.id: task for task in state.get("parents", [])}
     env = rt.make_env()
     structure_key = env.structure_key if isinstance(env, SupportsVariants) else None
@@ -339,7 +375,7 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
             )
         )
     if not tasks:
-        return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0}}
+        return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0, "removed": removed}}
     result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted, rt.dedup_where)
     rejections = [
         Rejection(
@@ -351,7 +387,11 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
     ]
     return {
         "accepted": result.accepted,
-        "counts": {"duplicates": len(result.duplicates), "accepted": len(result.accepted)},
+        "counts": {
+            "duplicates": len(result.duplicates),
+            "accepted": len(result.accepted),
+            "removed": removed,
+        },
         "rejections": rejections,
     }
 
@@ -405,9 +445,22 @@ graph = builder.compile()
 
 class SynthesisResult(BaseModel):
     accepted: list[Task]
-    counts: dict[str, int]
+    counts: dict[str, int]  # the funnel (FUNNEL_STAGES) and how many items crashed
     rejections: list[Rejection]
     roles: dict[str, str]
+
+    @classmethod
+    def from_output(cls, out: Mapping[str, Any]) -> SynthesisResult:
+        """The result of a pass from the graph's output (also the cycle graph's state)."""
+        found = out.get("counts") or {}
+        counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}
+        counts["crashed"] = found.get("crashed", 0)
+        return cls(
+            accepted=out.get("accepted") or [],
+            counts=counts,
+            rejections=out.get("rejections") or [],
+            roles=out.get("roles") or {},
+        )
 
 
 async def synthesize(
@@ -416,31 +469,14 @@ async def synthesize(
     runtime: SynthesisRuntime,
     cycle: int = 0,
     max_concurrency: int | None = None,
-    compiled: Any = None,
 ) -> SynthesisResult:
-    """Run one synthesis pass with an injected runtime (on ``compiled``, default ``graph``)."""
+    """Run one synthesis pass with an injected runtime on ``graph`` (no checkpoints).
+
+    Raises ``SynthesisError`` when every flagged item failed with an exception."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
     graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
     # The graph declares no context schema (Studio passes a JSON spec, runners an object).
-    with warnings.catch_warnings():
-        # Inside a checkpointed cycle the pass runs without checkpoints of its own; an
-        # explicit durability keeps it from waiting on the parent's (a langgraph 1.2
-        # subgraph without a checkpointer otherwise fails under durability="sync").
-        warnings.filterwarnings("ignore", message=".*durability.*no effect")
-        out: Any = await (compiled or graph).ainvoke(
-            graph_input, config=cast(Any, config), context=cast(Any, runtime), durability="async"
-        )
-    counts = {stage: out.get("counts", {}).get(stage, 0) for stage in STAGES}
-    counts["crashed"] = out.get("counts", {}).get("crashed", 0)
-    if flagged and counts["crashed"] >= len(flagged):
-        first = out.get("rejections", [])[0].reason if out.get("rejections") else "unknown"
-        raise SynthesisError(
-            f"every one of the {len(flagged)} flagged items failed with an exception, so the "
-            f"pass made nothing; the first: {first}"
-        )
-    return SynthesisResult(
-        accepted=out.get("accepted", []),
-        counts=counts,
-        rejections=out.get("rejections", []),
-        roles=out.get("roles", {}),
+    out: Any = await graph.ainvoke(
+        graph_input, config=cast(Any, config), context=cast(Any, runtime)
     )
+    return SynthesisResult.from_output(out)

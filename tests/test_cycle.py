@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -204,12 +205,11 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
     assert tasks and all(t["source"] == "synthesized" and t["parent_task_id"] for t in tasks)
     assert {t["cycle"] for t in tasks} <= {1, 2} and all(t["signal"] for t in tasks)
 
-    # A synthesis pass that runs again (after a kill between its store writes and its
+    # A synthesis stage that runs again (after a kill between its store writes and its
     # checkpoint) first takes its cycle's tasks out of the store: same tasks, no duplicates.
     import asyncio
 
     from coevolve.config import load_config
-    from coevolve.graph.cycle import synthesize
     from coevolve.runner import build_runtime
 
     rt = build_runtime(load_config(Path(result.run_dir) / "config.yaml"), progress=False)
@@ -217,11 +217,13 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         stored = rt.store.count()
         from coevolve.summary import SynthesisFigures
 
-        again = asyncio.run(synthesize({"cycle": 1}, type("R", (), {"context": rt})()))
-        redone = SynthesisFigures.model_validate(again["current"]["synthesize"])
+        again = asyncio.run(_synthesize_again(rt, cycle=1))
+        redone = SynthesisFigures.model_validate(again["synthesize"])
         assert redone.removed_on_resume == first.pool.added
         assert redone.accepted == first.synthesize.accepted
         assert rt.store.count() == stored
+        synthesized = Path(result.run_dir) / "cycles" / "001" / "synthesized.jsonl"
+        assert len(synthesized.read_text().splitlines()) == first.synthesize.accepted
 
         # Killed after the adapter was saved but before the cycle's record: not trained again.
         from coevolve.runner import train_cycle
@@ -235,6 +237,25 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         assert (record.read_text(), weights.stat().st_mtime_ns) == before
     finally:
         rt.store.close()
+
+
+async def _synthesize_again(rt, cycle: int) -> dict:
+    """The cycle graph's synthesis stage once more (synthesize, the synthesis subgraph,
+    record_synthesis), as a resumed run would run it; returns the cycle's figures."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from coevolve.graph.cycle import builder
+
+    compiled: Any = builder.compile(
+        checkpointer=InMemorySaver(), interrupt_after=["record_synthesis"]
+    )
+    thread: Any = {"configurable": {"thread_id": "again"}}
+    await compiled.aupdate_state(thread, {"cycle": cycle, "cycles": cycle}, as_node="signals")
+    await compiled.ainvoke(None, thread, context=rt)
+    state = await compiled.aget_state(thread)
+    assert state.next == ("update_pool",)
+    assert not state.values["flagged"] and not state.values["accepted"]  # emptied again
+    return state.values["current"]
 
 
 RUNNER = textwrap.dedent(
@@ -376,10 +397,28 @@ def test_the_cycle_graph_is_exported_for_studio():
         "rollout",
         "signals",
         "synthesize",
+        "synthesis",
+        "record_synthesis",
         "update_pool",
         "train",
         "evaluate",
     }
+    # Synthesis is a subgraph node: Studio (xray) draws its nodes and each branch's roles.
+    drawn = graph.get_graph(xray=True)
+    assert {
+        "synthesis:prepare",
+        "synthesis:branch:summarize",
+        "synthesis:branch:explore",
+        "synthesis:branch:abstract",
+        "synthesis:branch:judge",
+        "synthesis:dedup",
+    } <= set(drawn.nodes)
+    edges = {(e.source, e.target) for e in drawn.edges}
+    assert {
+        ("synthesize", "synthesis:prepare"),
+        ("synthesis:dedup", "record_synthesis"),
+        ("record_synthesis", "update_pool"),
+    } <= edges
     assert graph.checkpointer is None and builder.compile().checkpointer is None
     spec = json.loads((ROOT / "langgraph.json").read_text())
     assert spec["graphs"]["cycle"] == "coevolve.graph.cycle:graph"

@@ -40,7 +40,8 @@ from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph.synthesis import SynthesisRuntime, synthesize
+from coevolve.graph.runtime import SynthesisRuntime
+from coevolve.graph.synthesis import synthesize
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals

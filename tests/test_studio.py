@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,22 @@ def studio(tmp_path_factory):
 def test_the_graphs_are_listed(studio):
     assistants = _request(f"{studio}/assistants/search", {})
     assert {"synthesis", "cycle"} <= {assistant["graph_id"] for assistant in assistants}
+
+
+def test_studio_draws_the_synthesis_nodes_inside_the_cycle(studio):
+    assistants: Any = _request(f"{studio}/assistants/search", {"graph_id": "cycle"})
+    cycle = next(a for a in assistants if a["graph_id"] == "cycle")
+    drawn: Any = _request(f"{studio}/assistants/{cycle['assistant_id']}/graph?xray=true")
+    nodes = {node["id"] for node in drawn["nodes"]}
+    assert {"synthesize", "record_synthesis", "update_pool"} <= nodes
+    assert {
+        "synthesis:prepare",
+        "synthesis:branch:summarize",
+        "synthesis:branch:explore",
+        "synthesis:branch:abstract",
+        "synthesis:branch:judge",
+        "synthesis:dedup",
+    } <= nodes
 
 
 def test_a_synthesis_pass_runs_through_the_server(studio):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
@@ -24,7 +25,8 @@ from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph import synthesis
-from coevolve.graph.synthesis import SynthesisRuntime, synthesize
+from coevolve.graph.runtime import SynthesisRuntime
+from coevolve.graph.synthesis import synthesize
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
@@ -142,6 +144,36 @@ def test_builder_compiles_with_a_checkpointer(flagged):
     )
     assert out["counts"]["flagged"] == 2
     assert graph.get_state(config).values["accepted"] == out["accepted"]
+
+
+@pytest.mark.parametrize("replace_cycle", [True, False])
+def test_dedup_run_again_replaces_what_its_cycle_stored(flagged, replace_cycle):
+    """A checkpointed pass (the cycle graph's subgraph) killed after dedup's store writes
+    runs dedup again on resume: with replace_cycle the same tasks end up stored once and
+    accepted; without it they would be dropped as duplicates of themselves."""
+    store = TaskStore(None)
+    runtime = SynthesisRuntime(
+        roles=build_roles(RolesConfig(), {}),
+        make_env=WorldEnvironment,
+        store=store,
+        replace_cycle=replace_cycle,
+    )
+    # No context schema: the graph takes a runtime object, a host or a JSON spec.
+    graph: Any = synthesis.builder.compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "killed"}}
+    first = asyncio.run(
+        graph.ainvoke({"flagged": flagged, "parents": TASKS, "cycle": 2}, config, context=runtime)
+    )
+    assert first["accepted"] and first["counts"]["removed"] == 0
+    stored = store.count()
+    before_dedup = next(s for s in graph.get_state_history(config) if s.next == ("dedup",))
+    again = asyncio.run(graph.ainvoke(None, before_dedup.config, context=runtime))
+    assert store.count() == stored
+    if replace_cycle:
+        assert [t.id for t in again["accepted"]] == [t.id for t in first["accepted"]]
+        assert again["counts"]["removed"] == len(first["accepted"])
+    else:
+        assert again["accepted"] == [] and again["counts"]["removed"] == 0
 
 
 def llm_script(body):
