@@ -445,7 +445,7 @@ graph = builder.compile()
 
 class SynthesisResult(BaseModel):
     accepted: list[Task]
-    counts: dict[str, int]  # the funnel (FUNNEL_STAGES) and how many items crashed
+    counts: dict[str, int]  # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>
     rejections: list[Rejection]
     roles: dict[str, str]
 
@@ -455,6 +455,8 @@ class SynthesisResult(BaseModel):
         found = out.get("counts") or {}
         counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}
         counts["crashed"] = found.get("crashed", 0)
+        # candidates by "kind:<signal>:<kind>" (what the abstractor made for each signal)
+        counts.update({key: n for key, n in found.items() if key.startswith("kind:")})
         return cls(
             accepted=out.get("accepted") or [],
             counts=counts,

@@ -103,6 +103,9 @@ def test_offline_pass_on_the_world(flagged, store):
     assert counts["flagged"] == len(flagged) == counts["explored"]
     assert counts["candidates"] >= counts["judged_ok"] >= counts["accepted"] > 0
     assert counts["judged_ok"] == counts["accepted"] + counts["duplicates"]
+    # what the abstractor made, by signal and kind, reaches the result (the cycle's figures)
+    kinds = {key: n for key, n in counts.items() if key.startswith("kind:boundary:")}
+    assert kinds and sum(kinds.values()) == counts["candidates"]
     assert set(result.roles.values()) == {
         "summarizer:offline",
         "explorer:offline",
