@@ -76,7 +76,11 @@ def _declared_config_classes() -> set[str]:
     root = Path(coevolve.__file__).parent
     names = set()
     for path in root.rglob("*.py"):
-        if {"tests", "bench", "examples"} & set(path.relative_to(root).parts):
+        parts = path.relative_to(root).parts
+        # the package's own source: not tests or scripts, nor a .venv/build/runs inside the clone
+        if {"tests", "bench", "examples", "build", "runs"} & set(parts) or any(
+            part.startswith(".") for part in parts
+        ):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name.endswith(("Config", "Settings")):
