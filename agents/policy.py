@@ -69,6 +69,21 @@ class AssistantMessage(BaseModel):
     error: str | None = Field(
         default=None, description="Set when the policy failed for this conversation."
     )
+    prompt_token_ids: list[int] | None = Field(
+        default=None,
+        description="The prompt exactly as the model read it, in token ids; None when the "
+        "policy cannot tell (an endpoint that does not return them).",
+    )
+    completion_token_ids: list[int] | None = Field(
+        default=None,
+        description="The tokens the model generated, exactly, its end-of-turn token included "
+        "when it stopped; None when the policy cannot tell.",
+    )
+    completion_logprobs: list[float] | None = Field(
+        default=None,
+        description="Log-probability of each generated token under the model (one per "
+        "completion token); None when the policy does not give them.",
+    )
 
     @property
     def is_final(self) -> bool:
