@@ -107,6 +107,30 @@ class Step(Record):
     observation: Observation
 
 
+class ModelTurn(Record):
+    """One assistant message as token ids: what the model read and exactly what it wrote.
+
+    The prompt is stored as a delta: ``prompt_shared`` leading ids equal the previous
+    turn's prompt followed by its completion, then ``prompt_new_ids`` (the tool results
+    and the next generation prompt); a first turn shares nothing. ``TokenSequence``
+    rebuilds whole prompts and the training rows.
+    """
+
+    message_index: int = Field(description="Index of the assistant message in the trajectory.")
+    prompt_shared: int = Field(
+        default=0, ge=0, description="Leading prompt ids shared with the previous turn's ids."
+    )
+    prompt_new_ids: list[int] = Field(
+        default_factory=list, description="The prompt's ids after the shared ones."
+    )
+    completion_ids: list[int] = Field(
+        description="The generated ids, the end-of-turn token included when it stopped."
+    )
+    logprobs: list[float] | None = Field(
+        default=None, description="Log-probability of each completion id under the model."
+    )
+
+
 class Trajectory(Record):
     """One rollout of a policy on a task, scored by the environment's verifier."""
 
@@ -141,6 +165,12 @@ class Trajectory(Record):
         le=1.0,
         description="Graded progress beside the binary score (passed turns / scorable turns on "
         "BFCL, achieved expected state changes on the world); None when not computed.",
+    )
+    model_turns: list[ModelTurn] = Field(
+        default_factory=list,
+        description="Every assistant message as the token ids the model read and wrote, when "
+        "the policy gives them (in-process always; an endpoint with return_token_ids); "
+        "training uses these ids rather than re-tokenising the messages.",
     )
 
     @property

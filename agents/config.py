@@ -92,6 +92,20 @@ class PolicyConfig(Section):
         description="endpoint: the local copy of the served base model (a directory) that "
         "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
     )
+    tools_in_prompt: bool | None = Field(
+        default=None,
+        description="Whether the tool schemas are part of the prompt, in rollouts and in every "
+        "training example alike. None: the kind decides: an endpoint gets them (the "
+        "request's `tools`, rendered by the server's chat template), a local model does not "
+        "(the bootstrap agent learned the tools from demonstrations).",
+    )
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether prompts carry the tool schemas (``tools_in_prompt``, or the kind's default)."""
+        if self.tools_in_prompt is not None:
+            return self.tools_in_prompt
+        return self.kind == "endpoint"
 
     @model_validator(mode="after")
     def _endpoint_matches_kind(self) -> PolicyConfig:

@@ -114,8 +114,13 @@ def generate_batch(
     eos_token_id: int,
     pad_token_id: int,
     temperature: float,
+    logprobs: list[list[float]] | None = None,
 ) -> list[list[int]]:
-    """New tokens for every prompt (ending with ``eos_token_id`` unless cut by the limit)."""
+    """New tokens for every prompt (ending with ``eos_token_id`` unless cut by the limit).
+
+    ``logprobs``, when given (empty), gets one list per prompt: each new token's
+    log-probability under the model (before temperature, as vLLM reports them).
+    """
     import torch
     from transformers import DynamicCache
 
@@ -184,14 +189,28 @@ def generate_batch(
             # prompt token (49k vocabulary) was a fifth of the prefill's work.
             logits_to_keep=1,
         )
+        if logprobs is not None:
+            logprobs.extend([] for _ in range(batch))
         for step in range(max_new_tokens):
-            tokens = _pick(output.logits[:, -1, :], temperature).cpu()
+            last = output.logits[:, -1, :]
+            tokens = _pick(last, temperature)
+            chosen = (
+                torch.log_softmax(last.float(), dim=-1)
+                .gather(1, tokens.unsqueeze(1))
+                .squeeze(1)
+                .tolist()
+                if logprobs is not None
+                else None
+            )
+            tokens = tokens.cpu()
             done = []
             for position, row in enumerate(rows):
                 if generated[row] and generated[row][-1] == eos_token_id:
                     done.append(True)  # finished earlier, still in the batch
                     continue
                 generated[row].append(int(tokens[position]))
+                if logprobs is not None and chosen is not None:
+                    logprobs[row].append(chosen[position])
                 done.append(generated[row][-1] == eos_token_id)
             if all(done) or step == max_new_tokens - 1:
                 break

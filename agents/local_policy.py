@@ -24,7 +24,8 @@ from jinja2 import TemplateError
 
 from ..errors import PROGRAMMING_ERRORS
 from ..tokenization import load_tokenizer
-from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text, prepare_messages
+from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text
+from .rendering import encode, render_conversation
 
 # Text the parser needs even where a tokenizer marks it special.
 _KEEP_TOKENS = ("<tool_call>", "</tool_call>")
@@ -217,9 +218,7 @@ class LocalPolicy:
         replies: list[AssistantMessage | None] = [None] * len(conversations)
         prompts: list[tuple[int, list[int]]] = []
         for index, conversation in enumerate(conversations):
-            conversation_tools = (
-                tools[index] if self.tools_in_prompt and tools is not None else None
-            )
+            conversation_tools = tools[index] if tools is not None else None
             # One conversation the chat template refuses must not end the batch.
             try:
                 ids = self._prompt_ids(conversation, conversation_tools)
@@ -253,24 +252,31 @@ class LocalPolicy:
         ]
 
     def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> str:
-        return self.tokenizer.apply_chat_template(
-            prepare_messages(messages),
-            tools=list(tools) if tools else None,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
+        return render_conversation(self.tokenizer, messages, tools, add_generation_prompt=True)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return encode(self.tokenizer, text)
 
     def _prompt_ids(
         self, conversation: Sequence[Message], tools: Sequence[dict[str, Any]] | None
     ) -> list[int] | str:
         """Token ids of the prompt, or an error text when it cannot be made to fit.
 
+        ``tools`` are rendered only with ``tools_in_prompt``.
+
         A prompt too long for the model loses its oldest messages after the first
         user message (the system prompt and the request stay).
         """
+        if not self.tools_in_prompt:
+            tools = None
+        elif tools and "tools" not in (self.tokenizer.chat_template or ""):
+            # Rendering nothing would train and serve a prompt without the tools the
+            # config promised; say so instead.
+            raise PolicyError(
+                f"the chat template of {self.model_path} does not render tool schemas "
+                "(SmolLM2's plain-calls format has no tool list); set policy.tools_in_prompt: "
+                "false, or use a model whose template takes `tools`"
+            )
         limit = self.max_positions - self.max_new_tokens
         messages = list(conversation)
         ids = self._encode(self._render(messages, tools))
@@ -296,6 +302,7 @@ class LocalPolicy:
         if self.kv_reuse:
             from .kv_reuse import generate_batch
 
+            logprobs: list[list[float]] = []
             tokens = generate_batch(
                 self.model,
                 prompts,
@@ -304,8 +311,12 @@ class LocalPolicy:
                 eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id,
                 temperature=temperature,
+                logprobs=logprobs,
             )
-            return [self._reply(new, len(ids)) for new, ids in zip(tokens, prompts, strict=True)]
+            return [
+                self._reply(new, ids, scores)
+                for new, ids, scores in zip(tokens, prompts, logprobs, strict=True)
+            ]
         import torch
 
         width = max(len(ids) for ids in prompts)
@@ -330,10 +341,12 @@ class LocalPolicy:
             )
         new_tokens = output[:, width:].tolist()
         return [
-            self._reply(tokens, len(ids)) for tokens, ids in zip(new_tokens, prompts, strict=True)
+            self._reply(tokens, ids, None) for tokens, ids in zip(new_tokens, prompts, strict=True)
         ]
 
-    def _reply(self, tokens: list[int], prompt_tokens: int) -> AssistantMessage:
+    def _reply(
+        self, tokens: list[int], prompt: list[int], logprobs: list[float] | None
+    ) -> AssistantMessage:
         if self.eos_token_id in tokens:
             end = tokens.index(self.eos_token_id)
             finish_reason, completion_tokens = "stop", end + 1
@@ -347,9 +360,14 @@ class LocalPolicy:
             tool_calls=calls,
             invalid_tool_calls=invalid,
             raw=text,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(prompt),
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,
+            # Exactly what the model read and wrote (padding after the end-of-turn token
+            # cut off), so training can use these ids instead of re-tokenising the text.
+            prompt_token_ids=list(prompt),
+            completion_token_ids=tokens[:completion_tokens],
+            completion_logprobs=logprobs[:completion_tokens] if logprobs is not None else None,
         )
 
     def _decode(self, tokens: list[int]) -> str:

@@ -17,10 +17,11 @@ from typing import Any
 
 from ..envs.base import Environment
 from ..errors import PROGRAMMING_ERRORS
-from ..records import Observation, Step, Task, Trajectory
+from ..records import ModelTurn, Observation, Step, Task, Trajectory
 from .conversation import opening_messages
 from .policy import AssistantMessage, Message, Policy
 from .prompts import POLICY_SYSTEM_PROMPT
+from .rendering import turn_from_ids
 
 
 @dataclass
@@ -38,6 +39,24 @@ class _Episode:
     final_answer: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    model_turns: list[ModelTurn] = field(default_factory=list)
+    last_ids: list[int] = field(default_factory=list)  # the last turn's prompt + completion
+
+
+def _record_ids(episode: _Episode, reply: AssistantMessage) -> None:
+    """Keep the reply's token ids (when the policy gave them) as the next ``ModelTurn``."""
+    if reply.prompt_token_ids is None or reply.completion_token_ids is None:
+        return
+    episode.model_turns.append(
+        turn_from_ids(
+            len(episode.messages),
+            reply.prompt_token_ids,
+            reply.completion_token_ids,
+            reply.completion_logprobs,
+            episode.last_ids,
+        )
+    )
+    episode.last_ids = reply.prompt_token_ids + reply.completion_token_ids
 
 
 def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
@@ -47,6 +66,7 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
     if reply.error is not None:
         episode.error, episode.finished, episode.done = reply.error, False, True
         return
+    _record_ids(episode, reply)
     episode.messages.append(reply.to_openai())
     if reply.is_final:
         episode.final_answer = reply.content
@@ -99,6 +119,7 @@ def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajector
         cycle=cycle,
         finished=episode.finished,
         error=episode.error,
+        model_turns=episode.model_turns,
     )
 
 

@@ -29,7 +29,9 @@ def build_policy(
         from ..agents.endpoint_policy import EndpointPolicy
 
         assert policy.endpoint is not None  # the config validator guarantees it
-        return EndpointPolicy(config.endpoint(policy.endpoint))
+        return EndpointPolicy(
+            config.endpoint(policy.endpoint), tools_in_request=policy.renders_tools
+        )
     from ..agents.local_policy import LocalPolicy
 
     model_dir = model_dir or local_model_dir(config, progress)
@@ -40,6 +42,7 @@ def build_policy(
         device=policy.device,
         max_new_tokens=policy.max_new_tokens,
         batch_size=policy.batch_size,
+        tools_in_prompt=policy.renders_tools,
     )
 
 

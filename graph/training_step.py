@@ -43,10 +43,11 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     from ..records import Task, Trajectory
     from ..tracking import for_training
     from ..training.datasets import (
+        TrainingConversation,
         demonstrations_by_task,
         json_arguments,
         preference_pairs,
-        successful_conversations,
+        successful_trajectories,
     )
     from ..training.trainers import (
         TrainResult,
@@ -82,14 +83,30 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             cycle, config.pool.replay_demonstrations, {t.id for t in accepted}, config.pool.seed
         )
         training = config.training
-        conversations = successful_conversations(
-            trajectories, max_per_task=training.sft_max_per_task, min_score=training.sft_min_score
-        )
+        tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
+        tools_of = prompt_tools(rt, tasks_by_id)
+        # Rollouts train on the ids the model read and wrote; demonstrations are rendered
+        # with the policy's rendering and the tools its prompts carry.
+        conversations = [
+            TrainingConversation(
+                messages=json_arguments(t.messages),
+                tools=tools_of(t.task_id),
+                model_turns=t.model_turns,
+            )
+            for t in successful_trajectories(
+                trajectories,
+                max_per_task=training.sft_max_per_task,
+                min_score=training.sft_min_score,
+            )
+        ]
         successes = len(conversations)
         demonstrated = demonstrations_by_task(
             accepted + replay, rt.make_env, config.policy.system_prompt
         )
-        conversations += [messages for _, messages in demonstrated]
+        conversations += [
+            TrainingConversation(messages=messages, tools=tools_of(task.id))
+            for task, messages in demonstrated
+        ]
         example_weights = None
         if training.algorithm == "sft" and training.seal.reweight.enable:
             example_weights = [1.0] * successes + sft_weights(
@@ -97,13 +114,16 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             )
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
-        pairs = preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
+        pairs = [
+            pair.model_copy(update={"tools": tools_of(pair.task_id)})
+            for pair in preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
+        ]
         # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
         if training.algorithm == "sft":
             dump_jsonl(
                 cycle_dir / TRAIN_DATA_FILE,
                 [
-                    {"messages": json_arguments(c), "weight": w}
+                    {"messages": c.messages, "weight": w}
                     for c, w in zip(
                         conversations, example_weights or [1.0] * len(conversations), strict=True
                     )
@@ -127,10 +147,33 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             tracking=for_training(config, rt.run_dir, cycle),
             capability_state_path=rt.run_dir / "capability_state.json",
             example_weights=example_weights,
+            tools_in_prompt=config.policy.renders_tools,
         )
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result
+
+
+def prompt_tools(rt: CycleRuntime, tasks_by_id: dict[str, Any]) -> Any:
+    """``task id -> the tool schemas its prompt carries`` (None when prompts carry none): a
+    fresh environment reset to the task, as a rollout starts, so training renders the
+    prompt the policy is served."""
+    if not rt.config.policy.renders_tools:
+        return lambda task_id: None
+    cache: dict[str, list[dict[str, Any]] | None] = {}
+
+    def tools_of(task_id: str) -> list[dict[str, Any]] | None:
+        if task_id not in cache:
+            task = tasks_by_id.get(task_id)
+            if task is None:
+                cache[task_id] = None
+            else:
+                env = rt.make_env()
+                env.reset(task)
+                cache[task_id] = list(env.tools())
+        return cache[task_id]
+
+    return tools_of
 
 
 def sft_weights(tasks: list[Any], cycle_dir: Path, settings: Any) -> list[float]:

@@ -119,25 +119,29 @@ def test_generated_text_is_parsed_into_calls_and_answers(policy):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     call = '<tool_call>\n{"name": "find_contact", "arguments": {"name": "Vito"}}\n</tool_call>'
-    reply = policy._reply([*ids(call), eos, policy.pad_token_id, policy.pad_token_id], 40)
+    prompt = list(range(40))
+    reply = policy._reply([*ids(call), eos, policy.pad_token_id, policy.pad_token_id], prompt, None)
     assert reply.raw == call  # the tags survive decoding
     assert reply.finish_reason == "stop"
     assert reply.completion_tokens == len(ids(call)) + 1
     assert reply.prompt_tokens == 40
+    # the exact ids, padding after the end-of-turn token cut off
+    assert reply.prompt_token_ids == prompt
+    assert reply.completion_token_ids == [*ids(call), eos]
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("find_contact", {"name": "Vito"})]
     assert not reply.is_final
 
-    answer = policy._reply([*ids("555-0192"), eos], 10)
+    answer = policy._reply([*ids("555-0192"), eos], list(range(10)), None)
     assert answer.is_final and answer.content == "555-0192"
 
-    cut = policy._reply(ids('<tool_call>\n{"name": "find_con'), 10)
+    cut = policy._reply(ids('<tool_call>\n{"name": "find_con'), list(range(10)), None)
     assert cut.finish_reason == "length"
     assert cut.invalid_tool_calls and not cut.tool_calls
     assert cut.to_openai()["content"] == cut.raw  # unreadable text goes back verbatim
 
     # Special tokens other than the tags are dropped from the text.
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert policy._reply([start, *ids("Done."), eos], 5).content == "Done."
+    assert policy._reply([start, *ids("Done."), eos], list(range(5)), None).content == "Done."
 
 
 def test_over_long_prompts_are_shortened_or_refused(policy):

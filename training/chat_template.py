@@ -16,9 +16,10 @@ thousands of prompt tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..agents.policy import Message, prepare_messages
+from ..agents.rendering import render_conversation
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -76,14 +77,28 @@ def training_chat_template(tokenizer: PreTrainedTokenizerBase | None = None) -> 
     """The training variant of ``tokenizer``'s template: ``{% generation %}`` markers around
     each assistant turn (``<|im_end|>`` inside) for assistant-only loss.
 
-    Plain-calls tokenizers get ``PLAIN_CALLS_TRAINING_TEMPLATE``; others TRL's Qwen2.5
-    training template.
+    It renders the same text as the template the policy is prompted with (the rendering
+    identity test holds them to that): plain-calls tokenizers get
+    ``PLAIN_CALLS_TRAINING_TEMPLATE``; others TRL's training variant of their own template
+    (Qwen2.5's for the bootstrap's tiny model, or that of a served model such as Llama 3
+    or Qwen 3). No tokenizer: TRL's Qwen2.5 training template.
     """
     if tokenizer is not None and tokenizer.chat_template == PLAIN_CALLS_TEMPLATE:
         return PLAIN_CALLS_TRAINING_TEMPLATE
-    from trl.chat_template_utils import qwen2_5_training_chat_template
+    from trl.chat_template_utils import get_training_chat_template, qwen2_5_training_chat_template
 
-    return qwen2_5_training_chat_template
+    if tokenizer is None or not tokenizer.chat_template:
+        return qwen2_5_training_chat_template
+    try:
+        patched = get_training_chat_template(tokenizer)
+    except ValueError as err:
+        raise ValueError(
+            "training renders conversations with the policy's own chat template, with "
+            "{% generation %} markers for the assistant-only loss, and TRL has no training "
+            "variant of this tokenizer's template; give the tokenizer a template with those "
+            "markers, or train a model whose template TRL knows (Qwen, Llama 3, Gemma, Phi)"
+        ) from err
+    return patched if patched is not None else tokenizer.chat_template
 
 
 def render(
@@ -91,27 +106,35 @@ def render(
     messages: Sequence[Message],
     add_generation_prompt: bool = False,
     training: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
-    """One conversation as text (no tool schemas in the prompt)."""
-    return tokenizer.apply_chat_template(  # type: ignore[return-value]
-        prepare_messages(messages),
-        tokenize=False,
+    """One conversation as text, through the policy's rendering (``render_conversation``),
+    with ``tools`` in the prompt when the policy's prompts carry them."""
+    return render_conversation(
+        tokenizer,
+        messages,
+        tools,
         add_generation_prompt=add_generation_prompt,
         chat_template=training_chat_template(tokenizer) if training else None,
     )
 
 
 def tokenize_for_training(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, list[int]]:
     """``input_ids`` and ``assistant_masks`` (1 on every assistant token, ``<|im_end|>`` included).
 
     The same call TRL's SFTTrainer makes for ``assistant_only_loss=True``; done
     here so the dataset can hold token ids instead of messages whose argument
-    dicts Arrow would merge into null-filled structs.
+    dicts Arrow would merge into null-filled structs. ``tools``: as the policy's
+    prompts carry them (``PolicyConfig.renders_tools``), so the example is the
+    prompt the policy is served.
     """
     output = tokenizer.apply_chat_template(
         prepare_messages(messages),
+        tools=list(tools) if tools else None,
         tokenize=True,
         return_dict=True,
         return_assistant_tokens_mask=True,

@@ -20,7 +20,7 @@ from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..envs.base import TASK_ERRORS, Environment
-from ..records import Task, Trajectory, is_success
+from ..records import ModelTurn, Task, Trajectory, is_success
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,30 @@ def _key(messages: Sequence[Message]) -> str:
     return json.dumps(json_arguments(messages), sort_keys=True, ensure_ascii=False)
 
 
+class TrainingConversation(BaseModel):
+    """One SFT example: a conversation, the tools its prompt carries, and, when it is a
+    rollout whose policy gave token ids, those ids (trained on instead of a re-tokenisation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    model_turns: list[ModelTurn] = []
+
+
 def successful_conversations(
     trajectories: Sequence[Trajectory], max_per_task: int, min_score: float = 1.0
 ) -> list[list[Message]]:
+    """The messages of ``successful_trajectories``."""
+    return [
+        json_arguments(t.messages)
+        for t in successful_trajectories(trajectories, max_per_task, min_score)
+    ]
+
+
+def successful_trajectories(
+    trajectories: Sequence[Trajectory], max_per_task: int, min_score: float = 1.0
+) -> list[Trajectory]:
     """Rejection sampling: verified successes (score >= ``min_score``), at most ``max_per_task`` each.
 
     Identical conversations of a task count once; shorter ones (fewer messages)
@@ -89,7 +110,7 @@ def successful_conversations(
     for trajectory in trajectories:
         if trajectory.score >= min_score and _usable(trajectory):
             by_task[trajectory.task_id].append(trajectory)
-    conversations = []
+    kept = []
     for task_trajectories in by_task.values():
         seen: set[str] = set()
         for trajectory in sorted(task_trajectories, key=lambda t: len(t.messages)):
@@ -97,10 +118,10 @@ def successful_conversations(
             if key in seen:
                 continue
             seen.add(key)
-            conversations.append(json_arguments(trajectory.messages))
+            kept.append(trajectory)
             if len(seen) >= max_per_task:
                 break
-    return conversations
+    return kept
 
 
 def demonstrations(
@@ -151,6 +172,9 @@ class PreferencePair(BaseModel):
     prompt: list[dict[str, Any]]
     chosen: list[dict[str, Any]]
     rejected: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    chosen_turns: list[ModelTurn] = []
+    rejected_turns: list[ModelTurn] = []
 
 
 def preference_pairs(
@@ -202,7 +226,12 @@ def preference_pairs(
                 used.add(index)
                 pairs.append(
                     PreferencePair(
-                        task_id=task_id, prompt=opening, chosen=chosen, rejected=rejected
+                        task_id=task_id,
+                        prompt=opening,
+                        chosen=chosen,
+                        rejected=rejected,
+                        chosen_turns=success.model_turns,
+                        rejected_turns=failure.model_turns,
                     )
                 )
                 break

@@ -18,10 +18,12 @@ until the model answers without a call or ``max_tool_calling_iterations`` /
   ``env.score()`` (the verifier, in [0, 1]) is the reward. An episode cut off
   while still calling tools is scored as it stands, as the rollout engine does.
 - **The prompt** is the opening a rollout starts from (system prompt and the
-  query ``env.reset`` returns), rendered *without tool schemas*, as
-  ``LocalPolicy`` renders it: the template gets ``{%- set tools = none %}``
-  prepended (TRL passes the environment's methods as ``tools=``; 31 schemas
-  would cost thousands of tokens the model never saw in training). The
+  query ``env.reset`` returns), rendered as the policy renders it: without tool
+  schemas for the in-process bootstrap agent (the template gets
+  ``{%- set tools = none %}`` prepended, because TRL passes the environment's
+  methods as ``tools=``; 31 schemas would cost thousands of tokens the model never
+  saw in training), with them when the policy's prompts carry them
+  (``tools_in_prompt``, e.g. an endpoint policy). The
   template stays prefix-preserving and tool-aware, and the tokenizer gets the
   ``response_template`` TRL's ``add_response_schema`` assigns the original
   template (Qwen2.5's ``<tool_call>`` JSON format).
@@ -239,8 +241,9 @@ def grpo_rows(
     return rows, schemas
 
 
-def prepare_tokenizer(tokenizer: Any) -> Any:
-    """Give the tokenizer a response parser for its template, then drop tool schemas from prompts."""
+def prepare_tokenizer(tokenizer: Any, tools_in_prompt: bool = False) -> Any:
+    """Give the tokenizer a response parser for its template, then, unless the policy's
+    prompts carry the tool schemas (``tools_in_prompt``), drop them from prompts."""
     from trl.chat_template_utils import add_response_schema
 
     template = tokenizer.chat_template or ""
@@ -255,7 +258,8 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
                 "for this model's chat template; use a model with TRL's Qwen2.5 template (the "
                 "bootstrap model has it) or set tokenizer.response_template"
             ) from err
-    tokenizer.chat_template = NO_TOOLS_IN_PROMPT + template
+    if not tools_in_prompt:
+        tokenizer.chat_template = NO_TOOLS_IN_PROMPT + template
     return tokenizer
 
 
@@ -270,6 +274,7 @@ def make_grpo_trainer(
     system_prompt: str | None,
     arguments: dict[str, Any],
     capability_state: CapabilityState | None = None,
+    tools_in_prompt: bool = False,
 ) -> tuple[Any, int, str | None]:
     """(GRPOTrainer, tasks used, None) or (None, 0, reason) when no task can be played.
 
@@ -295,7 +300,7 @@ def make_grpo_trainer(
     if not rows:
         return None, 0, "no single-turn task to roll out (TRL's tool loop plays one user turn)"
     examples = len({row["task"] for row in rows})
-    prepare_tokenizer(tokenizer)
+    prepare_tokenizer(tokenizer, tools_in_prompt)
     episode_class = environment_class(schemas)
 
     def factory() -> EpisodeEnvironment:

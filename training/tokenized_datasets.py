@@ -1,5 +1,6 @@
 """The datasets TRL trains on, per algorithm: tokenized SFT rows (in a length-grouped order,
-with per-example weights) and DPO pairs rendered as prompt and completions."""
+with per-example weights) and DPO pairs, as the ids a rollout recorded or rendered with the
+policy's rendering (``agents/rendering.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..agents.policy import Message
-from .datasets import PreferencePair
+from ..agents.rendering import full_prompts, token_sequences
+from .datasets import PreferencePair, TrainingConversation
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -18,25 +20,45 @@ logger = logging.getLogger(__name__)
 
 def sft_dataset(
     tokenizer: PreTrainedTokenizerBase,
-    conversations: Sequence[list[Message]],
+    conversations: Sequence[list[Message] | TrainingConversation],
     example_weights: Sequence[float] | None = None,
 ) -> Any:
-    """``input_ids`` and ``assistant_masks`` per conversation (the bootstrap's tokenization),
-    and ``example_weight`` when weights are given."""
+    """``input_ids`` and ``assistant_masks`` per conversation, and ``example_weight`` when
+    weights are given.
+
+    A conversation with token ids (a rollout's ``model_turns``) gives its rows from those
+    ids exactly (``token_sequences``: more than one row where a prompt did not continue
+    the previous turn); any other is rendered with the policy's rendering and its tools
+    (``tokenize_for_training``, as the bootstrap does). A conversation's weight goes to
+    each of its rows.
+    """
     from datasets import Dataset
 
     from .chat_template import tokenize_for_training
 
-    rows: list[dict[str, Any]] = [tokenize_for_training(tokenizer, list(m)) for m in conversations]
-    if example_weights is not None:
-        if len(example_weights) != len(rows):
-            raise ValueError(
-                f"{len(example_weights)} example weights for {len(rows)} conversations"
-            )
-        rows = [
-            {**row, "example_weight": float(w)}
-            for row, w in zip(rows, example_weights, strict=True)
-        ]
+    if example_weights is not None and len(example_weights) != len(conversations):
+        raise ValueError(
+            f"{len(example_weights)} example weights for {len(conversations)} conversations"
+        )
+    rows: list[dict[str, Any]] = []
+    exact = 0
+    for index, conversation in enumerate(conversations):
+        found: list[dict[str, Any]]
+        if isinstance(conversation, TrainingConversation):
+            if conversation.model_turns:
+                found = [seq.as_row() for seq in token_sequences(conversation.model_turns)]
+                exact += 1
+            else:
+                found = [
+                    tokenize_for_training(tokenizer, conversation.messages, conversation.tools)
+                ]
+        else:
+            found = [tokenize_for_training(tokenizer, list(conversation))]
+        if example_weights is not None:
+            found = [{**row, "example_weight": float(example_weights[index])} for row in found]
+        rows.extend(found)
+    if exact:
+        logger.info("%d of %d SFT conversations train on their own token ids", exact, len(rows))
     return Dataset.from_list(rows)
 
 
@@ -122,13 +144,44 @@ def weighted_sft_trainer_class() -> Any:
 
 
 def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePair]) -> Any:
-    """Text ``prompt``/``chosen``/``rejected`` as the chat template renders the conversations.
+    """The DPO rows: token ids when every pair has them, else rendered text.
 
-    The prompt ends with the generation prompt; chosen and rejected are what the
-    template renders after it, ending at the last ``<|im_end|>`` (TRL appends the
-    end-of-sequence token only when it is missing). A pair whose rendering does not
-    start with its rendered prompt is dropped.
+    With token ids (both sides of every pair rolled out by a policy that gave them,
+    each one unbroken sequence from the same prompt): ``prompt_ids``/``chosen_ids``/
+    ``rejected_ids`` exactly as the model read and wrote them, for
+    ``token_exact_dpo_trainer_class``. Otherwise text: the prompt ends with the
+    generation prompt; chosen and rejected are what the template renders after it,
+    ending at the last ``<|im_end|>`` (TRL appends the end-of-sequence token only when
+    it is missing). A pair whose rendering does not start with its rendered prompt is
+    dropped.
     """
+    from datasets import Dataset
+
+    token_rows = [_token_pair(pair) for pair in pairs]
+    if pairs and all(row is not None for row in token_rows):
+        return Dataset.from_list([row for row in token_rows if row is not None])
+    return _text_dpo_dataset(tokenizer, pairs)
+
+
+def _token_pair(pair: PreferencePair) -> dict[str, list[int]] | None:
+    """The pair as ids, or None when a side has no ids or is not one sequence from one prompt."""
+    if not pair.chosen_turns or not pair.rejected_turns:
+        return None
+    chosen = token_sequences(pair.chosen_turns)
+    rejected = token_sequences(pair.rejected_turns)
+    if len(chosen) != 1 or len(rejected) != 1:
+        return None
+    prompt = full_prompts(pair.chosen_turns)[0]
+    if full_prompts(pair.rejected_turns)[0] != prompt:
+        return None
+    return {
+        "prompt_ids": prompt,
+        "chosen_ids": chosen[0].input_ids[len(prompt) :],
+        "rejected_ids": rejected[0].input_ids[len(prompt) :],
+    }
+
+
+def _text_dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePair]) -> Any:
     from datasets import Dataset
 
     from .chat_template import render
@@ -136,10 +189,10 @@ def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePa
     eos = tokenizer.eos_token or ""
     rows = []
     for pair in pairs:
-        prompt = render(tokenizer, pair.prompt, add_generation_prompt=True)
+        prompt = render(tokenizer, pair.prompt, add_generation_prompt=True, tools=pair.tools)
         completions = []
         for rest in (pair.chosen, pair.rejected):
-            full = render(tokenizer, [*pair.prompt, *rest])
+            full = render(tokenizer, [*pair.prompt, *rest], tools=pair.tools)
             if not full.startswith(prompt):
                 break
             text = full[len(prompt) :].rstrip()
@@ -153,3 +206,21 @@ def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePa
                 "preference pair of %s does not render as prompt + completion", pair.task_id
             )
     return Dataset.from_list(rows) if rows else None
+
+
+def token_exact_dpo_trainer_class() -> Any:
+    """A DPOTrainer that trains a dataset of ids as it is (TRL would tokenize text again)."""
+    from trl import DPOTrainer
+
+    class TokenExactDPOTrainer(DPOTrainer):
+        def _prepare_dataset(
+            self, dataset: Any, processing_class: Any, args: Any, dataset_name: str
+        ) -> Any:
+            if "prompt_ids" not in dataset.column_names:
+                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            # TRL's own last step: a prompt that fills max_length leaves nothing to learn.
+            if args.max_length is not None and args.truncation_mode == "keep_start":
+                dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
+            return dataset
+
+    return TokenExactDPOTrainer

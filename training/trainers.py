@@ -49,12 +49,13 @@ from .adapters import (
     save_adapter,
 )
 from .config import TrainingConfig
-from .datasets import PreferencePair
+from .datasets import PreferencePair, TrainingConversation
 from .tokenized_datasets import (
     WeightedCollator,
     dpo_dataset,
     length_grouped_order,
     sft_dataset,
+    token_exact_dpo_trainer_class,
     weighted_sft_trainer_class,
 )
 from .trainer_common import (
@@ -95,7 +96,7 @@ def train_adapter(
     model_dir: str | Path,
     output_dir: str | Path,
     previous_adapter: str | Path | None = None,
-    conversations: Sequence[list[Message]] = (),
+    conversations: Sequence[list[Message] | TrainingConversation] = (),
     pairs: Sequence[PreferencePair] = (),
     tasks: Sequence[Task] = (),
     make_env: Callable[[], Environment] | None = None,
@@ -104,6 +105,7 @@ def train_adapter(
     tracking: TrainTracking | None = None,
     capability_state_path: str | Path | None = None,
     example_weights: Sequence[float] | None = None,
+    tools_in_prompt: bool = False,
 ) -> TrainResult:
     """Train one cycle's LoRA adapter with ``config.algorithm`` and save it to ``output_dir``.
 
@@ -119,6 +121,8 @@ def train_adapter(
     ``capability_state_path``: with SEAL reweighting, where the label statistics
     and dynamic weights live between cycles; read (if there), its window reset
     (SEAL resets it each epoch; a cycle is ours), and written back after training.
+    ``tools_in_prompt``: GRPO's prompts carry the tool schemas, as the policy's do
+    (``PolicyConfig.renders_tools``); SFT and DPO examples carry their own tools.
     """
     output = Path(output_dir)
     previous = str(previous_adapter) if previous_adapter is not None else None
@@ -172,6 +176,7 @@ def train_adapter(
                 system_prompt=system_prompt,
                 arguments=common_arguments(config, device, work, progress, tracking),
                 capability_state=capability_state,
+                tools_in_prompt=tools_in_prompt,
             )
         elif config.algorithm == "dpo":
             trainer, examples, reason = _dpo_trainer(
@@ -233,7 +238,7 @@ def _sft_trainer(
     model_dir: str | Path,
     previous_adapter: str | Path | None,
     tokenizer: Any,
-    conversations: Sequence[list[Message]],
+    conversations: Sequence[list[Message] | TrainingConversation],
     device: str,
     work: Path,
     progress: bool,
@@ -296,7 +301,7 @@ def _dpo_trainer(
     tracking: TrainTracking | None = None,
 ) -> tuple[Any, int, str | None]:
     import transformers
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig
 
     dataset = dpo_dataset(tokenizer, pairs)
     if dataset is None:
@@ -311,7 +316,7 @@ def _dpo_trainer(
     transformers.logging.set_verbosity_error()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        trainer = DPOTrainer(
+        trainer = token_exact_dpo_trainer_class()(
             model=model,
             args=args,
             train_dataset=dataset,
