@@ -264,16 +264,20 @@ def print_summary(
             )
         console.print(by_family)
 
-    times = Table(title="seconds per stage")
+    times = Table(title="seconds per stage (share of the cycle)")
     times.add_column("cycle", justify="right")
     for stage in (*CYCLE_STAGES, "total"):
         times.add_column(stage, justify="right")
     for row in rows:
         seconds = row["stage_time_s"]
+        total = sum(seconds.values())
         times.add_row(
             str(row["cycle"]),
-            *(f"{seconds[s]:.1f}" if s in seconds else "" for s in CYCLE_STAGES),
-            f"{sum(seconds.values()):.1f}",
+            *(
+                f"{seconds[s]:.1f} ({100 * seconds[s] / total:.0f}%)" if s in seconds else ""
+                for s in CYCLE_STAGES
+            ),
+            f"{total:.1f}",
         )
     console.print(times)
     for row in rows:

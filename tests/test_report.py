@@ -136,12 +136,12 @@ def test_summary_tables_show_each_cycle_family_and_stage():
     # cycle, rollout, signals, synthesize, pool, train, evaluate, total
     assert row("1", "seconds per stage") == [
         "1",
-        "20.0",
-        "1.0",
-        "5.0",
-        "1.0",
-        "40.0",
-        "28.0",
+        "20.0 (21%)",
+        "1.0 (1%)",
+        "5.0 (5%)",
+        "1.0 (1%)",
+        "40.0 (42%)",
+        "28.0 (29%)",
         "95.0",
     ]
     text = "\n".join(lines)
