@@ -92,6 +92,14 @@ class PolicyConfig(Section):
         description="endpoint: the local copy of the served base model (a directory) that "
         "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
     )
+    hot_load: Literal["required", "best_effort", "off"] = Field(
+        default="required",
+        description="endpoint: how each cycle's adapter reaches the server. required: vLLM's "
+        "runtime LoRA API (POST /v1/load_lora_adapter); a refusal stops the run. best_effort: a "
+        "server that refuses or lacks that API (transformers serve: 404) keeps serving what it "
+        "served, with a warning; rollouts and evaluation then measure that model, not the "
+        "adapters. off: never load; adapters are only saved under adapters/.",
+    )
 
     @model_validator(mode="after")
     def _endpoint_matches_kind(self) -> PolicyConfig:
