@@ -99,6 +99,14 @@ class PolicyConfig(Section):
         "request's `tools`, rendered by the server's chat template), a local model does not "
         "(the bootstrap agent learned the tools from demonstrations).",
     )
+    hot_load: Literal["required", "best_effort", "off"] = Field(
+        default="required",
+        description="endpoint: how each cycle's adapter reaches the server. required: vLLM's "
+        "runtime LoRA API (POST /v1/load_lora_adapter); a refusal stops the run. best_effort: a "
+        "server that refuses or lacks that API (transformers serve: 404) keeps serving what it "
+        "served, with a warning; rollouts and evaluation then measure that model, not the "
+        "adapters. off: never load; adapters are only saved under adapters/.",
+    )
 
     @property
     def renders_tools(self) -> bool:

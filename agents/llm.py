@@ -11,6 +11,13 @@ was asked for, unknown top-level keys. Model text is data: it is read with
 One ``asyncio.Semaphore`` (the ``limiter``) bounds the LLM requests in flight
 across every role of a run; each request holds it only while it is on the wire.
 
+What an endpoint does with ``response_format`` is learnt once and remembered
+per endpoint (base URL and model, ``response_format_support``): a server that
+refuses it (a 4xx that a plain request then does not get), or silently ignores
+it (``transformers serve`` answers 200 and leaves the reply unconstrained: a
+reply that does not even start a JSON object), is logged once as a WARNING and
+every later structured call to it is a single plain request for JSON.
+
 Replies are bounded before anything reads them: a chat model from
 ``chat_model`` rejects a reply whose text (content plus tool-call arguments)
 is longer than ``EndpointConfig.reply_limit()`` with ``ReplyTooLongError``
@@ -27,6 +34,7 @@ import functools
 import json
 import logging
 import re
+import threading
 import weakref
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -169,6 +177,76 @@ def limited(limiter: asyncio.Semaphore | None) -> AbstractAsyncContextManager[An
     return limiter if limiter is not None else nullcontext()
 
 
+# --------------------------------------------------------------------------- endpoint capabilities
+
+# (base URL, model) -> how the endpoint treats response_format, once known not to honour
+# it: "refused" or "ignored". Absent: honoured, or not known yet (both send it).
+_NO_RESPONSE_FORMAT: dict[tuple[str, str], str] = {}
+_CAPABILITY_LOCK = threading.Lock()
+
+
+def _endpoint_key(model: Any) -> tuple[str, str] | None:
+    """The endpoint a chat model talks to; None for a model that is not an HTTP client."""
+    base = getattr(model, "openai_api_base", None)
+    name = getattr(model, "model_name", None)
+    if isinstance(base, str) and isinstance(name, str):
+        return base.rstrip("/"), name
+    return None
+
+
+def response_format_support(model: Any) -> str | None:
+    """What ``model``'s endpoint was found to do with ``response_format``: "refused",
+    "ignored", or None (honoured, or nothing learnt yet)."""
+    key = _endpoint_key(model)
+    return None if key is None else _NO_RESPONSE_FORMAT.get(key)
+
+
+def forget_endpoint_capabilities() -> None:
+    """Forget what every endpoint was found to support (a server restarted or replaced)."""
+    with _CAPABILITY_LOCK:
+        _NO_RESPONSE_FORMAT.clear()
+
+
+def _remember_no_response_format(model: Any, how: str, evidence: str) -> None:
+    """Record that the endpoint does not honour response_format; log it the first time."""
+    key = _endpoint_key(model)
+    if key is None:
+        return
+    with _CAPABILITY_LOCK:
+        if key in _NO_RESPONSE_FORMAT:
+            return
+        _NO_RESPONSE_FORMAT[key] = how
+    log.warning(
+        "endpoint %s (model %s) %s response_format (%s); roles parse JSON from plain replies",
+        key[0],
+        key[1],
+        "does not support" if how == "refused" else "ignores",
+        evidence,
+    )
+
+
+def _is_refusal(err: BaseException) -> bool:
+    """A request the server refused for what it asked (400, 422), not for who or when."""
+    import openai
+
+    return isinstance(err, openai.BadRequestError | openai.UnprocessableEntityError)
+
+
+def _ignores_schema(raw: str) -> bool:
+    """True when a reply to a request with a JSON schema shows the schema was not enforced.
+
+    A server that enforces it (guided decoding) starts every reply with the object's
+    ``{``; an empty reply or text that starts otherwise cannot come from one. A reply
+    of whitespace only proves nothing (guided decoders may emit whitespace first).
+    """
+    start = raw.lstrip()
+    return raw == "" or (start != "" and not start.startswith("{"))
+
+
+def _quote(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 # --------------------------------------------------------------------------- structured output
 
 
@@ -190,9 +268,11 @@ async def structured_call(
 
     1. A request with ``response_format`` (a JSON schema): the server is told
        the schema. The reply's text is read tolerantly (``parse_json_reply``).
+       Skipped for an endpoint known not to honour it (``response_format_support``).
     2. If the server refused that request, or its reply held no valid object, a
        plain request that asks for JSON (the schema in the message), read
-       tolerantly.
+       tolerantly. A refusal followed by an answered plain request, or a reply
+       that shows the schema was ignored, is remembered for the endpoint.
 
     A reply longer than the model's limit (``ReplyTooLongError``) ends the call
     at once with "reply too long": it is not parsed, and no second request is
@@ -200,20 +280,36 @@ async def structured_call(
     """
     problems: list[str] = []
     raw: str | None = None
-    try:
-        runnable = _structured_runnable(model, schema)
-        async with limited(limiter):
-            result = await runnable.ainvoke(list(messages))
-    except ReplyTooLongError as err:
-        raise StructuredOutputError(str(err)) from None
-    except request_errors() as err:  # the server refused response_format, or the body was broken
-        problems.append(f"structured request failed: {_describe_error(err)}")
-    else:
-        raw = _content_text(result)
+    refusal: BaseException | None = None
+    if response_format_support(model) is None:
+        import openai
+
+        answered = True
         try:
-            return parse_json_reply(raw, schema)
-        except ValueError as err:
-            problems.append(f"structured reply unreadable: {err}")
+            runnable = _structured_runnable(model, schema)
+            async with limited(limiter):
+                result = await runnable.ainvoke(list(messages))
+        except ReplyTooLongError as err:
+            raise StructuredOutputError(str(err)) from None
+        except openai.LengthFinishReasonError as err:
+            # With response_format the SDK refuses a reply cut off by max_tokens, before
+            # the chat model's own length check: bound it here, then read it like any other.
+            _check_length(model, err.completion)
+            result = _first_message(err.completion)
+        except request_errors() as err:  # the server refused response_format, or a broken body
+            problems.append(f"structured request failed: {_describe_error(err)}")
+            refusal = err if _is_refusal(err) else None
+            answered = False
+        if answered:
+            raw = _content_text(result)
+            try:
+                return parse_json_reply(raw, schema)
+            except ValueError as err:
+                problems.append(f"structured reply unreadable: {err}")
+                if _ignores_schema(raw):
+                    _remember_no_response_format(
+                        model, "ignored", f"a reply to a JSON schema began {_quote(raw)}"
+                    )
 
     fallback = [*messages, HumanMessage(content=json_instruction(schema))]
     try:
@@ -225,6 +321,8 @@ async def structured_call(
     except request_errors() as err:
         problems.append(f"JSON request failed: {_describe_error(err)}")
         raise StructuredOutputError("; ".join(problems), raw) from err
+    if refusal is not None:  # refused with response_format, answered without it
+        _remember_no_response_format(model, "refused", _describe_error(refusal))
     raw = _content_text(reply)
     try:
         return parse_json_reply(raw, schema)
@@ -458,6 +556,20 @@ def _short_validation(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(top level)"
     return f"{where}: {first['msg']} ({len(err.errors())} problem(s))"
+
+
+def _check_length(model: Any, completion: Any) -> None:
+    """StructuredOutputError ("reply too long") for a completion over the model's limit."""
+    limit = getattr(model, "max_reply_chars", None)
+    length = reply_length(completion)
+    if isinstance(limit, int) and length > limit:
+        raise StructuredOutputError(str(ReplyTooLongError(length, limit, model_label(model))))
+
+
+def _first_message(completion: Any) -> Any:
+    """The first choice's message of an SDK chat completion (None when it has none)."""
+    choices = _field(completion, "choices") or []
+    return _field(choices[0], "message") if choices else None
 
 
 def _content_text(message: Any) -> str:

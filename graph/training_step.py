@@ -12,10 +12,14 @@ kill. ``coevolve.runner`` re-exports these.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..agents.policy import PolicyError
 from .runtime import CycleRuntime, RunError, seed_everything
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..training.trainers import TrainResult
@@ -25,15 +29,44 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
     """Make the policy serve ``adapter``: reload in-process, or hot-load into vLLM.
 
     vLLM serves it as ``<model>-coevolve-<adapter directory>``, e.g. ``...-coevolve-cycle-2``.
+    An endpoint's ``policy.hot_load`` decides what a refusal does: stop the run
+    (required), or leave the server on what it served, with a warning (best_effort);
+    ``off`` makes no request.
     """
     if adapter is None:
         return
-    if rt.config.policy.kind == "endpoint":
-        base = rt.config.endpoint(rt.config.policy.endpoint).model
-        path = Path(adapter).resolve()
-        await rt.policy.load_adapter(f"{base}-coevolve-{path.name}", str(path))
-    else:
+    policy = rt.config.policy
+    if policy.kind != "endpoint":
         rt.policy.reload_adapter(adapter)
+        return
+    endpoint = rt.config.endpoint(policy.endpoint)
+    path = Path(adapter).resolve()
+    if policy.hot_load == "off":
+        log.info(
+            "policy.hot_load is off: %s keeps serving %s; the adapter is saved in %s",
+            endpoint.base_url,
+            rt.policy.version,
+            path,
+        )
+        return
+    try:
+        await rt.policy.load_adapter(f"{endpoint.model}-coevolve-{path.name}", str(path))
+    except PolicyError as err:
+        if policy.hot_load == "required":
+            raise PolicyError(
+                f"{err}; to keep serving the model without the adapter, set "
+                "policy.hot_load: best_effort"
+            ) from None
+        # A server without runtime LoRA loading (transformers serve, vLLM without
+        # --enable-lora) still answers the base model: the run goes on, measuring that.
+        log.warning(
+            "could not hot-load the adapter %s (%s); the policy keeps serving %s, so the "
+            "next rollouts and evaluation measure that model, not this adapter "
+            "(policy.hot_load: best_effort)",
+            path,
+            err,
+            rt.policy.version,
+        )
 
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:

@@ -115,6 +115,9 @@ class ScriptedOpenAIServer:
         # (status, message): answer every LoRA load with this error, as a vLLM started
         # without runtime LoRA updating does; None loads adapters. Settable while serving.
         self.refuse_adapters: tuple[int, str] | None = None
+        # Request fields a chat completion is refused for (HTTP 400), as servers without
+        # structured output refuse response_format. Settable while serving.
+        self.refuse_fields: frozenset[str] = frozenset()
         self._in_flight = 0
         self._max_in_flight = 0
         self._ids = itertools.count(1)
@@ -271,6 +274,10 @@ class ScriptedOpenAIServer:
             return
         if body.get("n", 1) != 1:
             self._error(handler, record, 400, "the scripted server supports n=1 only")
+            return
+        refused = sorted(self.refuse_fields & body.keys())
+        if refused:
+            self._error(handler, record, 400, f"unsupported fields in the request: {refused}")
             return
         # In flight: from arrival until the answer is ready. The count drops before
         # the answer is written, so a client that sends its next request on receipt

@@ -1,0 +1,195 @@
+"""What an endpoint supports is learnt once and remembered: structured output
+(``response_format``) in ``agents/llm.py``, and adapter hot-loading (``policy.hot_load``)
+in ``graph/training_step.py``. Against the scripted server over real HTTP; the same
+checks against ``transformers serve`` are in test_real_server.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import pytest
+from langchain_core.messages import HumanMessage
+from pydantic import BaseModel
+
+from coevolve.agents.endpoint_policy import EndpointPolicy
+from coevolve.agents.llm import (
+    StructuredOutputError,
+    chat_model,
+    forget_endpoint_capabilities,
+    response_format_support,
+    structured_call,
+)
+from coevolve.agents.policy import PolicyError
+from coevolve.config import CoevolveConfig, EndpointConfig
+from coevolve.graph.training_step import use_adapter
+from coevolve.testing.openai_server import Reply
+
+LLM_LOGGER = "coevolve.agents.llm"
+
+
+class Pair(BaseModel):
+    a: int
+    b: str = ""
+
+
+@pytest.fixture(autouse=True)
+def fresh_capabilities():
+    forget_endpoint_capabilities()
+    yield
+    forget_endpoint_capabilities()
+
+
+def endpoint(server) -> EndpointConfig:
+    return EndpointConfig(base_url=server.base_url, model=server.model, timeout_s=10, max_retries=0)
+
+
+def ask(model) -> Pair:
+    return asyncio.run(structured_call(model, Pair, [HumanMessage("hi")]))
+
+
+def capability_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "response_format" in r.getMessage()]
+
+
+def test_a_refused_response_format_is_remembered_and_logged_once(scripted_server, caplog):
+    server = scripted_server([Reply.text('{"a": 1}')], repeat_last=True)
+    server.refuse_fields = frozenset({"response_format"})
+    model = chat_model(endpoint(server))
+    with caplog.at_level(logging.WARNING, logger=LLM_LOGGER):
+        assert [ask(model).a for _ in range(3)] == [1, 1, 1]
+        # A second chat model of the same endpoint (another role) shares what was learnt.
+        assert ask(chat_model(endpoint(server), temperature=0.1)).a == 1
+    bodies = server.chat_bodies()
+    assert ["response_format" in body for body in bodies] == [True, False, False, False, False]
+    assert [r.status for r in server.requests] == [400, 200, 200, 200, 200]
+    assert response_format_support(model) == "refused"
+    [warning] = capability_warnings(caplog)
+    assert f"endpoint {server.base_url} (model {server.model}) does not support" in warning
+    assert "roles parse JSON from plain replies" in warning
+    assert "400" in warning and "unsupported fields in the request" in warning
+
+
+def test_an_ignored_response_format_is_remembered(scripted_server, caplog):
+    # transformers serve answers 200 and leaves the reply unconstrained.
+    server = scripted_server(
+        [Reply.text("hello there"), Reply.text('{"a": 2}'), Reply.text('sure: {"a": 3}')]
+    )
+    model = chat_model(endpoint(server))
+    with caplog.at_level(logging.WARNING, logger=LLM_LOGGER):
+        assert ask(model).a == 2
+        assert ask(model).a == 3
+    first, second, third = server.chat_bodies()
+    assert "response_format" in first
+    assert "response_format" not in second and "response_format" not in third
+    assert response_format_support(model) == "ignored"
+    [warning] = capability_warnings(caplog)
+    assert "ignores response_format" in warning and "'hello there'" in warning
+
+
+def test_an_honoured_response_format_is_sent_every_time(scripted_server, caplog):
+    server = scripted_server([Reply.json_content({"a": 4})], repeat_last=True)
+    model = chat_model(endpoint(server))
+    with caplog.at_level(logging.WARNING, logger=LLM_LOGGER):
+        assert [ask(model).a for _ in range(3)] == [4, 4, 4]
+    assert all("response_format" in body for body in server.chat_bodies())
+    assert response_format_support(model) is None and not capability_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # Refused with and without response_format (a prompt too long for the context):
+        # the refusal says nothing about response_format.
+        [Reply.status(400, "too long"), Reply.status(400, "too long")],
+        # A guided decoder's whitespace, then no object: no proof the schema was ignored.
+        [Reply.text("  \n"), Reply.text("no")],
+        # A truncated object: what an enforcing server sends when max_tokens cuts it off.
+        [Reply.text('{"a": ', finish_reason="length"), Reply.text("no")],
+        # Server errors and broken bodies are not refusals.
+        [Reply.status(500, "down"), Reply.text("no")],
+        [Reply.malformed(), Reply.text("no")],
+    ],
+    ids=["refused-both", "whitespace", "truncated", "server-error", "malformed"],
+)
+def test_no_capability_is_learnt_without_evidence(scripted_server, script):
+    server = scripted_server(script)
+    model = chat_model(endpoint(server))
+    with pytest.raises(StructuredOutputError):
+        ask(model)
+    assert response_format_support(model) is None
+
+
+def test_capabilities_are_per_endpoint(scripted_server):
+    refusing = scripted_server([Reply.text('{"a": 5}')], repeat_last=True)
+    refusing.refuse_fields = frozenset({"response_format"})
+    honouring = scripted_server([Reply.json_content({"a": 6})], repeat_last=True)
+    assert ask(chat_model(endpoint(refusing))).a == 5
+    assert ask(chat_model(endpoint(honouring))).a == 6
+    assert response_format_support(chat_model(endpoint(refusing))) == "refused"
+    assert response_format_support(chat_model(endpoint(honouring))) is None
+    assert all("response_format" in body for body in honouring.chat_bodies())
+
+
+# --------------------------------------------------------------------------- hot-loading
+
+
+def adapter_runtime(server, hot_load: str) -> SimpleNamespace:
+    """What ``use_adapter`` reads of a cycle's runtime: the config and the policy."""
+    config = CoevolveConfig.model_validate(
+        {
+            "endpoints": {"agent": {"base_url": server.base_url, "model": server.model}},
+            "policy": {"kind": "endpoint", "endpoint": "agent", "hot_load": hot_load},
+        }
+    )
+    return SimpleNamespace(config=config, policy=EndpointPolicy(config.endpoint("agent")))
+
+
+def load(rt: SimpleNamespace, adapter: str) -> None:
+    asyncio.run(use_adapter(rt, adapter))  # type: ignore[arg-type]
+
+
+def test_hot_load_required_stops_on_a_refusal_and_names_the_switch(scripted_server, tmp_path):
+    server = scripted_server()
+    server.refuse_adapters = (404, "Not Found")  # vLLM without runtime LoRA updating
+    rt = adapter_runtime(server, "required")
+    with pytest.raises(PolicyError, match=r"HTTP 404.*set policy.hot_load: best_effort"):
+        load(rt, str(tmp_path / "cycle-1"))
+
+
+def test_hot_load_best_effort_keeps_the_base_model_with_a_warning(
+    scripted_server, tmp_path, caplog
+):
+    server = scripted_server()
+    server.refuse_adapters = (404, "Not Found")
+    rt = adapter_runtime(server, "best_effort")
+    with caplog.at_level(logging.WARNING, logger="coevolve.graph.training_step"):
+        load(rt, str(tmp_path / "cycle-1"))
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "could not hot-load the adapter" in warning and "HTTP 404" in warning
+    assert f"keeps serving {server.model}" in warning
+    assert rt.policy.endpoint.model == server.model  # requests still name the base model
+
+    server.refuse_adapters = None  # a server that can load: best_effort loads
+    load(rt, str(tmp_path / "cycle-2"))
+    assert rt.policy.endpoint.model == f"{server.model}-coevolve-cycle-2"
+
+
+def test_hot_load_off_makes_no_request(scripted_server, tmp_path):
+    server = scripted_server()
+    rt = adapter_runtime(server, "off")
+    load(rt, str(tmp_path / "cycle-1"))
+    assert not server.requests and rt.policy.endpoint.model == server.model
+
+
+def test_a_reply_cut_off_by_max_tokens_is_read_not_raised(scripted_server):
+    # With response_format the openai SDK raises LengthFinishReasonError on such a reply;
+    # transformers serve ends most replies of a small max_tokens that way.
+    server = scripted_server([Reply.text('{"a": 7}', finish_reason="length")])
+    assert ask(chat_model(endpoint(server))).a == 7
+    server = scripted_server([Reply.text("x" * 100, finish_reason="length")])
+    short = endpoint(server).model_copy(update={"max_reply_chars": 50})
+    with pytest.raises(StructuredOutputError, match="reply too long: 100 characters"):
+        ask(chat_model(short))
+    assert len(server.chat_bodies()) == 1  # no second request of a server that runs long
