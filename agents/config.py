@@ -35,6 +35,12 @@ class EndpointConfig(Section):
         default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
+    return_token_ids: bool = Field(
+        default=False,
+        description="Ask the server for the prompt's and the reply's token ids and the "
+        "reply's log-probs (vLLM >= 0.10.2: return_token_ids and logprobs), for token-exact "
+        "trajectories; a server that ignores the request leaves them None.",
+    )
     max_reply_chars: int | None = Field(
         default=None,
         gt=0,

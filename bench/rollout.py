@@ -15,7 +15,9 @@
 (b) endpoint: 256 episodes x 5 replies (4 tool calls, then an answer) against
     the scripted test server at 50 ms per reply and concurrency 64, against the
     ideal ceil(256/64) * 5 * 50 ms. Target <= 1.25x. The server runs in its own
-    process, as a real endpoint would.
+    process, as a real endpoint would; on a small machine it competes with the
+    client for the cores, so both CPU figures are printed: client CPU per
+    request is the client process's CPU time over the requests it made.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def bench_endpoint(
     )
     print(
         f"    CPU: client {client_cpu:.2f} s ({client_cpu / (episodes * replies) * 1000:.2f} ms/request), "
-        f"server {server_cpu_s:.2f} s (incl. its start-up and the warm-up), {os.cpu_count()} cores"
+        f"server {server_cpu_s:.2f} s (incl. its start-up and the warm-up), {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} (other work competes for the same cores)"
     )
     return ratio
 

@@ -125,6 +125,25 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
+# Size of the fake vocabulary of ``fake_token_ids``.
+FAKE_VOCABULARY = 32_000
+
+
+def fake_token_ids(text: str) -> list[int]:
+    """One deterministic id per whitespace-separated word (as ``count_tokens`` counts them):
+    what the server returns as token ids, since it has no tokenizer."""
+    return [
+        int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")
+        % FAKE_VOCABULARY
+        for word in text.split()
+    ]
+
+
+def fake_logprob(token_id: int) -> float:
+    """A deterministic log-probability in (-2, 0] for a fake token id."""
+    return -(token_id % 1000) / 500.0
+
+
 def message_text(message: Any) -> str:
     """All the text of one chat message, for rough token counts."""
     if not isinstance(message, Mapping):
