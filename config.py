@@ -162,6 +162,16 @@ class CoevolveConfig(Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _hard_negatives_train_in_process(self) -> CoevolveConfig:
+        if self.hard_negatives.enabled and self.training.launcher != "inprocess":
+            raise ValueError(
+                "hard_negatives trains its adapters in the loop process, so "
+                f"training.launcher {self.training.launcher!r} would not apply: set "
+                "training.launcher: inprocess, or hard_negatives.enabled: false"
+            )
+        return self
+
     def store_path(self) -> str:
         return self.synthesis.store_path or str(Path(self.run_dir) / "task_store")
 

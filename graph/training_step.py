@@ -3,10 +3,12 @@
 It gathers the cycle's training data (successful conversations, demonstrations
 of the accepted and replayed tasks, preference pairs; SEAL weights from
 ``sft_weights``), writes what it trains on for ``coevolve export``, runs the TRL
-step (``training.trainers.train_adapter``) or, with ``hard_negatives.enabled``,
-hands over to ``graph.hard_negatives.train_with_hard_negatives``, and makes the
-policy serve the new adapter (``use_adapter``). A finished step is reused after a
-kill. ``coevolve.runner`` re-exports these.
+step (``training.trainers.train_adapter``: in a thread, or with ``training.launcher``
+subprocess or accelerate in processes of its own, ``training.launch``) or, with
+``hard_negatives.enabled``, hands over to
+``graph.hard_negatives.train_with_hard_negatives``, and makes the policy serve
+the new adapter (``use_adapter``). A finished step is reused after a kill.
+``coevolve.runner`` re-exports these.
 """
 
 from __future__ import annotations
@@ -164,10 +166,8 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             )
         elif training.algorithm == "dpo":
             dump_jsonl(cycle_dir / TRAIN_DATA_FILE, pairs)
-        seed_everything(config.seed, cycle, "train")
-        result = await asyncio.to_thread(
-            train_adapter,
-            training,
+        seed = seed_everything(config.seed, cycle, "train")
+        step: dict[str, Any] = dict(
             model_dir=rt.model_dir,
             output_dir=output_dir,
             previous_adapter=previous_adapter,
@@ -182,6 +182,21 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             example_weights=example_weights,
             tools_in_prompt=config.policy.renders_tools,
         )
+        if training.launcher == "inprocess":
+            result = await asyncio.to_thread(train_adapter, training, **step)
+        else:  # a process of its own (training/launch.py); its output goes to run.log
+            from ..run_log import LOG_FILE
+            from ..training.launch import launch_train_adapter
+
+            result = await asyncio.to_thread(
+                launch_train_adapter,
+                training,
+                step_file=cycle_dir / "train-step.json",
+                log_file=rt.run_dir / LOG_FILE,
+                environment=config.env.name,
+                seed=seed,
+                **step,
+            )
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result

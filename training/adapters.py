@@ -38,6 +38,9 @@ class TrainResult(BaseModel):
     train_time_s: float = 0.0
     steps_per_s: float | None = None
     device: str | None = None
+    world_size: int = Field(
+        default=1, ge=1, description="Training processes that took part (DDP world size)."
+    )
     skipped: str | None = Field(
         default=None, description="Why nothing was trained (no data); None when trained."
     )
@@ -86,12 +89,21 @@ def load_trainable_model(
     return PeftModel.from_pretrained(model, str(previous_adapter), is_trainable=True)  # type: ignore[return-value]
 
 
-def save_adapter(model: Any, output_dir: Path, result: TrainResult, config: TrainingConfig) -> None:
-    """Write the adapter beside ``output_dir``, marker last, then rename it into place."""
+def save_adapter(
+    model: Any,
+    output_dir: Path,
+    result: TrainResult,
+    config: TrainingConfig,
+    state_dict: dict[str, Any] | None = None,
+) -> None:
+    """Write the adapter beside ``output_dir``, marker last, then rename it into place.
+
+    ``state_dict``: the full weights when the model is sharded (FSDP); None reads the model's.
+    """
     from ..files import atomic_directory
 
     with atomic_directory(output_dir, hidden=True) as work:
-        model.save_pretrained(str(work))
+        model.save_pretrained(str(work), state_dict=state_dict)
         metadata = {"result": result.model_dump(), "config": config.model_dump()}
         (work / ADAPTER_MARKER).write_text(json.dumps(metadata, indent=2) + "\n")
 

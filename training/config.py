@@ -21,6 +21,7 @@ ALGORITHMS: tuple[Algorithm, ...] = ("sft", "grpo", "dpo")
 Device = Literal["auto", "cpu", "cuda"]
 LrScheduler = Literal["cosine", "linear", "constant"]
 SftBatching = Literal["random", "length_grouped"]
+Launcher = Literal["inprocess", "subprocess", "accelerate"]
 
 # Attention and MLP projections of Qwen2 (and of most Llama-style decoders).
 QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -205,6 +206,28 @@ class TrainingConfig(BaseModel):
     grpo_temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
     )
+    # ------------------------------------------------------------------ launching
+    launcher: Launcher = Field(
+        default="inprocess",
+        description="Where the step runs. inprocess: a thread of the loop process (one device); "
+        "subprocess: one child process (python -m coevolve.training SPEC.json), which gives "
+        "its memory back when it exits; accelerate: `accelerate launch --config_file "
+        "accelerate_config -m coevolve.training SPEC.json`, N processes (DDP, DeepSpeed, FSDP). "
+        "The loop builds the data either way; the child reads it from the step spec.",
+    )
+    accelerate_config: str | None = Field(
+        default=None,
+        description="launcher accelerate: an accelerate config YAML, as a path or as the name "
+        "of one shipped in configs/accelerate (ddp-cpu, ddp, deepspeed-zero2, fsdp).",
+    )
+    num_processes: int | None = Field(
+        default=None,
+        ge=1,
+        description="launcher accelerate: processes to start (accelerate launch "
+        "--num_processes), overriding the accelerate config's num_processes; None keeps the "
+        "config's. batch_size is per process: the global batch is batch_size x "
+        "gradient_accumulation_steps x processes.",
+    )
     # ------------------------------------------------------------------ seal
     seal: SealSettings = Field(
         default_factory=SealSettings,
@@ -230,9 +253,31 @@ class TrainingConfig(BaseModel):
                 "seal.reweight.dynamic updates the weights from GRPO rollouts; SFT weighs each "
                 "example by the fixed table: set seal.reweight.dynamic.enable: false"
             )
+        if self.launcher == "accelerate" and self.accelerate_config is None:
+            problems.append(
+                "launcher 'accelerate' needs accelerate_config: a YAML path or a shipped name "
+                "(e.g. accelerate_config: ddp, or ddp-cpu on a CPU)"
+            )
+        if self.launcher != "accelerate" and self.accelerate_config is not None:
+            problems.append(
+                f"accelerate_config is set but launcher is {self.launcher!r}; set launcher: "
+                "accelerate, or remove accelerate_config"
+            )
+        if self.launcher != "accelerate" and self.num_processes is not None:
+            problems.append(
+                f"num_processes is set but launcher is {self.launcher!r} (one process); set "
+                "launcher: accelerate with an accelerate_config, or remove num_processes"
+            )
         if self.algorithm == "grpo":
             episodes = self.grpo_prompts_per_step * self.grpo_num_generations
-            if episodes % self.batch_size:
+            processes = self.num_processes or 1
+            if processes > 1 and episodes % (self.batch_size * processes):
+                problems.append(
+                    f"a GRPO round has {episodes} episodes, which the global batch "
+                    f"(batch_size x num_processes = {self.batch_size * processes}) must divide; "
+                    "lower batch_size or raise grpo_prompts_per_step"
+                )
+            elif episodes % self.batch_size:
                 problems.append(
                     f"a GRPO round has grpo_prompts_per_step x grpo_num_generations = {episodes} "
                     f"episodes, which batch_size ({self.batch_size}) must divide; e.g. batch_size="

@@ -63,6 +63,9 @@ def common_arguments(
         "seed": config.seed,
         "data_seed": config.seed,
         "dataloader_num_workers": 0,
+        # Under DDP every LoRA weight gets a gradient each step: skip the search for unused
+        # parameters (an extra autograd traversal per step, and a warning per rank).
+        "ddp_find_unused_parameters": False,
         **reports,
     }
 

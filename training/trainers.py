@@ -27,6 +27,7 @@ checkpointing) and on a GPU (bf16 where supported).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -221,10 +222,18 @@ def train_adapter(
             train_time_s=round(elapsed, 3),
             steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
             device=device,
+            world_size=trainer.args.world_size,
         )
-        save_adapter(trainer.model, output, result, config)
-        if capability_state is not None and capability_state_path is not None:
-            capability_state.save(capability_state_path)
+        # Under `accelerate launch` every rank trains (same max_steps) but one writes:
+        # trainer.model is the unwrapped model, the same on every rank under DDP. FSDP
+        # shards it: gather the full weights first, on every rank (as Trainer.save_model).
+        state_dict = None
+        if getattr(trainer, "is_fsdp_enabled", False):
+            state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        if trainer.is_world_process_zero():
+            save_adapter(trainer.model, output, result, config, state_dict)
+            if capability_state is not None and capability_state_path is not None:
+                capability_state.save(capability_state_path)
         return result
     finally:
         bars.restore()
@@ -252,7 +261,9 @@ def _sft_trainer(
     weighted = example_weights is not None
     grouped = config.sft_batching == "length_grouped"
     if grouped:
-        rows = config.max_steps * config.batch_size * config.gradient_accumulation_steps
+        # Every process reads its own share of the batches (DDP): order enough rows for all.
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        rows = config.max_steps * config.batch_size * config.gradient_accumulation_steps * processes
         lengths = [len(ids) for ids in dataset["input_ids"]]
         dataset = dataset.select(
             length_grouped_order(lengths, config.batch_size, rows, config.seed)
