@@ -258,3 +258,39 @@ def test_ddp_two_cpu_processes_train_the_adapter_one_process_trains(
         "step.json",
         "step.result.json",
     ]
+
+
+def test_ddp_a_cycle_of_the_loop_trains_through_accelerate_launch(
+    tmp_path, cache_dir, tiny_build, monkeypatch
+):
+    """The loop's train node with launcher accelerate: data built in the loop, 2 ranks train."""
+    from coevolve.runner import run
+    from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.training.adapters import TrainResult
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    training = {"max_steps": 2, "batch_size": 2, "launcher": "accelerate"}
+    training |= {"accelerate_config": "ddp-cpu", "num_processes": 2}
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "cycles": 1,
+            "rollout": {"k": 2, "max_steps": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+            "training": training,
+            "evaluation": {"per_family": 1},
+        }
+    ).model_copy(update={"bootstrap": tiny_bootstrap()})
+    result = run(config, progress=False)
+
+    cycle = Path(result.run_dir) / "cycles" / "001"
+    record = TrainResult.model_validate_json((cycle / "train.json").read_text())
+    assert record.world_size == 2 and record.steps == 2 and record.skipped is None
+    assert is_adapter_complete(Path(result.run_dir) / "adapters" / "cycle-1")
+    spec = TrainingStepSpec.model_validate_json((cycle / "train-step.json").read_text())
+    assert spec.conversations and spec.seed is not None  # the loop built the data
+    log = (Path(result.run_dir) / "run.log").read_text()
+    assert "training step launched (accelerate)" in log
+    assert "coevolve.trainer INFO: [rank 0] step 2: {'loss'" in log
