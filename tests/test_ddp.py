@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from coevolve.agents.conversation import reference_conversation
 from coevolve.config import CoevolveConfig
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.records import Task
+from coevolve.records import ModelTurn, Task
 from coevolve.testing.presets import tiny_training
 from coevolve.tracking import TrackingConfig, TrainTracking
 from coevolve.training.config import TrainingConfig
-from coevolve.training.datasets import PreferencePair
+from coevolve.training.datasets import PreferencePair, TrainingConversation
 from coevolve.training.launch import (
     ACCELERATE_CONFIGS,
     LaunchError,
@@ -84,17 +84,23 @@ def test_ddp_step_spec_round_trips_through_json(conversations, tmp_path):
         rejected=[{"role": "assistant", "content": "no"}],
     )
     tool_call = next(m for m in conversations[0] if m.get("tool_calls"))
+    with_ids = TrainingConversation(
+        messages=conversations[1],
+        tools=[{"type": "function", "function": {"name": "send_message"}}],
+        model_turns=[ModelTurn(message_index=2, prompt_new_ids=[1, 2, 3], completion_ids=[4, 5])],
+    )
     spec = TrainingStepSpec(
         config=TrainingConfig(algorithm="grpo", launcher="subprocess", max_steps=3),
         model_dir="/models/base",
         output_dir=str(tmp_path / "adapter"),
         previous_adapter=str(tmp_path / "previous"),
-        conversations=conversations,
-        example_weights=[1.0] * len(conversations),
+        conversations=[*conversations, with_ids],
+        example_weights=[1.0] * (len(conversations) + 1),
         pairs=[pair],
         tasks=[task],
         environment="world",
         system_prompt="be brief",
+        tools_in_prompt=True,
         tracking=TrainTracking(config=TrackingConfig(), run_dir=str(tmp_path), step_offset=7),
         capability_state_path=str(tmp_path / "capability_state.json"),
         seed=1234,
@@ -107,6 +113,7 @@ def test_ddp_step_spec_round_trips_through_json(conversations, tmp_path):
     assert isinstance(again.tasks[0], Task) and again.tasks[0] == task
     assert again.conversations[0] == conversations[0]  # tool-call arguments intact
     assert tool_call in again.conversations[0]
+    assert again.conversations[-1] == with_ids  # tools and token ids, not plain messages
     assert again.make_env() is WorldEnvironment
     assert TrainingStepSpec(**{**spec.model_dump(), "environment": None}).make_env() is None
 

@@ -41,7 +41,7 @@ from ..records import Task
 from ..tracking import TrainTracking
 from .adapters import TrainResult
 from .config import TrainingConfig
-from .datasets import PreferencePair
+from .datasets import PreferencePair, TrainingConversation
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..envs.base import Environment
@@ -69,8 +69,10 @@ class TrainingStepSpec(BaseModel):
     previous_adapter: str | None = Field(
         default=None, description="The adapter to continue; None starts a new one."
     )
-    conversations: list[list[dict[str, Any]]] = Field(
-        default_factory=list, description="sft: the conversations, already built messages."
+    conversations: list[list[dict[str, Any]] | TrainingConversation] = Field(
+        default_factory=list,
+        description="sft: the conversations, already built: messages, or messages with the "
+        "tools of their prompt and the rollout's token ids.",
     )
     example_weights: list[float] | None = Field(
         default=None, description="sft: one loss weight per conversation (SEAL); None unweighted."
@@ -84,6 +86,9 @@ class TrainingStepSpec(BaseModel):
     )
     system_prompt: str | None = Field(
         default=POLICY_SYSTEM_PROMPT, description="grpo: the system prompt of the rollouts."
+    )
+    tools_in_prompt: bool = Field(
+        default=False, description="grpo: the prompts carry the tool schemas, as the policy's do."
     )
     tracking: TrainTracking | None = Field(
         default=None, description="Where the trainer reports (the run's trackers)."
@@ -133,6 +138,7 @@ def run_spec(spec: TrainingStepSpec) -> TrainResult:
         tracking=spec.tracking,
         capability_state_path=spec.capability_state_path,
         example_weights=spec.example_weights,
+        tools_in_prompt=spec.tools_in_prompt,
     )
     if int(os.environ.get("RANK", "0")) == 0:
         write_atomically(Path(spec.result_file), result.model_dump_json(indent=2))
@@ -165,13 +171,14 @@ def launch_train_adapter(
     model_dir: str | Path,
     output_dir: str | Path,
     previous_adapter: str | Path | None = None,
-    conversations: Sequence[list[dict[str, Any]]] = (),
+    conversations: Sequence[list[dict[str, Any]] | TrainingConversation] = (),
     pairs: Sequence[PreferencePair] = (),
     tasks: Sequence[Task] = (),
     system_prompt: str | None = POLICY_SYSTEM_PROMPT,
     tracking: TrainTracking | None = None,
     capability_state_path: str | Path | None = None,
     example_weights: Sequence[float] | None = None,
+    tools_in_prompt: bool = False,
 ) -> TrainResult:
     """``train_adapter`` in a launched process (``config.launcher``): same arguments and result.
 
@@ -188,12 +195,13 @@ def launch_train_adapter(
         model_dir=str(model_dir),
         output_dir=str(output_dir),
         previous_adapter=str(previous_adapter) if previous_adapter is not None else None,
-        conversations=[list(messages) for messages in conversations],
+        conversations=list(conversations),
         example_weights=list(example_weights) if example_weights is not None else None,
         pairs=list(pairs),
         tasks=list(tasks),
         environment=environment if config.algorithm == "grpo" else None,
         system_prompt=system_prompt,
+        tools_in_prompt=tools_in_prompt,
         tracking=tracking,
         capability_state_path=str(capability_state_path) if capability_state_path else None,
         seed=seed,
