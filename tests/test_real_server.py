@@ -326,6 +326,8 @@ def test_real_server_is_the_policy_of_a_one_cycle_run(real_server, tmp_path):
             "endpoint": "real",
             "train_model": real_server.model,
             "hot_load": "best_effort",
+            # the tiny model reads 1024 positions; the world's 31 tool schemas fill 5k
+            "tools_in_prompt": False,
         },
         **{key: quick[key] for key in ("rollout", "pool", "signals", "synthesis", "evaluation")},
         "training": {**load_preset("training-tiny"), "max_steps": 1, "batch_size": 2},

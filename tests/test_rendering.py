@@ -208,3 +208,18 @@ def test_token_exact_dpo_trains_on_the_generated_ids(tiny_build, tmp_path):
         progress=False,
     )
     assert result.skipped is None and result.steps > 0
+
+
+def test_rendering_a_prompt_longer_than_max_length_skips_the_step_and_says_why(
+    tiny_build, tmp_path
+):
+    task = load_split("validation")[0]
+    messages, _ = reference_conversation(WorldEnvironment(), task)
+    result = train_adapter(
+        tiny_training(max_length=64),
+        model_dir=tiny_build,
+        output_dir=tmp_path / "sft",
+        conversations=[TrainingConversation(messages=messages, tools=_world_tools(task))],
+        progress=False,
+    )
+    assert result.steps == 0 and "policy.tools_in_prompt: false" in (result.skipped or "")

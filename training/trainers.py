@@ -258,6 +258,18 @@ def _sft_trainer(
     from trl import SFTConfig, SFTTrainer
 
     dataset = sft_dataset(tokenizer, conversations, example_weights)
+    # A row whose first trained token lies past max_length teaches nothing once truncated
+    # (TRL drops it); when every row is such, say why instead of training zero steps.
+    starts = [mask.index(1) if 1 in mask else len(mask) for mask in dataset["assistant_masks"]]
+    if starts and min(starts) >= config.max_length:
+        return (
+            None,
+            0,
+            f"every example's first trained token lies past training.max_length "
+            f"({config.max_length}); the shortest prompt is {min(starts)} tokens (tool schemas "
+            "in the prompt cost thousands): raise training.max_length, or set "
+            "policy.tools_in_prompt: false",
+        )
     weighted = example_weights is not None
     grouped = config.sft_batching == "length_grouped"
     if grouped:
