@@ -120,13 +120,13 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         training = config.training
         tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
         tools_of = prompt_tools(rt, tasks_by_id)
-        # Rollouts train on the ids the model read and wrote; demonstrations are rendered
-        # with the policy's rendering and the tools its prompts carry.
+        # Rollouts train on the ids the model read and wrote (sft_token_ids), or are rendered
+        # like the demonstrations, with the policy's rendering and its prompts' tools.
         conversations = [
             TrainingConversation(
                 messages=json_arguments(t.messages),
                 tools=tools_of(t.task_id),
-                model_turns=t.model_turns,
+                model_turns=t.model_turns if training.sft_token_ids else [],
             )
             for t in successful_trajectories(
                 trajectories,
