@@ -443,7 +443,7 @@ def seal_grpo_trainer_class(multi_turn: bool = False) -> type:
 
     base: type = multi_turn_trainer_class() if multi_turn else GRPOTrainer
 
-    class SealGRPOTrainer(base):  # type: ignore[valid-type,misc]
+    class SealGRPOTrainer(base):
         def __init__(
             self,
             *args: Any,

@@ -78,7 +78,7 @@ class MultiTurnEpisode:
     steps: list[Step] = field(default_factory=list)
     model_turns: list[ModelTurn] = field(default_factory=list)
     last_ids: list[int] = field(default_factory=list)  # the last reply's prompt and reply
-    user_turns: int = 1  # user turns opened so far (the first is the prompt)
+    user_turns: int = 1  # user turns the model has been shown (the first is in the prompt)
     calls_this_turn: int = 0
     done: bool = False
     finished: bool = True
@@ -341,8 +341,6 @@ class MultiTurnRollout:
                 episode.messages = history
                 episode.done = True
                 return
-            episode.user_turns += 1
-            episode.calls_this_turn = 0
             new_messages.append({"role": "user", "content": query})
         else:
             turn = episode.user_turns - 1
@@ -371,6 +369,9 @@ class MultiTurnRollout:
             return
         episode.completion_ids.extend(delta)
         episode.env_mask.extend([0] * len(delta))
+        if message.is_final:  # the next user turn is now in front of the model
+            episode.user_turns += 1
+            episode.calls_this_turn = 0
 
     @staticmethod
     def _stop(episode: MultiTurnEpisode, reason: str) -> None:
