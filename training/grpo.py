@@ -1,6 +1,20 @@
-"""GRPO with the environment's verifier as reward, through TRL's ``environment_factory``.
+"""GRPO with the environment's verifier as reward: TRL's tool loop, or coevolve's multi-turn rollout.
 
-TRL 1.16 runs multi-step tool use itself: it samples ``num_generations``
+``training.grpo_rollout`` picks how an episode is played:
+
+- **multi_turn** (``training/multiturn_grpo.py``, a TRL ``rollout_func``): every
+  user turn of the task in one rollout, the model's replies kept as the ids it
+  generated, tool results and later user turns appended as rendered ids masked
+  out of the loss (``env_mask``), replies parsed as the in-process policy parses
+  them (plain call lines too). ``MultiTurnGRPOTrainer`` keeps the batch's rows
+  on the trainer, because the rollout_func gets only the prompts.
+- **tool_loop**: TRL's ``environment_factory`` loop, described below.
+- **auto** (default): multi_turn when a task has more than one user turn (BFCL
+  multi-turn) or TRL has no parser for the model's calls (SmolLM2's plain-calls
+  template), tool_loop otherwise (the world's single-turn tasks on the
+  bootstrap model's Qwen2.5 template).
+
+The tool loop: TRL 1.16 runs multi-step tool use itself: it samples ``num_generations``
 completions per prompt, parses ``<tool_call>`` blocks with the tokenizer's
 ``response_template``, calls the environment's methods of the same name, appends
 the results as tool messages (masked out of the loss) and generates again,
@@ -28,11 +42,11 @@ until the model answers without a call or ``max_tool_calling_iterations`` /
   ``response_template`` TRL's ``add_response_schema`` assigns the original
   template (Qwen2.5's ``<tool_call>`` JSON format).
 
-Limitations of this TRL version's loop, accepted here:
+Limitations of this TRL version's loop (not of multi_turn), accepted here:
 - **One user turn per episode**: TRL ends the episode at the first answer
-  without calls; there is no hook for a next user message. Tasks with more
-  than one turn (BFCL multi-turn) are left out of GRPO (logged); the world's
-  tasks are all single-turn.
+  without calls; there is no hook for a next user message. With
+  ``grpo_rollout: tool_loop``, tasks with more than one turn are left out of
+  GRPO (logged); ``auto`` plays them with the multi-turn rollout instead.
 - A call of a name the environment has no method for is answered by TRL
   (``{'error': 'Tool x not found.'}``), not by the environment's
   ``unknown_tool`` observation; arguments that are not a JSON object fail the
