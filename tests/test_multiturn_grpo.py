@@ -62,7 +62,9 @@ def _runs(mask):
     return runs
 
 
-# A budget the tiny model's long random replies can finish two turns in (its positions: 1024).
+# Room for two turns of the tiny model's random 96-token replies (its positions: 1024);
+# one tool-calling reply ends an episode, so about half the abstention episodes
+# fail and groups get reward spread (measured: 4-6 of 8 succeed per round).
 MULTI_TURN = {
     "algorithm": "grpo",
     "grpo_rollout": "multi_turn",
@@ -72,7 +74,8 @@ MULTI_TURN = {
     "grpo_prompts_per_step": 3,
     "grpo_num_generations": 4,
     "grpo_max_completion_length": 800,
-    "grpo_max_tool_calls": 3,
+    "grpo_max_tool_calls": 1,
+    "grpo_max_reply_tokens": 96,
 }
 
 
@@ -102,6 +105,7 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
             [t for t, m in zip(episode.completion_ids, episode.env_mask, strict=True) if not m]
         )
         assert episode.task.turns[1].query[:40] in env_text
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model = trainer.model
     model.eval()
     for row, episode in enumerate(episodes):
@@ -117,6 +121,12 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
         generated = [episode.completion_ids[a:b] for a, b, value in runs if value == 1]
         assert generated == episode.replies
         assert [value for _, _, value in runs] == [1, 0] * (len(episode.replies) - 1) + [1]
+        # A reply cut at grpo_max_reply_tokens is closed by an end-of-turn token the
+        # model did not write: environment side, out of the loss.
+        assert all(len(reply) <= config.grpo_max_reply_tokens for reply in episode.replies)
+        environment_runs = [episode.completion_ids[a:b] for a, b, value in runs if value == 0]
+        for reply, following in zip(episode.replies, environment_runs, strict=False):
+            assert (following[0] == end_of_turn) == (reply[-1] != end_of_turn)
         # ... and exactly what the model sampled in that context: the log-probability
         # the model gives each id over prompt + completion equals the one it had when
         # sampling it (kv_reuse's record, before temperature).

@@ -223,6 +223,14 @@ class TrainingConfig(BaseModel):
         "loss. auto: multi_turn when a task of the step has more than one user turn (BFCL) or "
         "TRL cannot parse the model's calls (SmolLM2's plain-calls template), else tool_loop.",
     )
+    grpo_max_reply_tokens: int = Field(
+        default=96,
+        gt=0,
+        description="multi_turn: most tokens of one reply, as the in-process policy's "
+        "max_new_tokens (96) in rollouts. A reply cut there is parsed as it stands and closed "
+        "with the end-of-turn token (masked out of the loss), as a rollout renders it; the "
+        "episode goes on. tool_loop ignores it (TRL caps the whole episode only).",
+    )
     # ------------------------------------------------------------------ seal
     seal: SealSettings = Field(
         default_factory=SealSettings,

@@ -366,6 +366,7 @@ def make_grpo_trainer(
             tools_in_prompt=tools_in_prompt,
             max_steps_per_turn=config.grpo_max_tool_calls,
             max_completion_tokens=config.grpo_max_completion_length,
+            max_reply_tokens=config.grpo_max_reply_tokens,
         )
         reward_funcs: list[Any] = [verifier_score]
     else:

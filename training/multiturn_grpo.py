@@ -26,11 +26,14 @@ whole episode itself, as the rollout engine (``agents.rollout``) does:
 The completion TRL trains on is the concatenation of generated ids (mask 1) and
 environment ids (mask 0); its prompt is the rendered opening. The reward is the
 verifier's ``env.score()`` at the end (an episode cut off before its last turn
-scores as it stands: 0 on BFCL). Bounds: ``grpo_max_tool_calls`` tool-calling
-replies per user turn (the rollout engine's ``max_steps``; the episode ends
-unfinished beyond it), and ``grpo_max_completion_length`` tokens of completion,
-generated and environment ids together (the episode ends unfinished when the
-next delta would not leave room for a reply).
+scores as it stands: 0 on BFCL). Bounds: ``grpo_max_reply_tokens`` per reply (the
+in-process policy's ``max_new_tokens``: a reply cut there is parsed as it stands
+and closed by a masked end-of-turn token, as a rollout renders it),
+``grpo_max_tool_calls`` tool-calling replies per user turn (the rollout engine's
+``max_steps``; the episode ends unfinished beyond it), and
+``grpo_max_completion_length`` tokens of completion, generated and environment
+ids together (the episode ends unfinished when the next delta would not leave
+room for a reply).
 
 Each episode also becomes a ``Trajectory`` (steps, messages, the token ids of
 every reply as ``model_turns``), so ``env.diagnose`` labels it for SEAL's
@@ -51,6 +54,7 @@ from typing import Any
 from ..agents.policy import AssistantMessage, Message, parse_assistant_text
 from ..agents.rendering import encode, render_conversation, turn_from_ids
 from ..envs.base import Environment
+from ..errors import PROGRAMMING_ERRORS
 from ..records import ModelTurn, Observation, Step, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -186,6 +190,7 @@ class MultiTurnRollout:
         tools_in_prompt: bool,
         max_steps_per_turn: int,
         max_completion_tokens: int,
+        max_reply_tokens: int | None = None,
     ) -> None:
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
@@ -195,6 +200,9 @@ class MultiTurnRollout:
         self.tools_in_prompt = tools_in_prompt
         self.max_steps_per_turn = max_steps_per_turn
         self.max_completion_tokens = max_completion_tokens
+        self.max_reply_tokens = min(
+            max_reply_tokens or max_completion_tokens, max_completion_tokens
+        )
         self.last_episodes: list[MultiTurnEpisode] = []
         self.__name__ = type(self).__name__  # TRL names the function in logs
 
@@ -282,7 +290,7 @@ class MultiTurnRollout:
                     model,
                     [e.prompt_ids + e.completion_ids for e in live],
                     cache,
-                    max_new_tokens=max(budgets),
+                    max_new_tokens=min(max(budgets), self.max_reply_tokens),
                     eos_token_id=eot,
                     pad_token_id=pad,
                     temperature=temperature,
@@ -298,7 +306,15 @@ class MultiTurnRollout:
         finally:
             model.train(was_training)
         for episode in episodes:
-            episode.score = float(episode.env.score())
+            try:
+                episode.score = float(episode.env.score())
+            except PROGRAMMING_ERRORS:
+                raise
+            except Exception as err:  # a boundary: BFCL's checker (third-party) reruns the calls
+                logger.warning(
+                    "verifier failed on %s: %s: %s", episode.task.id, type(err).__name__, err
+                )
+                episode.score = 0.0
         return episodes
 
     def _tools(self, env: Environment) -> list[dict[str, Any]] | None:
@@ -324,7 +340,8 @@ class MultiTurnRollout:
         episode.logprobs.append(list(logprobs))
         episode.completion_ids.extend(reply)
         episode.env_mask.extend([1] * len(reply))
-        if not reply or reply[-1] != eot:
+        closed = bool(reply) and reply[-1] == eot
+        if not closed and len(episode.completion_ids) >= self.max_completion_tokens:
             self._stop(episode, "token budget spent inside a reply")
             return
         text = tokenizer.decode([t for t in reply if t not in drop], skip_special_tokens=False)
@@ -362,6 +379,10 @@ class MultiTurnRollout:
                 self._stop(episode, f"{self.max_steps_per_turn} tool-calling replies in one turn")
                 return
         delta = rendered_delta(tokenizer, history, new_messages, self._tools(episode.env), eot_text)
+        if not closed:
+            # Cut at max_reply_tokens: the template closes the message with the
+            # end-of-turn token, which the model did not write (so it is masked).
+            delta = [eot, *delta]
         episode.messages = [*history, *new_messages]
         # Room for the delta and at least one generated token, or the episode ends here.
         if len(episode.completion_ids) + len(delta) >= self.max_completion_tokens:
