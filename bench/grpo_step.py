@@ -5,8 +5,8 @@
 
 Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 ``--steps`` optimisation steps, each on a fresh generation round of
-``--prompts`` tasks x ``--generations`` episodes (batch = the round, no
-accumulation). Both kinds go through the multi-turn rollout
+``--prompts`` tasks x ``--generations`` episodes (batch = the round, or
+``--micro-batch`` episodes per forward/backward with gradient accumulation). Both kinds go through the multi-turn rollout
 (``training/multiturn_grpo.py``): TRL's own tool loop cannot parse SmolLM2's
 plain-call replies, so ``grpo_rollout: auto`` picks it for the world too. The
 world's tasks are single-turn (train split); BFCL's are multi_turn_base
@@ -53,6 +53,13 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4, help="episodes per task (G)")
     parser.add_argument("--world-tokens", type=int, default=384, help="episode token budget")
     parser.add_argument("--bfcl-tokens", type=int, default=1024, help="episode token budget")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="episodes per forward/backward (default: the whole round); full-vocabulary "
+        "logits of 8 episodes of 1k tokens need ~20 GB, so use 2 for BFCL at 1024 tokens",
+    )
     args = parser.parse_args()
 
     import torch
@@ -83,7 +90,10 @@ def main() -> None:
             algorithm="grpo",
             device="cpu",
             max_steps=args.steps,
-            batch_size=args.prompts * args.generations,
+            batch_size=args.micro_batch or args.prompts * args.generations,
+            gradient_accumulation_steps=(
+                args.prompts * args.generations // args.micro_batch if args.micro_batch else 1
+            ),
             grpo_prompts_per_step=args.prompts,
             grpo_num_generations=args.generations,
             grpo_max_completion_length=budget,
