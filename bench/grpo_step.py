@@ -1,0 +1,141 @@
+"""Benchmark: seconds per GRPO step on SmolLM2-135M-Instruct, single-turn world and multi-turn BFCL.
+
+    .venv/bin/python bench/grpo_step.py [--model DIR] [--kinds world,bfcl] [--steps 2] \
+        [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024]
+
+Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
+``--steps`` optimisation steps, each on a fresh generation round of
+``--prompts`` tasks x ``--generations`` episodes (batch = the round, or
+``--micro-batch`` episodes per forward/backward with gradient accumulation). Both kinds go through the multi-turn rollout
+(``training/multiturn_grpo.py``): TRL's own tool loop cannot parse SmolLM2's
+plain-call replies, so ``grpo_rollout: auto`` picks it for the world too. The
+world's tasks are single-turn (train split); BFCL's are multi_turn_base
+(train split), every user turn played. Prints, per kind, seconds per step
+(TRL's ``step_time``: generation, reward and the update), the mean episode in
+generated / environment tokens and user turns, and the whole run's wall time.
+
+The model defaults to the converted SmolLM2 base (``training/smollm2.py``,
+cached under ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``; the first conversion
+takes 30-55 s and is not counted). Not run by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def _tasks(kind: str, count: int) -> tuple[list, object]:
+    if kind == "world":
+        from coevolve.envs.world import WorldEnvironment, load_split
+
+        return load_split("train")[:count], WorldEnvironment
+    if kind == "bfcl":
+        from coevolve.envs.bfcl import BfclEnvironment, load_tasks
+
+        return load_tasks("multi_turn_base", split="train")[:count], BfclEnvironment
+    raise SystemExit(f"unknown kind {kind!r}: world or bfcl")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model directory (default: SmolLM2 base)")
+    parser.add_argument("--kinds", default="world,bfcl")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=2, help="tasks per generation round")
+    parser.add_argument("--generations", type=int, default=4, help="episodes per task (G)")
+    parser.add_argument("--world-tokens", type=int, default=384, help="episode token budget")
+    parser.add_argument("--bfcl-tokens", type=int, default=1024, help="episode token budget")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="episodes per forward/backward (default: the whole round); full-vocabulary "
+        "logits of 8 episodes of 1k tokens need ~20 GB, so use 2 for BFCL at 1024 tokens",
+    )
+    args = parser.parse_args()
+
+    import torch
+
+    from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.config import TrainingConfig
+    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.trainer_common import common_arguments, quiet_trainer
+
+    if args.model is None:
+        from coevolve.training.smollm2 import base_model_dir
+
+        started = time.perf_counter()
+        model_dir = base_model_dir(progress=True)
+        print(f"SmolLM2 base ready in {time.perf_counter() - started:.1f} s: {model_dir}")
+    else:
+        model_dir = Path(args.model)
+    print(
+        f"model {model_dir.name}, {args.steps} steps of {args.prompts} tasks x "
+        f"{args.generations} episodes, torch threads {torch.get_num_threads()}, "
+        f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
+    )
+    for kind in args.kinds.split(","):
+        tasks, make_env = _tasks(kind, args.prompts)
+        budget = args.world_tokens if kind == "world" else args.bfcl_tokens
+        config = TrainingConfig(
+            algorithm="grpo",
+            device="cpu",
+            max_steps=args.steps,
+            batch_size=args.micro_batch or args.prompts * args.generations,
+            gradient_accumulation_steps=(
+                args.prompts * args.generations // args.micro_batch if args.micro_batch else 1
+            ),
+            grpo_prompts_per_step=args.prompts,
+            grpo_num_generations=args.generations,
+            grpo_max_completion_length=budget,
+            max_length=budget + 1024,
+        )
+        work = Path(tempfile.mkdtemp(prefix="coevolve-grpo-bench-"))
+        tokenizer = load_tokenizer(model_dir)
+        trainer, _, reason = make_grpo_trainer(
+            config,
+            model_dir=model_dir,
+            previous_adapter=None,
+            tokenizer=tokenizer,
+            tasks=tasks,
+            make_env=make_env,  # type: ignore[arg-type]
+            system_prompt=POLICY_SYSTEM_PROMPT,
+            arguments=common_arguments(config, "cpu", work, progress=False),
+        )
+        if trainer is None:
+            raise SystemExit(f"{kind}: {reason}")
+        quiet_trainer(trainer, progress=False)
+        started = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - started
+        logs = [entry for entry in trainer.state.log_history if "step_time" in entry]
+        seconds = [entry["step_time"] for entry in logs]
+        episodes = trainer.rollout_func.last_episodes
+        generated = sum(sum(e.env_mask) for e in episodes) / len(episodes)
+        environment = sum(len(e.env_mask) - sum(e.env_mask) for e in episodes) / len(episodes)
+        turns = [entry.get("multi_turn/user_turns", float("nan")) for entry in logs]
+        rewards = ", ".join(f"{entry.get('reward', 0.0):.2f}" for entry in logs)
+        print(
+            f"{kind}: {type(trainer).__name__}, s/step {', '.join(f'{s:.1f}' for s in seconds)} "
+            f"(mean {sum(seconds) / len(seconds):.1f}); last round's mean episode: "
+            f"{generated:.0f} generated + {environment:.0f} environment tokens, "
+            f"prompt {sum(len(e.prompt_ids) for e in episodes) / len(episodes):.0f}; "
+            f"user turns per episode {', '.join(f'{t:.2f}' for t in turns)} "
+            f"(tasks have {', '.join(str(len(t.turns)) for t in tasks)}); "
+            f"reward {rewards}; "
+            f"wall {wall:.1f} s, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Multi-turn GRPO (training/multiturn_grpo.py): a real TRL GRPOTrainer plays BFCL
+multi-turn episodes through every user turn, on exactly the ids the model generated."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+
+from coevolve.testing.presets import tiny_training
+from coevolve.training.config import TrainingConfig
+
+BFCL_SYSTEM_PROMPT = "Use the tools."
+
+
+def _bfcl_tasks():
+    pytest.importorskip("bfcl_eval")
+    from coevolve.envs.bfcl import load_tasks
+
+    return [task for task in load_tasks("multi_turn_base", split="train") if len(task.turns) == 2]
+
+
+def _abstention_task(task):
+    """The entry with every turn an irrelevance turn (empty ground truth, as the turns that
+    only bring held-out tools in multi_turn_miss_func): BFCL's checker accepts any episode
+    that closes every turn, so even the tiny model's random replies get reward spread from
+    the real verifier (episodes cut off by a budget score 0)."""
+    turns = [turn.model_copy(update={"reference_calls": []}) for turn in task.turns]
+    setup = {**task.setup, "ground_truth": [[] for _ in task.turns]}
+    return task.model_copy(update={"id": f"{task.id}_abstain", "turns": turns, "setup": setup})
+
+
+def _trainer(tiny_build, tmp_path, config, tasks):
+    from coevolve.envs.bfcl import BfclEnvironment
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.trainers import common_arguments
+
+    trainer, examples, reason = make_grpo_trainer(
+        config,
+        model_dir=tiny_build,
+        previous_adapter=None,
+        tokenizer=load_tokenizer(tiny_build),
+        tasks=tasks,
+        make_env=BfclEnvironment,
+        system_prompt=BFCL_SYSTEM_PROMPT,
+        arguments=common_arguments(config, "cpu", tmp_path, progress=False),
+    )
+    assert reason is None and examples == len(tasks)
+    return trainer
+
+
+def _runs(mask):
+    """(start, end, value) of each run of equal values in a 0/1 mask."""
+    runs, start = [], 0
+    for index in range(1, len(mask) + 1):
+        if index == len(mask) or mask[index] != mask[start]:
+            runs.append((start, index, mask[start]))
+            start = index
+    return runs
+
+
+# Room for two turns of the tiny model's random 96-token replies (its positions: 1024);
+# one tool-calling reply ends an episode, so about half the abstention episodes
+# fail and groups get reward spread (measured: 4-6 of 8 succeed per round).
+MULTI_TURN = {
+    "algorithm": "grpo",
+    "grpo_rollout": "multi_turn",
+    "max_steps": 1,
+    "max_length": 1024,
+    "batch_size": 12,
+    "grpo_prompts_per_step": 3,
+    "grpo_num_generations": 4,
+    "grpo_max_completion_length": 800,
+    "grpo_max_tool_calls": 1,
+    "grpo_max_reply_tokens": 96,
+}
+
+
+def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_path):
+    bfcl = _bfcl_tasks()
+    tasks = [bfcl[0], _abstention_task(bfcl[1]), _abstention_task(bfcl[2])]
+    config = tiny_training(**MULTI_TURN)
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    assert type(trainer).__name__ == "MultiTurnGRPOTrainer"
+    tokenizer = trainer.processing_class
+    rows = {row["task"]: row for row in trainer.train_dataset}
+    assert len(rows) == 3  # the multi-turn tasks are kept, not left out
+    batch = [dict(row) for row in rows.values() for _ in range(config.grpo_num_generations)]
+
+    # One generation round through TRL, before any update, inspected token by token.
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(batch)
+    episodes = trainer.rollout_func.last_episodes
+    assert len(episodes) == len(batch)
+    completion_ids, tool_mask = output["completion_ids"], output["tool_mask"]
+    loss_mask = output["completion_mask"] * tool_mask  # what TRL's loss weighs
+    several_turns = [e for e in episodes if e.user_turns > 1]
+    assert several_turns, "no episode reached a second user turn"
+    for episode in several_turns:
+        # The second user turn reached the model: its query is in the environment's tokens.
+        env_text = tokenizer.decode(
+            [t for t, m in zip(episode.completion_ids, episode.env_mask, strict=True) if not m]
+        )
+        assert episode.task.turns[1].query[:40] in env_text
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model = trainer.model
+    model.eval()
+    for row, episode in enumerate(episodes):
+        length = len(episode.completion_ids)
+        assert completion_ids[row, :length].tolist() == episode.completion_ids
+        assert tool_mask[row, :length].tolist() == episode.env_mask
+        assert loss_mask[row].sum().item() == sum(map(len, episode.replies))
+        prompt = output["prompt_ids"][row][output["prompt_mask"][row].bool()].tolist()
+        assert prompt == episode.prompt_ids
+        # Generated ids (mask 1) are the replies verbatim, in order, each followed by
+        # environment ids (mask 0) only when the episode went on.
+        runs = _runs(episode.env_mask)
+        generated = [episode.completion_ids[a:b] for a, b, value in runs if value == 1]
+        assert generated == episode.replies
+        assert [value for _, _, value in runs] == [1, 0] * (len(episode.replies) - 1) + [1]
+        # A reply cut at grpo_max_reply_tokens is closed by an end-of-turn token the
+        # model did not write: environment side, out of the loss.
+        assert all(len(reply) <= config.grpo_max_reply_tokens for reply in episode.replies)
+        environment_runs = [episode.completion_ids[a:b] for a, b, value in runs if value == 0]
+        for reply, following in zip(episode.replies, environment_runs, strict=False):
+            assert (following[0] == end_of_turn) == (reply[-1] != end_of_turn)
+        # ... and exactly what the model sampled in that context: the log-probability
+        # the model gives each id over prompt + completion equals the one it had when
+        # sampling it (kv_reuse's record, before temperature).
+        ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].float()
+        scores = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        start = len(episode.prompt_ids)
+        positions = [start + i - 1 for i, m in enumerate(episode.env_mask) if m]
+        recorded = [score for reply in episode.logprobs for score in reply]
+        assert scores[positions].tolist() == pytest.approx(recorded, abs=1e-4)
+        # The record SEAL diagnoses: BFCL labels one per ground-truth user turn.
+        trajectory = episode.trajectory()
+        assert len(trajectory.model_turns) == len(episode.replies)
+        assert len(episode.diagnosis()) == len(episode.task.turns)
+    # The reward TRL used is the verifier's score of each episode (0 unless every turn closed).
+    rewards = list(trainer._logs["rewards"]["verifier_score"])[-len(episodes) :]
+    assert rewards == [episode.score for episode in episodes]
+    assert all(e.finished for e, reward in zip(episodes, rewards, strict=True) if reward > 0)
+
+    # One optimisation step: the adapter changes where a group has reward spread.
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    logged = trainer.state.log_history[0]
+    assert logged["frac_reward_zero_std"] < 1.0, "no group had reward spread"
+    assert logged["multi_turn/user_turns"] > 1.0
+    changed = [
+        n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])
+    ]
+    assert changed and all("lora_" in n for n in changed)
+    print(f"\nmulti-turn BFCL GRPO step on the tiny model: {seconds:.2f} s ({len(batch)} episodes)")
+
+
+def test_multi_turn_grpo_seal_reweights_diagnosed_episodes(tiny_build, tmp_path):
+    from coevolve.training.seal import CapabilityState, trajectory_weight
+
+    bfcl = _bfcl_tasks()
+    config = tiny_training(
+        **{**MULTI_TURN, "batch_size": 8, "grpo_prompts_per_step": 2},
+        seal={"reweight": {"enable": True, "dynamic": {"enable": True}}},
+    )
+    trainer = _trainer(tiny_build, tmp_path, config, [bfcl[0], _abstention_task(bfcl[1])])
+    assert type(trainer).__name__ == "SealGRPOTrainer"
+    assert isinstance(trainer.capability_state, CapabilityState)
+    trainer.model.train()
+    batch = [dict(row) for row in trainer.train_dataset for _ in range(config.grpo_num_generations)]
+    output = trainer._generate_and_score_completions(batch)
+    episodes = trainer.rollout_func.last_episodes
+    labels = trainer.last_seal_labels
+    assert labels == [episode.diagnosis() for episode in episodes]
+    assert [len(episode_labels) for episode_labels in labels] == [2] * len(episodes)
+    assert trainer.last_seal_weights == [
+        trajectory_weight(episode_labels, config.seal.reweight, trainer.capability_state)
+        for episode_labels in labels
+    ]
+    raw = list(trainer._logs["advantages"])[-len(episodes) :]
+    expected = [a * w for a, w in zip(raw, trainer.last_seal_weights, strict=True)]
+    assert output["advantages"].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_build):
+    from coevolve.envs.world import load_split
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.chat_template import PLAIN_CALLS_TEMPLATE
+    from coevolve.training.grpo import choose_rollout
+
+    tokenizer = load_tokenizer(tiny_build)  # TRL's Qwen2.5 template: TRL parses its calls
+    world = load_split("train")[:2]
+    bfcl = _bfcl_tasks()[:1]
+    auto = TrainingConfig(algorithm="grpo")
+    assert auto.grpo_rollout == "auto"
+    assert choose_rollout(auto, world, tokenizer) == "tool_loop"
+    assert choose_rollout(auto, world + bfcl, tokenizer) == "multi_turn"
+    plain = copy.copy(tokenizer)
+    plain.chat_template = PLAIN_CALLS_TEMPLATE  # SmolLM2's: no parser in TRL
+    assert choose_rollout(auto, world, plain) == "multi_turn"
+    assert getattr(plain, "response_template", None) is None  # asking changed nothing
+    forced = TrainingConfig(algorithm="grpo", grpo_rollout="tool_loop")
+    assert choose_rollout(forced, bfcl, tokenizer) == "tool_loop"
+
+
+def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(tiny_build, tmp_path):
+    from coevolve.envs.bfcl import BfclEnvironment
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.trainers import common_arguments
+
+    config = tiny_training(algorithm="grpo", grpo_rollout="tool_loop")
+    trainer, examples, reason = make_grpo_trainer(
+        config,
+        model_dir=tiny_build,
+        previous_adapter=None,
+        tokenizer=load_tokenizer(tiny_build),
+        tasks=_bfcl_tasks()[:2],
+        make_env=BfclEnvironment,
+        system_prompt=BFCL_SYSTEM_PROMPT,
+        arguments=common_arguments(config, "cpu", tmp_path, progress=False),
+    )
+    assert trainer is None and examples == 0
+    assert reason is not None and "grpo_rollout: multi_turn" in reason
+
+
+def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.multiturn_grpo import TemplateNotPrefixPreserving, rendered_delta
+
+    tokenizer = load_tokenizer(tiny_build)
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    delta = rendered_delta(
+        tokenizer, history, [{"role": "user", "content": "more"}], None, "<|im_end|>"
+    )
+    text = tokenizer.decode(delta)
+    assert text.startswith("\n<|im_start|>user\nmore<|im_end|>")
+    assert text.endswith("<|im_start|>assistant\n")
+    # A template that shows only the last message: earlier text changes as turns follow.
+    tokenizer.chat_template = (
+        "{{ messages[-1]['content'] }}<|im_end|>"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateNotPrefixPreserving, match="grpo_rollout: tool_loop"):
+        rendered_delta(
+            tokenizer, history, [{"role": "user", "content": "more"}], None, "<|im_end|>"
+        )
+
+
+def test_multi_turn_config_field_is_documented_and_checked():
+    field = TrainingConfig.model_fields["grpo_rollout"]
+    assert field.description and "multi_turn" in field.description
+    with pytest.raises(ValueError, match="'auto', 'tool_loop' or 'multi_turn'"):
+        TrainingConfig.model_validate({"grpo_rollout": "multiturn"})
