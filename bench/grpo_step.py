@@ -32,16 +32,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
+# The bench's episode kinds: an environment of the registry and its category (the world
+# has none and ignores it).
+KINDS = {"world": ("world", "multi_turn_base"), "bfcl": ("bfcl", "multi_turn_base")}
+
+
 def _tasks(kind: str, count: int) -> tuple[list, object]:
-    if kind == "world":
-        from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.envs.catalog import load_tasks
+    from coevolve.envs.registry import get_environment
 
-        return load_split("train")[:count], WorldEnvironment
-    if kind == "bfcl":
-        from coevolve.envs.bfcl import BfclEnvironment, load_tasks
-
-        return load_tasks("multi_turn_base", split="train")[:count], BfclEnvironment
-    raise SystemExit(f"unknown kind {kind!r}: world or bfcl")
+    if kind not in KINDS:
+        raise SystemExit(f"unknown kind {kind!r}: {' or '.join(KINDS)}")
+    name, category = KINDS[kind]
+    tasks = load_tasks(name, split="train", category=category)
+    return tasks[:count], get_environment(name).environment
 
 
 def main() -> None:
@@ -85,7 +89,7 @@ def main() -> None:
     )
     for kind in args.kinds.split(","):
         tasks, make_env = _tasks(kind, args.prompts)
-        budget = args.world_tokens if kind == "world" else args.bfcl_tokens
+        budget = {"world": args.world_tokens, "bfcl": args.bfcl_tokens}[kind]
         config = TrainingConfig(
             algorithm="grpo",
             device="cpu",

@@ -54,7 +54,14 @@ def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> 
     return {
         "run_dir": str(run_dir),
         "cycles": cycles,
-        "policy": {"kind": "endpoint", "endpoint": "agent", "train_model": str(model_dir)},
+        # The tiny model reads 1024 positions and the world's 31 tool schemas fill 5k: the
+        # prompts carry none (the endpoint default would send and train them).
+        "policy": {
+            "kind": "endpoint",
+            "endpoint": "agent",
+            "train_model": str(model_dir),
+            "tools_in_prompt": False,
+        },
         "endpoints": {
             "agent": {
                 "base_url": server.base_url,

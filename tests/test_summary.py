@@ -103,6 +103,7 @@ CURRENT: dict[str, Any] = {
     "pool": {"added": 10, "seed": 100, "synthesized": 14, "size": 114, "time_s": 0.1},
     "train": {
         **TRAIN_RESULT,
+        "world_size": 1,  # added with launched training steps (DDP); older summaries lack it
         "failure": None,
         "failure_adapter": None,
         "hard_negatives": {},
