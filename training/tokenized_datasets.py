@@ -58,7 +58,9 @@ def sft_dataset(
             found = [{**row, "example_weight": float(example_weights[index])} for row in found]
         rows.extend(found)
     if exact:
-        logger.info("%d of %d SFT conversations train on their own token ids", exact, len(rows))
+        logger.info(
+            "%d of %d SFT conversations train on their own token ids", exact, len(conversations)
+        )
     return Dataset.from_list(rows)
 
 
