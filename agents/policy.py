@@ -176,6 +176,11 @@ def _parse_each(
     return calls, invalid
 
 
+# json.dumps builds a new encoder for every call with non-default options; one encoder
+# serves every tool call of a rollout (the same text as json.dumps(..., ensure_ascii=False)).
+_ARGUMENTS_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:
     """A ToolCall as an OpenAI ``tool_calls`` entry."""
     return {
@@ -183,7 +188,7 @@ def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:
         "type": "function",
         "function": {
             "name": call.name,
-            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            "arguments": _ARGUMENTS_ENCODER.encode(call.arguments),
         },
     }
 

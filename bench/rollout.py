@@ -15,7 +15,9 @@
 (b) endpoint: 256 episodes x 5 replies (4 tool calls, then an answer) against
     the scripted test server at 50 ms per reply and concurrency 64, against the
     ideal ceil(256/64) * 5 * 50 ms. Target <= 1.25x. The server runs in its own
-    process, as a real endpoint would; on a small machine it competes with the
+    process, as a real endpoint would, on one event loop as vLLM's does
+    (``--server threads``: the tests' thread-per-connection server instead); on
+    a small machine it competes with the
     client for the cores, so both CPU figures are printed: client CPU per
     request is the client process's CPU time over the requests it made.
 """
@@ -40,7 +42,11 @@ def _free_port() -> int:
 
 
 def bench_endpoint(
-    episodes: int = 256, replies: int = 5, concurrency: int = 64, delay_s: float = 0.05
+    episodes: int = 256,
+    replies: int = 5,
+    concurrency: int = 64,
+    delay_s: float = 0.05,
+    server_kind: str = "asyncio",
 ) -> float:
     from coevolve.agents.endpoint_policy import EndpointPolicy
     from coevolve.agents.rollout import run_rollouts
@@ -59,6 +65,7 @@ def bench_endpoint(
             str(delay_s),
             "--calls-then-answer",
             str(replies - 1),
+            *(["--asyncio"] if server_kind == "asyncio" else []),
         ],
         stdout=subprocess.DEVNULL,
     )
@@ -100,7 +107,8 @@ def bench_endpoint(
     ideal = math.ceil(episodes / concurrency) * replies * delay_s
     ratio = wall / ideal
     print(
-        f"(b) endpoint: {episodes} episodes x {replies} replies, concurrency {concurrency}, {delay_s * 1000:.0f} ms/reply"
+        f"(b) endpoint: {episodes} episodes x {replies} replies, concurrency {concurrency}, {delay_s * 1000:.0f} ms/reply, "
+        f"scripted server on {'one event loop' if server_kind == 'asyncio' else 'a thread per connection'}"
     )
     print(
         f"    wall {wall:.2f} s, ideal {ideal:.2f} s, ratio {ratio:.2f}x (target <= 1.25x)  errors={errors} tool calls/episode={sorted(steps)}"
@@ -237,11 +245,18 @@ def main() -> None:
     parser.add_argument(
         "--model", help="(a): a model directory instead of the default bootstrap model"
     )
+    parser.add_argument(
+        "--server",
+        choices=["asyncio", "threads"],
+        default="asyncio",
+        help="(b): the scripted server on one event loop, as vLLM's (default), or the tests' "
+        "thread-per-connection server",
+    )
     args = parser.parse_args()
     if args.part in ("both", "inprocess"):
         bench_inprocess(model_path=args.model)
     if args.part in ("both", "endpoint"):
-        bench_endpoint()
+        bench_endpoint(server_kind=args.server)
     if args.part == "episodes":
         bench_episodes(model_path=args.model)
 

@@ -632,6 +632,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="N",
         help="call get_balance until the conversation has N tool results, then answer",
     )
+    parser.add_argument(
+        "--asyncio",
+        action="store_true",
+        help="serve chat completions on one event loop (testing/async_openai_server.py), as "
+        "vLLM does, instead of a thread per connection: for throughput benchmarks",
+    )
     args = parser.parse_args(argv)
     script: Script | None = [args.reply] if args.reply is not None else None
     if args.calls_then_answer is not None:
@@ -646,6 +652,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=args.host,
         port=args.port,
     )
+    if args.asyncio:
+        import asyncio
+
+        from .async_openai_server import serve
+
+        print(
+            f"serving {', '.join(server.models)} at http://{args.host}:{args.port}/v1", flush=True
+        )
+        try:
+            asyncio.run(serve(server, args.host, args.port))
+        except KeyboardInterrupt:
+            pass
+        return
     with server:
         print(f"serving {', '.join(server.models)} at {server.base_url} (Ctrl-C stops)", flush=True)
         try:

@@ -270,3 +270,41 @@ def test_stop_cuts_a_delay_short():
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 2.0
+
+
+def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
+    """`--asyncio` (the fan-out bench's server): the same script, on one event loop."""
+    import socket
+    import subprocess
+    import sys
+
+    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.config import EndpointConfig
+    from coevolve.envs.world import WorldEnvironment, load_split
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "coevolve.testing.openai_server", "--asyncio"]
+    command += ["--port", str(port), "--calls-then-answer", "2", "--delay", "0.01"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        base_url = f"http://127.0.0.1:{port}/v1"
+        for _ in range(200):
+            try:
+                models = httpx.get(f"{base_url}/models", timeout=1).json()
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert [m["id"] for m in models["data"]] == ["scripted-model"]
+        assert httpx.post(f"{base_url}/nowhere", json={}).status_code == 404
+        assert httpx.post(f"{base_url}/chat/completions", content=b"{").status_code == 400
+        policy = EndpointPolicy(EndpointConfig(base_url=base_url, model="scripted-model"))
+        tasks = load_split("validation")[:8]
+        trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False)
+        assert all(t.error is None and t.final_answer == "done" for t in trajectories)
+        assert [len(t.steps) for t in trajectories] == [2] * 8
+    finally:
+        server.terminate()
+        server.wait()
