@@ -58,14 +58,15 @@ def bench_endpoint(
         [
             sys.executable,
             "-m",
-            "coevolve.testing.openai_server",
+            "coevolve.testing.async_openai_server"
+            if server_kind == "asyncio"
+            else "coevolve.testing.openai_server",
             "--port",
             str(port),
             "--delay",
             str(delay_s),
             "--calls-then-answer",
             str(replies - 1),
-            *(["--asyncio"] if server_kind == "asyncio" else []),
         ],
         stdout=subprocess.DEVNULL,
     )

@@ -7,16 +7,25 @@ sets the pace of a lockstep rollout. vLLM's server is one event loop; so is this
 one. It answers ``GET /v1/models`` and ``POST /v1/chat/completions`` with the same
 script and the same completion bodies as the threaded server, and nothing else:
 error replies, dropped connections and recorded requests are the threaded
-server's business. ``python -m coevolve.testing.openai_server --asyncio`` runs it.
+server's business. ``python -m coevolve.testing.async_openai_server`` runs it, with
+the threaded server's command-line options.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
 from typing import Any
 
-from .openai_server import _DECODE_ERRORS, CHAT_PATH, ScriptedOpenAIServer, _dumps, _loads
+from .openai_server import (
+    _DECODE_ERRORS,
+    CHAT_PATH,
+    ScriptedOpenAIServer,
+    _dumps,
+    _loads,
+    server_from_args,
+)
 
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error"}
 
@@ -86,3 +95,16 @@ async def _answer(
 
 def _error(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "param": None}}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    server, args = server_from_args(argv, prog="python -m coevolve.testing.async_openai_server")
+    print(f"serving {', '.join(server.models)} at http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        asyncio.run(serve(server, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -613,9 +613,12 @@ class _Handler(BaseHTTPRequestHandler):
 # --------------------------------------------------------------------------- manual use
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def server_from_args(
+    argv: Sequence[str] | None = None, prog: str = "python -m coevolve.testing.openai_server"
+) -> tuple[ScriptedOpenAIServer, argparse.Namespace]:
+    """The server the command line asks for (not started), and the parsed arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m coevolve.testing.openai_server",
+        prog=prog,
         description="A local OpenAI-compatible server that echoes (or repeats one reply).",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -632,12 +635,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="N",
         help="call get_balance until the conversation has N tool results, then answer",
     )
-    parser.add_argument(
-        "--asyncio",
-        action="store_true",
-        help="serve chat completions on one event loop (testing/async_openai_server.py), as "
-        "vLLM does, instead of a thread per connection: for throughput benchmarks",
-    )
     args = parser.parse_args(argv)
     script: Script | None = [args.reply] if args.reply is not None else None
     if args.calls_then_answer is not None:
@@ -652,19 +649,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=args.host,
         port=args.port,
     )
-    if args.asyncio:
-        import asyncio
+    return server, args
 
-        from .async_openai_server import serve
 
-        print(
-            f"serving {', '.join(server.models)} at http://{args.host}:{args.port}/v1", flush=True
-        )
-        try:
-            asyncio.run(serve(server, args.host, args.port))
-        except KeyboardInterrupt:
-            pass
-        return
+def main(argv: Sequence[str] | None = None) -> None:
+    server, _ = server_from_args(argv)
     with server:
         print(f"serving {', '.join(server.models)} at {server.base_url} (Ctrl-C stops)", flush=True)
         try:

@@ -273,7 +273,7 @@ def test_stop_cuts_a_delay_short():
 
 
 def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
-    """`--asyncio` (the fan-out bench's server): the same script, on one event loop."""
+    """The fan-out bench's server: the same script, on one event loop."""
     import socket
     import subprocess
     import sys
@@ -286,7 +286,7 @@ def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "coevolve.testing.openai_server", "--asyncio"]
+    command = [sys.executable, "-m", "coevolve.testing.async_openai_server"]
     command += ["--port", str(port), "--calls-then-answer", "2", "--delay", "0.01"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
