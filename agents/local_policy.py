@@ -25,10 +25,7 @@ from jinja2 import TemplateError
 from ..errors import PROGRAMMING_ERRORS
 from ..tokenization import load_tokenizer
 from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text
-from .rendering import encode, render_conversation
-
-# Text the parser needs even where a tokenizer marks it special.
-_KEEP_TOKENS = ("<tool_call>", "</tool_call>")
+from .rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
 
 
 def _first_user_index(messages: Sequence[Message]) -> int:
@@ -104,15 +101,7 @@ class LocalPolicy:
             else self.eos_token_id
         )
         # Special tokens are dropped from replies, except the tool-call tags the parser needs.
-        self._drop_ids = {
-            token_id
-            for token_id, token in self.tokenizer.added_tokens_decoder.items()
-            if token.special and token.content not in _KEEP_TOKENS
-        } | {
-            token_id
-            for token_id in self.tokenizer.all_special_ids
-            if self.tokenizer.convert_ids_to_tokens(token_id) not in _KEEP_TOKENS
-        }
+        self._drop_ids = reply_drop_ids(self.tokenizer)
         self.max_positions = int(
             getattr(self.base_model.config, "max_position_embeddings", 0)
             or self.tokenizer.model_max_length
@@ -377,12 +366,12 @@ class LocalPolicy:
         )
 
     def _eos_id(self) -> int:
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id and im_end >= 0:
-            return im_end
-        if self.tokenizer.eos_token_id is None:
-            raise PolicyError(f"the tokenizer at {self.model_path} has no end-of-turn token")
-        return int(self.tokenizer.eos_token_id)
+        try:
+            return end_of_turn_id(self.tokenizer)
+        except ValueError as err:
+            raise PolicyError(
+                f"the tokenizer at {self.model_path} has no end-of-turn token"
+            ) from err
 
     async def aclose(self) -> None:
         """Drop the model so its memory can be freed."""

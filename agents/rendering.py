@@ -50,6 +50,34 @@ def render_conversation(
     )
 
 
+# Text the parser needs even where a tokenizer marks it special.
+_KEEP_TOKENS = ("<tool_call>", "</tool_call>")
+
+
+def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The token a reply ends with: ``<|im_end|>`` where the vocabulary has it, else the
+    tokenizer's end-of-sequence token (ValueError when it has neither)."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end >= 0:
+        return im_end
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no end-of-turn token")
+    return int(tokenizer.eos_token_id)
+
+
+def reply_drop_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Special tokens dropped from a reply before it is parsed, except the tool-call tags."""
+    return {
+        token_id
+        for token_id, token in tokenizer.added_tokens_decoder.items()
+        if token.special and token.content not in _KEEP_TOKENS
+    } | {
+        token_id
+        for token_id in tokenizer.all_special_ids
+        if tokenizer.convert_ids_to_tokens(token_id) not in _KEEP_TOKENS
+    }
+
+
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Rendered text as ids: the template wrote every special token, so none are added."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

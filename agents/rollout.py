@@ -78,31 +78,45 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
             episode.calls = 0
             episode.messages.append({"role": "user", "content": query})
         return
-    for call in reply.tool_calls:
-        observation = episode.env.step(call)
-        episode.steps.append(Step(turn=episode.turn, call=call, observation=observation))
-        episode.messages.append(
-            {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
-        )
-    for bad in reply.invalid_tool_calls:
-        observation = Observation(text=f"error: {bad.message}", error=bad.error)
-        episode.steps.append(Step(turn=episode.turn, raw=bad.raw, observation=observation))
-        episode.messages.append(
-            {"role": "tool", "tool_call_id": bad.id, "content": observation.text}
-        )
+    steps, results = act(episode.env, reply, episode.turn)
+    episode.steps.extend(steps)
+    episode.messages.extend(results)
     episode.calls += 1  # one step, however many calls it makes (BFCL's counting)
     if episode.calls >= max_steps:
         episode.finished, episode.done = False, True
 
 
-def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajectory:
+def act(env: Environment, reply: AssistantMessage, turn: int) -> tuple[list[Step], list[Message]]:
+    """Step ``env`` with every call of ``reply``: the steps, and the tool messages that answer
+    them (an unreadable call is answered with its error, as an observation)."""
+    steps: list[Step] = []
+    results: list[Message] = []
+    for call in reply.tool_calls:
+        observation = env.step(call)
+        steps.append(Step(turn=turn, call=call, observation=observation))
+        results.append(
+            {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
+        )
+    for bad in reply.invalid_tool_calls:
+        observation = Observation(text=f"error: {bad.message}", error=bad.error)
+        steps.append(Step(turn=turn, raw=bad.raw, observation=observation))
+        results.append({"role": "tool", "tool_call_id": bad.id, "content": observation.text})
+    return steps, results
+
+
+def verify(env: Environment) -> tuple[float, str | None]:
+    """The verifier's score of a finished episode, and why it is 0 when the verifier failed."""
     try:
-        score = episode.env.score()
+        return env.score(), None
     except PROGRAMMING_ERRORS:
         raise
     except Exception as err:  # a boundary: BFCL's checker (third-party) reruns the model's calls
-        score = 0.0
-        episode.error = episode.error or f"verifier failed: {type(err).__name__}: {err}"
+        return 0.0, f"verifier failed: {type(err).__name__}: {err}"
+
+
+def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajectory:
+    score, failure = verify(episode.env)
+    episode.error = episode.error or failure
     return Trajectory(
         id=f"{episode.task.id}/c{cycle}/r{episode.rollout_index}",
         task_id=episode.task.id,

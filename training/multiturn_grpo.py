@@ -52,15 +52,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents.policy import AssistantMessage, Message, parse_assistant_text
-from ..agents.rendering import encode, render_conversation, turn_from_ids
+from ..agents.rendering import (
+    encode,
+    end_of_turn_id,
+    render_conversation,
+    reply_drop_ids,
+    turn_from_ids,
+)
+from ..agents.rollout import act, verify
 from ..envs.base import Environment
-from ..errors import PROGRAMMING_ERRORS
-from ..records import ModelTurn, Observation, Step, Task, Trajectory
+from ..records import ModelTurn, Step, Task, Trajectory
 
 logger = logging.getLogger(__name__)
-
-# Text the parser needs even where a tokenizer marks it special (as the in-process policy).
-_KEEP_TOKENS = ("<tool_call>", "</tool_call>")
 
 
 class TemplateNotPrefixPreserving(ValueError):
@@ -116,17 +119,6 @@ class MultiTurnEpisode:
         return list(diagnose(self.trajectory()))
 
 
-def end_of_turn_id(tokenizer: Any) -> int:
-    """The token a reply ends with: ``<|im_end|>`` where the vocabulary has it (as the
-    in-process policy), else the tokenizer's end-of-sequence token."""
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end >= 0 and im_end != tokenizer.unk_token_id:
-        return im_end
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no end-of-turn token; multi-turn GRPO needs one")
-    return int(tokenizer.eos_token_id)
-
-
 def rendered_delta(
     tokenizer: Any,
     history: Sequence[Message],
@@ -156,21 +148,6 @@ def rendered_delta(
             "training.grpo_rollout: tool_loop"
         )
     return encode(tokenizer, after[len(before) :])
-
-
-def _drop_ids(tokenizer: Any) -> set[int]:
-    """Special tokens removed before parsing, except the tool-call tags (as the in-process policy)."""
-    drop = {
-        token_id
-        for token_id, token in tokenizer.added_tokens_decoder.items()
-        if token.special and token.content not in _KEEP_TOKENS
-    }
-    drop |= {
-        token_id
-        for token_id in tokenizer.all_special_ids
-        if tokenizer.convert_ids_to_tokens(token_id) not in _KEEP_TOKENS
-    }
-    return drop
 
 
 class MultiTurnRollout:
@@ -263,7 +240,7 @@ class MultiTurnRollout:
         eot = end_of_turn_id(tokenizer)
         eot_text = tokenizer.convert_ids_to_tokens(eot)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot
-        drop = _drop_ids(tokenizer)
+        drop = reply_drop_ids(tokenizer)
         episodes = []
         for task, opening in zip(tasks, openings, strict=True):
             env = self.make_env()
@@ -306,15 +283,10 @@ class MultiTurnRollout:
         finally:
             model.train(was_training)
         for episode in episodes:
-            try:
-                episode.score = float(episode.env.score())
-            except PROGRAMMING_ERRORS:
-                raise
-            except Exception as err:  # a boundary: BFCL's checker (third-party) reruns the calls
-                logger.warning(
-                    "verifier failed on %s: %s: %s", episode.task.id, type(err).__name__, err
-                )
-                episode.score = 0.0
+            score, failure = verify(episode.env)
+            if failure is not None:
+                logger.warning("%s: %s", episode.task.id, failure)
+            episode.score = float(score)
         return episodes
 
     def _tools(self, env: Environment) -> list[dict[str, Any]] | None:
@@ -360,19 +332,8 @@ class MultiTurnRollout:
                 return
             new_messages.append({"role": "user", "content": query})
         else:
-            turn = episode.user_turns - 1
-            for call in message.tool_calls:
-                observation = episode.env.step(call)
-                episode.steps.append(Step(turn=turn, call=call, observation=observation))
-                new_messages.append(
-                    {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
-                )
-            for bad in message.invalid_tool_calls:
-                observation = Observation(text=f"error: {bad.message}", error=bad.error)
-                episode.steps.append(Step(turn=turn, raw=bad.raw, observation=observation))
-                new_messages.append(
-                    {"role": "tool", "tool_call_id": bad.id, "content": observation.text}
-                )
+            steps, new_messages = act(episode.env, message, episode.user_turns - 1)
+            episode.steps.extend(steps)
             episode.calls_this_turn += 1  # one step, however many calls (BFCL's counting)
             if episode.calls_this_turn >= self.max_steps_per_turn:
                 episode.messages = [*history, *new_messages]
