@@ -86,6 +86,15 @@ def reply_length(response: Any) -> int:
     return total
 
 
+def check_reply_length(response: Any, limit: int | None, model: str) -> None:
+    """``ReplyTooLongError`` when a chat completion's reply text is longer than ``limit``."""
+    if limit is None:
+        return
+    length = reply_length(response)
+    if length > limit:
+        raise ReplyTooLongError(length, limit, model)
+
+
 def _field(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
@@ -133,10 +142,7 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
         max_reply_chars: int | None = None
 
         def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
-            if self.max_reply_chars is not None:
-                length = reply_length(response)
-                if length > self.max_reply_chars:
-                    raise ReplyTooLongError(length, self.max_reply_chars, self.model_name)
+            check_reply_length(response, self.max_reply_chars, self.model_name)
             return super()._create_chat_result(response, generation_info)
 
     return BoundedChatOpenAI
@@ -294,7 +300,13 @@ async def structured_call(
         except openai.LengthFinishReasonError as err:
             # With response_format the SDK refuses a reply cut off by max_tokens, before
             # the chat model's own length check: bound it here, then read it like any other.
-            _check_length(model, err.completion)
+            limit = getattr(model, "max_reply_chars", None)
+            try:
+                check_reply_length(
+                    err.completion, limit if isinstance(limit, int) else None, model_label(model)
+                )
+            except ReplyTooLongError as too_long:
+                raise StructuredOutputError(str(too_long)) from None
             result = _first_message(err.completion)
         except request_errors() as err:  # the server refused response_format, or a broken body
             problems.append(f"structured request failed: {_describe_error(err)}")
@@ -556,14 +568,6 @@ def _short_validation(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(top level)"
     return f"{where}: {first['msg']} ({len(err.errors())} problem(s))"
-
-
-def _check_length(model: Any, completion: Any) -> None:
-    """StructuredOutputError ("reply too long") for a completion over the model's limit."""
-    limit = getattr(model, "max_reply_chars", None)
-    length = reply_length(completion)
-    if isinstance(limit, int) and length > limit:
-        raise StructuredOutputError(str(ReplyTooLongError(length, limit, model_label(model))))
 
 
 def _first_message(completion: Any) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..agents.policy import PolicyError
@@ -202,7 +203,9 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     return result
 
 
-def prompt_tools(rt: CycleRuntime, tasks_by_id: dict[str, Any]) -> Any:
+def prompt_tools(
+    rt: CycleRuntime, tasks_by_id: dict[str, Any]
+) -> Callable[[str], list[dict[str, Any]] | None]:
     """``task id -> the tool schemas its prompt carries`` (None when prompts carry none): a
     fresh environment reset to the task, as a rollout starts, so training renders the
     prompt the policy is served."""
