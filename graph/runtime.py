@@ -102,15 +102,9 @@ class CycleRuntime:
 
 def seed_everything(*parts: object) -> int:
     """Seed Python, NumPy and torch from the parts; returns the seed (so a rerun samples alike)."""
-    import random
+    from ..training.trainer_common import seed_all
 
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     seed = int.from_bytes(digest[:4], "big")
-    random.seed(seed)
-    import numpy as np
-    import torch
-
-    np.random.seed(seed)
-
-    torch.manual_seed(seed)
+    seed_all(seed)
     return seed

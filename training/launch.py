@@ -120,10 +120,11 @@ class TrainingStepSpec(BaseModel):
 def run_spec(spec: TrainingStepSpec) -> TrainResult:
     """Run the step (in the launched process): train, save, write the result on rank 0."""
     from ..files import write_atomically
+    from .trainer_common import seed_all
     from .trainers import train_adapter
 
     if spec.seed is not None:
-        _seed(spec.seed)
+        seed_all(spec.seed)
     result = train_adapter(
         spec.config,
         model_dir=spec.model_dir,
@@ -143,17 +144,6 @@ def run_spec(spec: TrainingStepSpec) -> TrainResult:
     if int(os.environ.get("RANK", "0")) == 0:
         write_atomically(Path(spec.result_file), result.model_dump_json(indent=2))
     return result
-
-
-def _seed(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- parent
