@@ -105,6 +105,16 @@ class PrefixCache:
         bucket.append(_Entry(key, keys, values, self.clock))
 
 
+def _cache_keyword(model: Any) -> str:
+    """The forward keyword that takes the KV cache: transformers renamed
+    ``past_key_values`` to ``cache`` (deprecated from 5.2x) and warns on every call
+    that uses the old name."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def generate_batch(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -178,13 +188,14 @@ def generate_batch(
         values = [layer.values[position][:, columns].clone() for layer in layers]
         cache.add(fed, keys, values)
 
+    cache_keyword = _cache_keyword(model)
     with torch.inference_mode():
         output = model(
             input_ids=input_ids.to(device),
             attention_mask=mask,
             position_ids=positions.to(device),
-            past_key_values=past,
             use_cache=True,
+            **{cache_keyword: past},
             # Only the last position's logits start the reply; the head over every
             # prompt token (49k vocabulary) was a fifth of the prefill's work.
             logits_to_keep=1,
@@ -237,8 +248,8 @@ def generate_batch(
                 input_ids=tokens.unsqueeze(1).to(device),
                 attention_mask=mask,
                 position_ids=positions_next.unsqueeze(1).to(device),
-                past_key_values=past,
                 use_cache=True,
+                **{cache_keyword: past},
             )
             positions_next += 1
 

@@ -48,6 +48,7 @@ from .bfcl_checking import (
 from .parsing import ToolCallParseError, parse_tool_calls
 
 __all__ = [
+    "ALL_CATEGORIES",
     "BFCL_VERSION",
     "CATEGORIES",
     "INSTALL_COMMAND",
@@ -66,6 +67,8 @@ CATEGORIES = (
     "multi_turn_miss_param",
     "multi_turn_long_context",
 )
+# The four together, as SEAL trains and tests (100 + 100 of each category).
+ALL_CATEGORIES = "multi_turn"
 # train and heldout: half of each category each (split_of); all: the whole category.
 SPLITS = ("train", "heldout", "all")
 
@@ -193,11 +196,17 @@ def load_tasks(category: str, limit: int | None = None, split: str = "all") -> l
     ``split``: "train" or "heldout" (half of the category each, ``split_of``), or
     "all" (the whole category, as BFCL's own leaderboard scores it). ``setup``
     keeps everything reset and the checker need, including BFCL's ground-truth
-    strings verbatim, so a task is replayable on its own.
+    strings verbatim, so a task is replayable on its own. ``category``
+    ``multi_turn`` (``ALL_CATEGORIES``) is the four categories in order, each
+    task still labelled with its own.
     """
+    if category == ALL_CATEGORIES:
+        every = [task for name in CATEGORIES for task in load_tasks(name, split=split)]
+        return every[:limit] if limit is not None else every
     if category not in CATEGORIES:
         raise ValueError(
-            f"unknown BFCL category {category!r}; choose one of {', '.join(CATEGORIES)}"
+            f"unknown BFCL category {category!r}; choose one of "
+            f"{', '.join(CATEGORIES)} or {ALL_CATEGORIES} (all four)"
         )
     if split not in SPLITS:
         raise ValueError(f"unknown BFCL split {split!r}; choose one of {', '.join(SPLITS)}")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from ..records import Task, Trajectory
 from .base import Environment
+from .bfcl import ALL_CATEGORIES as BFCL_ALL_CATEGORIES
 from .bfcl import CATEGORIES as BFCL_CATEGORIES
 from .bfcl import SPLITS as BFCL_SPLITS
 from .bfcl import BfclEnvironment, require_bfcl
@@ -183,7 +184,7 @@ BFCL = EnvironmentSpec(
     environment=BfclEnvironment,
     splits=BFCL_SPLITS,
     split_note="half of the category each, or all of it",
-    categories=BFCL_CATEGORIES,
+    categories=(*BFCL_CATEGORIES, BFCL_ALL_CATEGORIES),
     evaluation_splits=("heldout",),
     evaluation_note="the half of env.category the loop never trains on",
     task_set_option="category",

@@ -427,3 +427,30 @@ def test_each_category_splits_in_two_disjoint_halves_for_train_and_heldout():
     ]
     with pytest.raises(ValueError, match="unknown BFCL split"):
         load_tasks(CATEGORIES[0], split="validation")
+
+
+def test_all_four_categories_make_seals_400_and_400_split():
+    """category multi_turn: SEAL's 400 training and 400 test tasks, each labelled with its
+    own category, and the loop refuses to evaluate on the half it trains on."""
+    from coevolve.config import CoevolveConfig
+    from coevolve.envs.bfcl import ALL_CATEGORIES
+
+    train = load_tasks(ALL_CATEGORIES, split="train")
+    heldout = load_tasks(ALL_CATEGORIES, split="heldout")
+    assert len(train) == len(heldout) == 400
+    assert {t.id for t in train}.isdisjoint(t.id for t in heldout)
+    for category in CATEGORIES:
+        assert [t.id for t in train if t.family == category] == [
+            t.id for t in load_tasks(category, split="train")
+        ]
+    config = CoevolveConfig.model_validate(
+        {"env": {"name": "bfcl", "category": "multi_turn", "split": "train"}}
+    )
+    assert config.env.category == ALL_CATEGORIES
+    with pytest.raises(ValueError, match=r"overlaps env\.split"):
+        CoevolveConfig.model_validate(
+            {
+                "env": {"name": "bfcl", "category": "multi_turn", "split": "all"},
+                "evaluation": {"split": "heldout"},
+            }
+        )

@@ -262,3 +262,110 @@ def test_multi_turn_config_field_is_documented_and_checked():
     assert field.description and "multi_turn" in field.description
     with pytest.raises(ValueError, match="'auto', 'tool_loop' or 'multi_turn'"):
         TrainingConfig.model_validate({"grpo_rollout": "multiturn"})
+
+
+class _ColocatedEngine:
+    """Stands in for TRL's VLLMGeneration (colocate mode) in one unit test: vLLM needs CUDA.
+    It samples with the tiny model and answers in VLLMGeneration.generate's shapes,
+    recording the per-call settings the rollout gave it."""
+
+    def __init__(self, model, eot, mode="colocate"):
+        self.model, self.eot, self.mode = model, eot, mode
+        self.tensor_parallel_size = 1
+        self.max_completion_length = 800
+        self.generation_kwargs = {"seed": 1}
+        self.calls = []
+
+    def generate(self, prompts, images, num_generations):
+        from coevolve.agents.kv_reuse import PrefixCache, generate_batch
+
+        assert images is None and num_generations == 1
+        self.calls.append((len(prompts), self.max_completion_length, dict(self.generation_kwargs)))
+        logprobs = []
+        with torch.no_grad():
+            replies = generate_batch(
+                self.model,
+                prompts,
+                PrefixCache(),
+                max_new_tokens=self.max_completion_length,
+                eos_token_id=self.generation_kwargs["stop_token_ids"][0],
+                pad_token_id=self.eot,
+                temperature=1.0,
+                logprobs=logprobs,
+            )
+        # vLLM: per token a list of log-probs, the sampled token's first.
+        return prompts, replies, [[[score] for score in row] for row in logprobs], None
+
+
+def test_multi_turn_on_colocated_vllm_caps_each_reply_and_aligns_logprobs(tiny_build, tmp_path):
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    bfcl = _bfcl_tasks()
+    tasks = [_abstention_task(bfcl[1]), _abstention_task(bfcl[2])]
+    config = tiny_training(**MULTI_TURN)
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    tokenizer = trainer.processing_class
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rows = [dict(row) for row in trainer.train_dataset][:2]
+    engine = _ColocatedEngine(trainer.model, eot)
+    on_vllm = SimpleNamespace(
+        use_vllm=True,
+        vllm_generation=engine,
+        processing_class=tokenizer,
+        model=trainer.model,
+        batch_rows=rows,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    output = trainer.rollout_func([row["prompt"] for row in rows], on_vllm)
+    episodes = trainer.rollout_func.last_episodes
+    # One engine call per round of replies, each capped at one reply, stopping at <|im_end|>;
+    # the engine's own settings are back afterwards.
+    assert len(engine.calls) == max(len(e.replies) for e in episodes)
+    assert all(cap <= config.grpo_max_reply_tokens for _, cap, _ in engine.calls)
+    assert all(kwargs == {"seed": 1, "stop_token_ids": [eot]} for _, _, kwargs in engine.calls)
+    assert (engine.max_completion_length, engine.generation_kwargs) == (800, {"seed": 1})
+    # vLLM's sampling log-probs line up with the completion: each generated id has its
+    # own, environment ids 0.0 (masked out of TRL's importance-sampling correction).
+    for episode, logprobs in zip(episodes, output["logprobs"], strict=True):
+        assert len(logprobs) == len(episode.completion_ids)
+        generated = [lp for lp, m in zip(logprobs, episode.env_mask, strict=True) if m]
+        assert generated == [score for reply in episode.logprobs for score in reply]
+        assert all(lp == 0.0 for lp, m in zip(logprobs, episode.env_mask, strict=True) if not m)
+        assert all(lp < 0.0 for lp in generated)
+    # A vLLM server cannot serve episodes of different lengths from several processes.
+    engine.mode = "server"
+    with pytest.raises(ValueError, match="only colocated"):
+        trainer.rollout_func([row["prompt"] for row in rows], on_vllm)
+
+
+def test_grpo_vllm_settings_are_checked():
+    from coevolve.training.grpo import vllm_arguments
+
+    with pytest.raises(ValueError, match="vLLM generates GRPO episodes only"):
+        TrainingConfig(algorithm="sft", grpo_vllm="colocate")
+    with pytest.raises(ValueError, match="needs a GPU"):
+        TrainingConfig(algorithm="grpo", grpo_vllm="colocate", device="cpu")
+    with pytest.raises(ValueError, match="grpo_vllm_server_url"):
+        TrainingConfig(algorithm="grpo", grpo_vllm="server")
+    with pytest.raises(ValueError, match="only colocated"):
+        TrainingConfig(
+            algorithm="grpo",
+            grpo_vllm="server",
+            grpo_vllm_server_url="http://127.0.0.1:8000",
+            grpo_rollout="multi_turn",
+        )
+    assert vllm_arguments(TrainingConfig(algorithm="grpo")) == {}
+    colocated = TrainingConfig(algorithm="grpo", grpo_vllm="colocate", max_length=4096)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"coevolve\[vllm\]"):
+            vllm_arguments(colocated)
+    else:
+        assert vllm_arguments(colocated) == {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.3,
+            "vllm_max_model_length": 4096,
+        }

@@ -23,6 +23,7 @@ LrScheduler = Literal["cosine", "linear", "constant"]
 SftBatching = Literal["random", "length_grouped"]
 Launcher = Literal["inprocess", "subprocess", "accelerate"]
 GrpoRollout = Literal["auto", "tool_loop", "multi_turn"]
+GrpoVllm = Literal["off", "colocate", "server"]
 
 # Attention and MLP projections of Qwen2 (and of most Llama-style decoders).
 QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -263,6 +264,25 @@ class TrainingConfig(BaseModel):
         "with the end-of-turn token (masked out of the loss), as a rollout renders it; the "
         "episode goes on. tool_loop ignores it (TRL caps the whole episode only).",
     )
+    grpo_vllm: GrpoVllm = Field(
+        default="off",
+        description="Who generates GRPO episodes. off: the trainer's own model (transformers). "
+        "colocate: a vLLM engine on each training GPU, synced with the weights every step (TRL's "
+        "vllm_mode colocate; needs the vllm extra and CUDA); the multi-turn rollout works only "
+        "here. server: a `trl vllm-serve` process at grpo_vllm_server_url (tool_loop only).",
+    )
+    grpo_vllm_gpu_memory_utilization: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="grpo_vllm colocate: share of the GPU's memory vLLM reserves beside the "
+        "training model (TRL's vllm_gpu_memory_utilization).",
+    )
+    grpo_vllm_server_url: str | None = Field(
+        default=None,
+        description="grpo_vllm server: base URL of the `trl vllm-serve` process, e.g. "
+        "http://127.0.0.1:8000.",
+    )
     # ------------------------------------------------------------------ seal
     seal: SealSettings = Field(
         default_factory=SealSettings,
@@ -335,6 +355,24 @@ class TrainingConfig(BaseModel):
                     f"grpo_max_completion_length ({self.grpo_max_completion_length}) leaves no room "
                     f"for the prompt within max_length ({self.max_length}); lower it or raise max_length"
                 )
+        if self.grpo_vllm != "off" and self.algorithm != "grpo":
+            problems.append(
+                f"grpo_vllm is {self.grpo_vllm!r} but algorithm is {self.algorithm!r}; vLLM "
+                "generates GRPO episodes only: set algorithm: grpo or grpo_vllm: off"
+            )
+        if self.grpo_vllm != "off" and self.device == "cpu":
+            problems.append(
+                "grpo_vllm needs a GPU but device is 'cpu'; set grpo_vllm: off on a CPU"
+            )
+        if self.grpo_vllm == "server" and self.grpo_vllm_server_url is None:
+            problems.append(
+                "grpo_vllm 'server' needs grpo_vllm_server_url (where `trl vllm-serve` listens)"
+            )
+        if self.grpo_vllm == "server" and self.grpo_rollout == "multi_turn":
+            problems.append(
+                "the multi-turn rollout generates with vLLM only colocated (every process "
+                "would have to call the server together); set grpo_vllm: colocate"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -307,6 +307,26 @@ def choose_rollout(config: TrainingConfig, tasks: Sequence[Task], tokenizer: Any
     return "tool_loop"
 
 
+def vllm_arguments(config: TrainingConfig) -> dict[str, Any]:
+    """GRPOConfig's vLLM settings for ``training.grpo_vllm`` ({} when off)."""
+    if config.grpo_vllm == "off":
+        return {}
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            f"training.grpo_vllm is {config.grpo_vllm!r} but vllm is not installed; "
+            "pip install 'coevolve[vllm]' on a CUDA machine, or set training.grpo_vllm: off"
+        )
+    arguments: dict[str, Any] = {"use_vllm": True, "vllm_mode": config.grpo_vllm}
+    if config.grpo_vllm == "colocate":
+        arguments["vllm_gpu_memory_utilization"] = config.grpo_vllm_gpu_memory_utilization
+        arguments["vllm_max_model_length"] = config.max_length
+    else:
+        arguments["vllm_server_base_url"] = config.grpo_vllm_server_url
+    return arguments
+
+
 def make_grpo_trainer(
     config: TrainingConfig,
     *,
@@ -391,6 +411,7 @@ def make_grpo_trainer(
         epsilon=config.grpo_epsilon,
         epsilon_high=config.grpo_epsilon_high,
         log_completions=False,
+        **vllm_arguments(config),
     )
     model = load_trainable_model(model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()

@@ -10,9 +10,10 @@ whole episode itself, as the rollout engine (``agents.rollout``) does:
    exactly when the policy's prompts carry them, plus the generation prompt.
 2. The trainer's model samples the reply at the config's temperature
    (``agents.kv_reuse.generate_batch``: every live episode in one batch, each
-   episode's keys and values kept between its replies). The generated ids go
-   into the completion verbatim (``env_mask`` 1); they are never decoded and
-   encoded again.
+   episode's keys and values kept between its replies), or, with
+   ``training.grpo_vllm: colocate``, the trainer's vLLM engine does. The
+   generated ids go into the completion verbatim (``env_mask`` 1); they are
+   never decoded and encoded again.
 3. The reply is decoded only to be parsed (``parse_assistant_text``, the
    in-process policy's parser: ``<tool_call>`` blocks or plain call lines, literal
    arguments only). Calls step the environment; a reply without calls is the
@@ -93,6 +94,22 @@ class MultiTurnEpisode:
     score: float | None = None
     stop_reason: str | None = None
 
+    def completion_logprobs(self) -> list[float]:
+        """One log-probability per completion id: each reply's own, 0.0 for environment ids
+        (masked out of the loss and of TRL's importance-sampling correction)."""
+        values: list[float] = []
+        replies = iter(zip(self.replies, self.logprobs, strict=True))
+        position = 0
+        while position < len(self.env_mask):
+            if self.env_mask[position]:
+                reply, scores = next(replies)
+                values.extend(scores[: len(reply)] + [0.0] * (len(reply) - len(scores)))
+                position += len(reply)
+            else:
+                values.append(0.0)
+                position += 1
+        return values
+
     def trajectory(self) -> Trajectory:
         """The episode as a rollout records it (steps, messages, token-exact model turns)."""
         return Trajectory(
@@ -150,6 +167,79 @@ def rendered_delta(
     return encode(tokenizer, after[len(before) :])
 
 
+# Given the live episodes' token ids and a reply cap: each one's reply ids and their log-probs.
+ReplyGenerator = Callable[[list[list[int]], int], tuple[list[list[int]], list[list[float]]]]
+
+
+def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenerator:
+    """Replies sampled from the trainer's own model (``kv_reuse.generate_batch``), each
+    episode's keys and values kept between its replies in one call's cache."""
+    from ..agents.kv_reuse import PrefixCache, generate_batch
+
+    eot = end_of_turn_id(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot
+    cache = PrefixCache()  # fresh per rollout call: the weights changed since the last one
+
+    def replies(prompts: list[list[int]], max_new_tokens: int) -> Any:
+        logprobs: list[list[float]] = []
+        was_training = model.training
+        model.eval()  # sample from the policy itself, without dropout
+        try:
+            generated = generate_batch(
+                model,
+                prompts,
+                cache,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eot,
+                pad_token_id=pad,
+                temperature=temperature,
+                logprobs=logprobs,
+            )
+        finally:
+            model.train(was_training)
+        return generated, logprobs
+
+    return replies
+
+
+def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
+    """Replies from the trainer's vLLM engine (``training.grpo_vllm: colocate``), which TRL
+    has synced with the current weights before calling the rollout.
+
+    Only colocated vLLM on one GPU per process: each process then generates its own
+    episodes, however many replies they take. With a vLLM server or tensor parallelism
+    every process must call vLLM together the same number of times, which episodes of
+    different lengths do not."""
+    generation = trainer.vllm_generation
+    if generation.mode != "colocate" or getattr(generation, "tensor_parallel_size", 1) != 1:
+        raise ValueError(
+            "multi-turn GRPO generates with vLLM only colocated and without tensor parallelism "
+            f"(got mode {generation.mode!r}); set training.grpo_vllm: colocate, or "
+            "training.grpo_rollout: tool_loop for single-turn tasks on a vLLM server"
+        )
+
+    def replies(prompts: list[list[int]], max_new_tokens: int) -> Any:
+        # The engine's settings are the round's (max_completion_length caps the whole
+        # episode); one reply stops at the end-of-turn token and the reply cap.
+        saved = generation.max_completion_length, generation.generation_kwargs
+        generation.max_completion_length = max_new_tokens
+        generation.generation_kwargs = {**saved[1], "stop_token_ids": [eot]}
+        try:
+            _, generated, logprobs, _ = generation.generate(
+                prompts=prompts, images=None, num_generations=1
+            )
+        finally:
+            generation.max_completion_length, generation.generation_kwargs = saved
+        # vLLM gives the sampled token's log-prob first in each position's list.
+        sampled = [
+            [float(p[0]) if p and p[0] is not None else 0.0 for p in row]
+            for row in (logprobs or [[] for _ in generated])
+        ]
+        return [list(ids) for ids in generated], sampled
+
+    return replies
+
+
 class MultiTurnRollout:
     """TRL ``rollout_func`` playing whole multi-turn episodes (module docstring).
 
@@ -193,16 +283,25 @@ class MultiTurnRollout:
                 "trainer with coevolve.training.grpo.make_grpo_trainer (grpo_rollout: multi_turn)"
             )
         tasks = [Task.model_validate_json(row["task"]) for row in rows]
-        from trl.models import unwrap_model_for_generation
+        tokenizer = trainer.processing_class
+        on_vllm = bool(getattr(trainer, "use_vllm", False))
+        if on_vllm:
+            replies = vllm_replies(trainer, end_of_turn_id(tokenizer))
+            episodes = self.play(replies, tokenizer, tasks, prompts)
+        else:
+            from trl.models import unwrap_model_for_generation
 
-        with unwrap_model_for_generation(
-            trainer.model_wrapped,
-            trainer.accelerator,
-            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-        ) as model:
-            episodes = self.play(
-                model, trainer.processing_class, tasks, prompts, float(trainer.temperature)
-            )
+            with unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            ) as model:
+                episodes = self.play(
+                    model_replies(model, tokenizer, float(trainer.temperature)),
+                    tokenizer,
+                    tasks,
+                    prompts,
+                )
         self.last_episodes = episodes
         mode = "train" if trainer.model.training else "eval"
         metrics = trainer._metrics[mode]
@@ -215,10 +314,11 @@ class MultiTurnRollout:
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
-            # Log-probabilities before temperature (kv_reuse's) are not what TRL's
-            # off-policy mask expects; None makes TRL use its own, as for transformers
-            # generation. The per-reply values stay in the trajectories' model turns.
-            "logprobs": None,
+            # vLLM's sampling log-probabilities feed TRL's importance-sampling correction
+            # (environment ids are masked out of it). kv_reuse's are before temperature,
+            # not what TRL's off-policy mask expects: None makes TRL compute its own, as
+            # for transformers generation; they stay in the trajectories' model turns.
+            "logprobs": [e.completion_logprobs() for e in episodes] if on_vllm else None,
             "env_mask": [e.env_mask for e in episodes],
             "verifier_score": [float(e.score or 0.0) for e in episodes],
         }
@@ -227,19 +327,16 @@ class MultiTurnRollout:
 
     def play(
         self,
-        model: Any,
+        replies: ReplyGenerator,
         tokenizer: Any,
         tasks: Sequence[Task],
         openings: Sequence[Sequence[Message]],
-        temperature: float,
     ) -> list[MultiTurnEpisode]:
         """Play one episode per (task, opening messages) to its end; all live episodes
-        generate together, one reply each per round."""
-        from ..agents.kv_reuse import PrefixCache, generate_batch
-
+        generate together, one reply each per round (``replies``: ``model_replies`` or
+        ``vllm_replies``)."""
         eot = end_of_turn_id(tokenizer)
         eot_text = tokenizer.convert_ids_to_tokens(eot)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot
         drop = reply_drop_ids(tokenizer)
         episodes = []
         for task, opening in zip(tasks, openings, strict=True):
@@ -254,34 +351,20 @@ class MultiTurnRollout:
                     task=task, env=env, messages=messages, prompt_ids=encode(tokenizer, prompt)
                 )
             )
-        # A fresh cache per call: the weights changed since the last one.
-        cache = PrefixCache()
-        was_training = model.training
-        model.eval()  # sample from the policy itself, without dropout
-        try:
-            live = list(episodes)
-            while live:
-                budgets = [self.max_completion_tokens - len(e.completion_ids) for e in live]
-                logprobs: list[list[float]] = []
-                replies = generate_batch(
-                    model,
-                    [e.prompt_ids + e.completion_ids for e in live],
-                    cache,
-                    max_new_tokens=min(max(budgets), self.max_reply_tokens),
-                    eos_token_id=eot,
-                    pad_token_id=pad,
-                    temperature=temperature,
-                    logprobs=logprobs,
+        live = list(episodes)
+        while live:
+            budgets = [self.max_completion_tokens - len(e.completion_ids) for e in live]
+            generated, logprobs = replies(
+                [e.prompt_ids + e.completion_ids for e in live],
+                min(max(budgets), self.max_reply_tokens),
+            )
+            for episode, reply, scores, budget in zip(
+                live, generated, logprobs, budgets, strict=True
+            ):
+                self._advance(
+                    episode, reply[:budget], scores[:budget], tokenizer, eot, eot_text, drop
                 )
-                for episode, reply, scores, budget in zip(
-                    live, replies, logprobs, budgets, strict=True
-                ):
-                    self._advance(
-                        episode, reply[:budget], scores[:budget], tokenizer, eot, eot_text, drop
-                    )
-                live = [e for e in live if not e.done]
-        finally:
-            model.train(was_training)
+            live = [e for e in live if not e.done]
         for episode in episodes:
             score, failure = verify(episode.env)
             if failure is not None:
