@@ -109,9 +109,11 @@ class PolicyConfig(Section):
         default="required",
         description="endpoint: how each cycle's adapter reaches the server. required: vLLM's "
         "runtime LoRA API (POST /v1/load_lora_adapter); a refusal stops the run. best_effort: a "
-        "server that refuses or lacks that API (transformers serve: 404) keeps serving what it "
-        "served, with a warning; rollouts and evaluation then measure that model, not the "
-        "adapters. off: never load; adapters are only saved under adapters/.",
+        "server that lacks that API (HTTP 404, 405 or 501: transformers serve, vLLM without "
+        "--enable-lora) keeps serving what it served, with a warning; rollouts and evaluation "
+        "then measure that model, not the adapters. A server that has the API and fails to "
+        "load (a path it cannot read, a rank above its --max-lora-rank) or is down still stops "
+        "the run. off: never load; adapters are only saved under adapters/.",
     )
 
     @property

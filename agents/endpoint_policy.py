@@ -33,7 +33,14 @@ from ..records import ToolCall
 from .config import EndpointConfig
 from .lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .per_loop import PerLoop
-from .policy import AssistantMessage, InvalidToolCall, Message, PolicyError, parse_assistant_text
+from .policy import (
+    AssistantMessage,
+    InvalidToolCall,
+    LoraApiMissing,
+    Message,
+    PolicyError,
+    parse_assistant_text,
+)
 
 
 class _Transient(Exception):
@@ -155,12 +162,13 @@ class EndpointPolicy:
         detail = _error_detail(response.body, response.reason)
         if loaded_ok and status == 400 and "already" in detail:
             return
-        hint = (
-            " (is vLLM started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)"
-            if status in (404, 405)
-            else ""
-        )
-        raise PolicyError(f"{self._where()}: {route} refused (HTTP {status}: {detail}){hint}")
+        message = f"{self._where()}: {route} refused (HTTP {status}: {detail})"
+        if status in (404, 405, 501):
+            raise LoraApiMissing(
+                f"{message} (is vLLM started with --enable-lora and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)"
+            )
+        raise PolicyError(message)
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop; clients made in other loops are dropped."""

@@ -36,6 +36,10 @@ class PolicyError(RuntimeError):
     """The policy cannot produce messages at all (model missing, endpoint refused every try)."""
 
 
+class LoraApiMissing(PolicyError):
+    """The server has no runtime LoRA API (404, 405 or 501 on /v1/load_lora_adapter)."""
+
+
 class InvalidToolCall(BaseModel):
     """A tool call the model tried to make but that could not be read."""
 

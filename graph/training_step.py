@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import PolicyError
+from ..agents.policy import LoraApiMissing
 from .runtime import CycleRuntime, RunError, seed_everything
 
 log = logging.getLogger(__name__)
@@ -32,9 +32,9 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
     """Make the policy serve ``adapter``: reload in-process, or hot-load into vLLM.
 
     vLLM serves it as ``<model>-coevolve-<adapter directory>``, e.g. ``...-coevolve-cycle-2``.
-    An endpoint's ``policy.hot_load`` decides what a refusal does: stop the run
-    (required), or leave the server on what it served, with a warning (best_effort);
-    ``off`` makes no request.
+    An endpoint's ``policy.hot_load`` decides what a server without the LoRA API
+    (404/405/501) does: stop the run (required), or stay on what it served, with a
+    warning (best_effort); ``off`` makes no request. Any other refusal stops the run.
     """
     if adapter is None:
         return
@@ -54,9 +54,9 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
         return
     try:
         await rt.policy.load_adapter(f"{endpoint.model}-coevolve-{path.name}", str(path))
-    except PolicyError as err:
+    except LoraApiMissing as err:
         if policy.hot_load == "required":
-            raise PolicyError(
+            raise LoraApiMissing(
                 f"{err}; to keep serving the model without the adapter, set "
                 "policy.hot_load: best_effort"
             ) from None

@@ -176,6 +176,20 @@ def test_hot_load_best_effort_keeps_the_base_model_with_a_warning(
     assert rt.policy.endpoint.model == f"{server.model}-coevolve-cycle-2"
 
 
+def test_hot_load_best_effort_still_stops_when_a_server_with_the_api_fails_to_load(
+    scripted_server, tmp_path
+):
+    # The API is there but the load failed (here: a path the server cannot read): going on
+    # would measure the base model while the user believes the adapter is served.
+    server = scripted_server()
+    server.refuse_adapters = (400, "Bad Request")
+    rt = adapter_runtime(server, "best_effort")
+    with pytest.raises(PolicyError, match=r"HTTP 400") as info:
+        load(rt, str(tmp_path / "cycle-1"))
+    assert "best_effort" not in str(info.value)
+    assert rt.policy.endpoint.model == server.model
+
+
 def test_hot_load_off_makes_no_request(scripted_server, tmp_path):
     server = scripted_server()
     rt = adapter_runtime(server, "off")
