@@ -32,7 +32,7 @@ from ..memory.signals import FlaggedTrajectory
 from ..records import Observation, SynthesisContext, Task, ToolCall
 from .conversation import opening_messages
 from .llm import limited, model_label, request_errors
-from .policy import Message, Policy, PolicyError
+from .policy import Message, Policy, PolicyError, parse_assistant_text
 from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
 from .roles import EnvFactory, ExplorationRound, Interaction
 
@@ -325,6 +325,38 @@ def exploration_brief(
     return "\n".join(lines)
 
 
+def with_text_calls(reply: AIMessage, made: int) -> AIMessage:
+    """The reply with the calls a server left in its text read as tool calls.
+
+    A server without a tool-call parser (transformers serve; vLLM without
+    --enable-auto-tool-choice) returns the model's ``<tool_call>`` blocks or call
+    lines as content, as the endpoint policy sees them. They are parsed as the policy
+    parses them, and the reply is sent back with structured calls, so the tool results
+    that follow answer calls the next request names.
+    """
+    if reply.tool_calls or reply.invalid_tool_calls or not isinstance(reply.content, str):
+        return reply
+    content, calls, invalid = parse_assistant_text(reply.content, call_id_prefix=f"call_{made}")
+    if not calls and not invalid:
+        return reply
+    return AIMessage(
+        content=content,
+        tool_calls=[
+            {"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls
+        ],
+        invalid_tool_calls=[
+            {
+                "name": bad.name,
+                "args": bad.raw,
+                "id": bad.id,
+                "error": bad.message,
+                "type": "invalid_tool_call",
+            }
+            for bad in invalid
+        ],
+    )
+
+
 class LLMExplorer:
     """A chat model with the environment's tools bound explores, round by round.
 
@@ -384,6 +416,7 @@ class LLMExplorer:
                 break
             if not isinstance(reply, AIMessage):
                 break
+            reply = with_text_calls(reply, made)
             messages.append(reply)
             attempts = [
                 (tc.get("id") or f"call_{made}_{n}", tc.get("name"), tc.get("args"))

@@ -287,7 +287,7 @@ def test_real_server_answers_every_llm_synthesis_role(real_server, real_flagged,
     assert len(by_stage["abstract"]) == n
     assert all(r.startswith("abstractor reply unreadable") for r in by_stage["abstract"])
     # Per item: summarizer 1 (+1 for the one call that learnt response_format is ignored;
-    # concurrent first calls may each learn it), explorer 1 (no tool call ends its round),
+    # concurrent first calls may each learn it), explorer 1 (noise holds no call line, which ends its round),
     # abstractor 1 (plain, once learnt; else 2).
     assert 3 * n + 1 <= requests <= 5 * n, requests
 

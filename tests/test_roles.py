@@ -504,6 +504,37 @@ def test_llm_explorer_runs_rounds_with_tools(scripted_server):
     assert broken["content"].startswith("error:")
 
 
+def test_llm_explorer_reads_calls_a_server_left_in_the_text(scripted_server):
+    """transformers serve has no tool-call parser: the calls come back as content."""
+    task = TASKS["send_message"]
+    [item] = flagged([task])
+    server = scripted_server(
+        [
+            Reply.text(
+                '<tool_call>{"name": "find_contact", "arguments": {"name": "Bo"}}</tool_call>'
+            ),
+            Reply.text('find_contact(name="Ed")\nsend_message(contact_id="c1"'),
+            Reply.text("Done."),
+        ]
+    )
+    explorer = LLMExplorer(chat_model(endpoint(server)), rounds=1, steps=5)
+    [exploration] = run(explorer.explore(item, task, SynthesisContext(**CONTEXT), WorldEnvironment))
+    assert [i.call for i in exploration.interactions] == [
+        ToolCall(name="find_contact", arguments={"name": "Bo"}),
+        ToolCall(name="find_contact", arguments={"name": "Ed"}),
+    ]
+    bodies = server.chat_bodies()
+    assert len(bodies) == 3
+    # The next request carries the reply as structured calls, each answered by a tool message.
+    replayed = [m for m in bodies[2]["messages"] if m["role"] == "assistant"]
+    assert [len(m.get("tool_calls") or []) for m in replayed] == [1, 2]
+    tools = [m for m in bodies[2]["messages"] if m["role"] == "tool"]
+    assert len(tools) == 3 and tools[2]["content"].startswith("error:")  # the cut-off call
+    assert {m["tool_call_id"] for m in tools} == {
+        c["id"] for m in replayed for c in m["tool_calls"]
+    }
+
+
 def test_llm_explorer_stops_at_the_step_budget(scripted_server):
     task = TASKS["buy_item"]
     [item] = flagged([task])
