@@ -254,6 +254,8 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     The saved config is read again under today's config model: a field added
     since, at its default, then reads back as today's config and the unit still
     counts; any changed value (or a config that no longer parses) makes it stale.
+    Where the run directory is does not count (it changes no result), so units
+    copied to another ``--out`` still count there.
     """
     from pydantic import ValidationError
 
@@ -264,9 +266,13 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     if saved_config == fingerprint:
         return True
     try:
-        return CoevolveConfig.model_validate_json(saved_config).model_dump_json() == fingerprint
+        saved = json.loads(CoevolveConfig.model_validate_json(saved_config).model_dump_json())
     except ValidationError:
         return False
+    today = json.loads(fingerprint)
+    saved.pop("run_dir", None)
+    today.pop("run_dir", None)
+    return saved == today
 
 
 def run_ablation(
@@ -291,6 +297,7 @@ def run_ablation(
     if unknown:
         raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
     runs: list[ArmRun] = []
+    stale: list[str] = []  # units of these arms and seeds run with another config
     total = len(arms) * len(seeds)
     units = out_dir / "units"
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
@@ -311,9 +318,13 @@ def run_ablation(
                             f"{seed} finished before, skipped ({unit.name})"
                         )
                     continue
+                stale.append(unit.name)
             if not run_missing:
                 if console is not None:
-                    console.print(f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet")
+                    why = " (its unit was run with another config)" if unit.exists() else ""
+                    console.print(
+                        f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet{why}"
+                    )
                 continue
             if console is not None:
                 console.print(
@@ -346,7 +357,14 @@ def run_ablation(
                 curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
                 console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
     if not runs:
-        raise ValueError(f"no finished units in {units} for these arms and seeds")
+        note = (
+            f"; {len(stale)} unit(s) there ({', '.join(stale[:3])}"
+            f"{', ...' if len(stale) > 3 else ''}) were run with another config: "
+            "pass the --config and --set of the bench that made them"
+            if stale
+            else ""
+        )
+        raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
     report = summarize(runs, arms, seeds, config_name)
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:

@@ -97,7 +97,7 @@ def bench_learning(
             console=quiet,
             run_missing=not report_only,
         )
-    except ConfigError as err:
+    except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None
     print_report(quiet, report)
     quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")

@@ -173,6 +173,21 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert "coevolve, seed 2: not run yet" in out.stderr
     assert not (tmp_path / "coevolve-seed2").exists()
 
+    # Units run with another config are not this bench's: one line says so, no traceback.
+    stale = subprocess.run(
+        [
+            *(sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--seeds", "2"),
+            *("--arms", "static,coevolve", "--out", str(tmp_path), "--report-only"),
+            *("--set", "training.max_steps=7"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert stale.returncode != 0
+    assert "were run with another config" in stale.stderr
+    assert "Traceback" not in stale.stderr
+
 
 @pytest.mark.slow
 def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
@@ -225,6 +240,9 @@ def test_committed_signals_units_still_count_under_todays_config():
         run = ArmRun.model_validate(saved["run"])
         config = load_config(arm_config(base, run.arm, run.seed, Path("runs/bench-quickstart")))
         assert unit_still_counts(saved["config"], config.model_dump_json()), unit.name
+        # Copied to another --out, a unit still counts: the run directory changes no result.
+        elsewhere = load_config(arm_config(base, run.arm, run.seed, Path("/tmp/elsewhere")))
+        assert unit_still_counts(saved["config"], elsewhere.model_dump_json()), unit.name
         changed = config.model_copy(
             update={"training": config.training.model_copy(update={"max_steps": 11})}
         )
