@@ -80,6 +80,7 @@ class EndpointPolicy:
         retry_max_s: float = 5.0,
     ):
         self.endpoint = endpoint
+        self._base_endpoint = endpoint  # what the server serves without a loaded adapter
         self.tools_in_request = tools_in_request
         self.version = version or endpoint.model
         self.retry_base_s = retry_base_s
@@ -145,6 +146,24 @@ class EndpointPolicy:
         if previous is not None:
             await self._lora_request("unload_lora_adapter", {"lora_name": previous})
 
+    async def unload_adapter(self) -> None:
+        """Unload the adapter this policy loaded (if any); requests name the base model again."""
+        loaded, self._loaded_adapter = self._loaded_adapter, None
+        self.endpoint = self._base_endpoint
+        self.version = self._base_endpoint.model
+        if loaded is not None:
+            await self._lora_request("unload_lora_adapter", {"lora_name": loaded})
+
+    def sibling(self) -> EndpointPolicy:
+        """A second policy on the same server and base model, with its own adapter and
+        connections: a second agent served beside this one (vLLM ``--max-loras`` 2)."""
+        return EndpointPolicy(
+            self._base_endpoint,
+            tools_in_request=self.tools_in_request,
+            retry_base_s=self.retry_base_s,
+            retry_max_s=self.retry_max_s,
+        )
+
     async def _lora_request(
         self, route: str, body: dict[str, str], loaded_ok: bool = False
     ) -> None:
@@ -163,7 +182,7 @@ class EndpointPolicy:
         if loaded_ok and status == 400 and "already" in detail:
             return
         message = f"{self._where()}: {route} refused (HTTP {status}: {detail})"
-        if status in (404, 405, 501):
+        if route == "load_lora_adapter" and status in (404, 405, 501):
             raise LoraApiMissing(
                 f"{message} (is vLLM started with --enable-lora and "
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)"

@@ -80,8 +80,8 @@ async def train_with_hard_negatives(
     from ..files import dump_jsonl, load_jsonl, write_atomically
     from ..tracking import for_training
     from ..training.hard_negatives import (
-        AdapterSwitch,
         expert_conversations,
+        failure_agent_policy,
         failure_objective,
         failure_pairs,
         hard_negative_share,
@@ -124,11 +124,12 @@ async def train_with_hard_negatives(
         if path.exists():
             failure_trajectories = load_jsonl(path, Trajectory)
         else:
-            switch = AdapterSwitch(rt.policy)
             seed_everything(config.seed, cycle, "failure-rollout")
-            with switch.serving(failure_before):
+            async with failure_agent_policy(
+                rt.policy, failure_before, config.policy.hot_load
+            ) as failure_policy:
                 failure_trajectories = await run_rollout(
-                    rt.policy,
+                    failure_policy,
                     rt.make_env,
                     tasks,
                     k=settings.failure_rollouts or config.rollout.k,

@@ -179,6 +179,33 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     assert {json.loads(t)["policy_version"] for t in trajectories} != {"bootstrap"}
 
 
+def test_hard_negatives_run_on_an_endpoint_policy(tmp_path, agent_server, tiny_build):
+    """The failure agent rolls out through the endpoint too (a sibling policy; in cycle 1
+    still the base model), and the target's DPO + SFT adapter is hot-loaded."""
+    from coevolve.runner import run
+
+    config = endpoint_config(tmp_path / "run", agent_server, tiny_build, cycles=1)
+    config["hard_negatives"] = {"enabled": True}
+    before = len(agent_server.requests)
+    result = run(config, progress=False)
+
+    run_dir = Path(result.run_dir)
+    failure = [
+        json.loads(line) for line in (run_dir / "cycles" / "001" / "failure_rollouts.jsonl").open()
+    ]
+    assert failure and all(t["policy_version"] == "failure:base" for t in failure)
+    figures = json.loads((run_dir / "cycles" / "001" / "hard_negatives.json").read_text())
+    assert figures["failure_agent"]["episodes"] == len(failure)
+    assert result.cycles[1].train.algorithm == "dpo"
+    model = agent_server.model
+    routes = [
+        (r.path, r.body.get("lora_name"))
+        for r in agent_server.requests[before:]
+        if "lora" in r.path
+    ]
+    assert routes == [("/v1/load_lora_adapter", f"{model}-coevolve-cycle-1")]
+
+
 def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
     tmp_path, agent_server, tiny_build
 ):

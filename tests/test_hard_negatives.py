@@ -584,3 +584,67 @@ def test_ablation_arms_switch_only_the_negatives():
     own = arms["own-negatives"].hard_negatives
     assert own.enabled and not own.failure_agent and own.failure_share == 0.0
     assert set(ARMS["own-negatives"]) == set(ARMS["hard-negatives"]) == {"hard_negatives"}
+
+
+def test_failure_agent_on_an_endpoint_is_a_second_adapter_beside_the_targets(
+    scripted_server, tmp_path, caplog
+):
+    """vLLM serves both agents: the failure agent's adapter is hot-loaded under its own
+    name for its rollouts and unloaded after, while the target's stays served."""
+    import logging
+
+    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.config import EndpointConfig
+    from coevolve.testing.openai_server import Reply
+    from coevolve.training.hard_negatives import HardNegativeError, failure_agent_policy
+
+    server = scripted_server([Reply.text("done")], repeat_last=True)
+    model = server.model
+    target = EndpointPolicy(EndpointConfig(base_url=server.base_url, model=model, max_retries=0))
+    adapters = {}
+    for name in ("cycle-1", "failure-cycle-1"):
+        adapters[name] = tmp_path / name
+        adapters[name].mkdir()
+        (adapters[name] / "adapter_config.json").write_text("{}")
+    conversation = [[{"role": "user", "content": "hi"}]]
+
+    async def cycle() -> tuple[str, str]:
+        await target.load_adapter(f"{model}-coevolve-cycle-1", str(adapters["cycle-1"]))
+        async with failure_agent_policy(target, adapters["failure-cycle-1"]) as failure:
+            await failure.generate(conversation, [[]])
+            await target.generate(conversation, [[]])  # the target is served meanwhile
+            served = failure.endpoint.model
+        return served, target.endpoint.model
+
+    failure_name = f"{model}-coevolve-failure-cycle-1"
+    assert asyncio.run(cycle()) == (failure_name, f"{model}-coevolve-cycle-1")
+    requests = [(r.path, r.body.get("lora_name") or r.body.get("model")) for r in server.requests]
+    assert requests == [
+        ("/v1/load_lora_adapter", f"{model}-coevolve-cycle-1"),
+        ("/v1/load_lora_adapter", failure_name),
+        ("/v1/chat/completions", failure_name),
+        ("/v1/chat/completions", f"{model}-coevolve-cycle-1"),
+        ("/v1/unload_lora_adapter", failure_name),
+    ]
+
+    # No failure adapter yet (cycle 1): the sibling rolls out the base model, loads nothing.
+    async def base_cycle() -> str:
+        async with failure_agent_policy(target, None) as failure:
+            return failure.endpoint.model
+
+    before = len(server.requests)
+    assert asyncio.run(base_cycle()) == model
+    assert server.requests[before:] == []
+
+    # hot_load off cannot serve a second adapter; best_effort on a server without the
+    # LoRA API rolls out the base model and says so.
+    async def with_hot_load(mode: str) -> str:
+        async with failure_agent_policy(target, adapters["failure-cycle-1"], mode) as failure:
+            return failure.endpoint.model
+
+    with pytest.raises(HardNegativeError, match="hot_load is off"):
+        asyncio.run(with_hot_load("off"))
+    server.refuse_adapters = (404, "Not Found")
+    with caplog.at_level(logging.WARNING, logger="coevolve.training.hard_negatives"):
+        assert asyncio.run(with_hot_load("best_effort")) == model
+    assert "rolls out the base model" in caplog.text

@@ -38,8 +38,8 @@ import logging
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -309,3 +309,49 @@ class AdapterSwitch:
                         policy.model.delete_adapter(self.NAME)
                 if own_name is not None and policy.merge_adapter:
                     policy.model.merge_adapter()
+
+
+@asynccontextmanager
+async def failure_agent_policy(
+    policy: Any, adapter: str | Path | None, hot_load: str = "required"
+) -> AsyncIterator[Any]:
+    """The policy the failure agent rolls out with, serving ``adapter`` (None: the base model).
+
+    In process, the target's own ``LocalPolicy`` switches to the adapter
+    (``AdapterSwitch``) and back. On an endpoint, a sibling ``EndpointPolicy``
+    hot-loads the adapter beside the target's (``<model>-coevolve-failure-cycle-K``;
+    vLLM needs ``--max-loras`` of at least 2) and unloads it after the block, so the
+    target's adapter stays served throughout. ``hot_load`` is ``policy.hot_load``:
+    off cannot serve a failure agent, best_effort rolls out the base model when the
+    server lacks the LoRA API (with a warning).
+    """
+    from ..agents.endpoint_policy import EndpointPolicy
+    from ..agents.policy import LoraApiMissing
+
+    if not isinstance(policy, EndpointPolicy):
+        with AdapterSwitch(policy).serving(adapter):
+            yield policy
+        return
+    failure = policy.sibling()
+    if adapter is not None:
+        if hot_load == "off":
+            raise HardNegativeError(
+                "the failure agent is served as a second LoRA adapter, but policy.hot_load is "
+                "off; set policy.hot_load: required, or hard_negatives.failure_agent: false"
+            )
+        path = Path(adapter).resolve()
+        try:
+            await failure.load_adapter(f"{failure.endpoint.model}-coevolve-{path.name}", str(path))
+        except LoraApiMissing as err:
+            if hot_load != "best_effort":
+                raise
+            logger.warning(
+                "could not hot-load the failure agent's adapter %s (%s); it rolls out the "
+                "base model (policy.hot_load: best_effort)",
+                path,
+                err,
+            )
+    try:
+        yield failure
+    finally:
+        await failure.unload_adapter()
