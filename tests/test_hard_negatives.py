@@ -254,6 +254,33 @@ def test_target_pairs_cut_long_failures_to_the_expert_plus_turns(tasks):
     assert len(pair.rejected) == len(pair.chosen) + 2
 
 
+def test_negatives_keep_their_generated_ids_unless_cut(tasks):
+    """A negative trains on the ids the agent generated (its model turns); the expert is
+    rendered; a negative cut to the expert's length has no whole id sequence left."""
+    from coevolve.records import ModelTurn
+
+    task = tasks[0]
+    turns = [ModelTurn(message_index=2, prompt_new_ids=[1, 2], completion_ids=[3, 4])]
+    failure = episode(task, 1, 0, answer="not yet")
+    long = failure.model_copy(
+        update={
+            "messages": failure.messages[:-1]
+            + [{"role": "assistant", "content": "thinking"}, {"role": "user", "content": "go on"}]
+            * 20
+            + failure.messages[-1:],
+            "model_turns": turns,
+        }
+    )
+    (long,) = with_progress([long], {task.id: task})
+    experts = expert_conversations([task], WorldEnvironment, POLICY_SYSTEM_PROMPT)
+    whole = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=None)
+    (pair,) = target_pairs(experts, [long], [], whole)
+    assert pair.rejected_turns == turns and pair.chosen_turns == []
+    cut = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=1)
+    (pair,) = target_pairs(experts, [long], [], cut)
+    assert len(pair.rejected) == len(pair.chosen) + 2 and pair.rejected_turns == []
+
+
 # --------------------------------------------------------------------------- adapters
 
 

@@ -197,9 +197,21 @@ def test_token_exact_dpo_trains_on_the_generated_ids(tiny_build, tmp_path):
     )
     dataset = dpo_dataset(tokenizer, [pair])
     assert dataset[0] == {"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}
-    # A pair without ids makes the whole set text, rendered with the policy's rendering.
-    text = dpo_dataset(tokenizer, [pair, pair.model_copy(update={"chosen_turns": []})])
-    assert "prompt" in text.column_names
+    # A side without ids (an expert's reference) is rendered and encoded; the other keeps
+    # its generated ids, which the re-tokenisation would not give back ("555" by character).
+    expert = pair.model_copy(update={"chosen_turns": []})
+    mixed = dpo_dataset(tokenizer, [pair, expert])
+    rendered_555 = encode(
+        tokenizer,
+        render_conversation(tokenizer, [*opening, {"role": "assistant", "content": "555"}])[
+            len(render_conversation(tokenizer, opening, add_generation_prompt=True)) :
+        ].rstrip(),
+    )
+    assert rendered_555 != chosen
+    assert mixed[0]["chosen_ids"] == chosen
+    assert mixed[1] == {"prompt_ids": prompt, "chosen_ids": rendered_555, "rejected_ids": rejected}
+    turned = pair.model_copy(update={"rejected_turns": []})
+    assert dpo_dataset(tokenizer, [turned])[0]["chosen_ids"] == chosen
     result = train_adapter(
         tiny_training(algorithm="dpo"),
         model_dir=tiny_build,

@@ -178,6 +178,8 @@ def failure_pairs(
                     prompt=opening,
                     chosen=c_rest,
                     rejected=r_rest,
+                    chosen_turns=chosen.model_turns,  # token ids where the rollout kept them
+                    rejected_turns=rejected.model_turns,
                     chosen_agent=c_agent,
                     rejected_agent=r_agent,
                     chosen_id=chosen.id,
@@ -264,6 +266,7 @@ def target_pairs(
                     if all(t.id != p[1].id for p in picked):
                         picked.append((agent, t, r))
         for agent, trajectory, rest in picked:
+            whole = len(rest)
             if settings.truncate_extra_turns is not None:
                 rest = rest[: len(chosen) + 2 * settings.truncate_extra_turns]
             pairs.append(
@@ -272,6 +275,8 @@ def target_pairs(
                     prompt=opening,
                     chosen=chosen,
                     rejected=rest,
+                    # The expert is rendered; the negative keeps its generated ids unless cut.
+                    rejected_turns=trajectory.model_turns if len(rest) == whole else [],
                     chosen_agent="expert",
                     rejected_agent=agent,
                     chosen_id=f"{task_id}/expert",

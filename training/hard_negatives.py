@@ -146,11 +146,11 @@ def train_preference_adapter(
     renders, nothing is written and the result says why.
     """
     import transformers
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig
 
     from ..tokenization import load_tokenizer
     from .adapters import model_and_peft, save_adapter
-    from .tokenized_datasets import dpo_dataset
+    from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
     from .trainer_common import (
         ProgressBars,
         common_arguments,
@@ -193,7 +193,7 @@ def train_preference_adapter(
         transformers.logging.set_verbosity_error()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            trainer = DPOTrainer(
+            trainer = token_exact_dpo_trainer_class()(
                 model=model,
                 args=args,
                 train_dataset=dataset,

@@ -146,68 +146,74 @@ def weighted_sft_trainer_class() -> Any:
 
 
 def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePair]) -> Any:
-    """The DPO rows: token ids when every pair has them, else rendered text.
+    """The DPO rows as token ids (``prompt_ids``/``chosen_ids``/``rejected_ids``), one per
+    pair, for ``token_exact_dpo_trainer_class``.
 
-    With token ids (both sides of every pair rolled out by a policy that gave them,
-    each one unbroken sequence from the same prompt): ``prompt_ids``/``chosen_ids``/
-    ``rejected_ids`` exactly as the model read and wrote them, for
-    ``token_exact_dpo_trainer_class``. Otherwise text: the prompt ends with the
-    generation prompt; chosen and rejected are what the template renders after it,
-    ending at the last ``<|im_end|>`` (TRL appends the end-of-sequence token only when
-    it is missing). A pair whose rendering does not start with its rendered prompt is
-    dropped.
+    Each side is taken exactly as the model read and wrote it where the pair carries
+    its ids (rolled out by a policy that gave them: one unbroken sequence from the
+    pair's prompt), else rendered with the policy's rendering and encoded as TRL
+    would encode the text (prompt and completion apart, no special tokens added): the
+    prompt ends with the generation prompt; a completion is what the template renders
+    after it, ending at the last ``<|im_end|>``. So a hard negative's recorded ids meet
+    an expert's rendered ones in one pair. A pair whose rendering does not start with
+    its rendered prompt, or whose sides were read from different prompt ids, is dropped
+    with a warning.
     """
     from datasets import Dataset
 
-    token_rows = [_token_pair(pair) for pair in pairs]
-    if pairs and all(row is not None for row in token_rows):
-        return Dataset.from_list([row for row in token_rows if row is not None])
-    return _text_dpo_dataset(tokenizer, pairs)
-
-
-def _token_pair(pair: PreferencePair) -> dict[str, list[int]] | None:
-    """The pair as ids, or None when a side has no ids or is not one sequence from one prompt."""
-    if not pair.chosen_turns or not pair.rejected_turns:
-        return None
-    chosen = token_sequences(pair.chosen_turns)
-    rejected = token_sequences(pair.rejected_turns)
-    if len(chosen) != 1 or len(rejected) != 1:
-        return None
-    prompt = full_prompts(pair.chosen_turns)[0]
-    if full_prompts(pair.rejected_turns)[0] != prompt:
-        return None
-    return {
-        "prompt_ids": prompt,
-        "chosen_ids": chosen[0].input_ids[len(prompt) :],
-        "rejected_ids": rejected[0].input_ids[len(prompt) :],
-    }
-
-
-def _text_dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePair]) -> Any:
-    from datasets import Dataset
-
-    from .chat_template import render
-
-    eos = tokenizer.eos_token or ""
     rows = []
     for pair in pairs:
-        prompt = render(tokenizer, pair.prompt, add_generation_prompt=True, tools=pair.tools)
-        completions = []
-        for rest in (pair.chosen, pair.rejected):
-            full = render(tokenizer, [*pair.prompt, *rest], tools=pair.tools)
-            if not full.startswith(prompt):
-                break
-            text = full[len(prompt) :].rstrip()
-            if eos and eos in text:
-                text = text[: text.rindex(eos) + len(eos)]
-            completions.append(text)
-        if len(completions) == 2 and all(completions):
-            rows.append({"prompt": prompt, "chosen": completions[0], "rejected": completions[1]})
-        else:
+        row = _pair_ids(tokenizer, pair)
+        if row is None:
             logger.warning(
                 "preference pair of %s does not render as prompt + completion", pair.task_id
             )
+            continue
+        rows.append(row)
     return Dataset.from_list(rows) if rows else None
+
+
+def _recorded(turns: Sequence[Any]) -> tuple[list[int], list[int]] | None:
+    """(prompt ids, completion ids) of a side's recorded turns when they are one sequence."""
+    if not turns:
+        return None
+    sequences = token_sequences(turns)
+    if len(sequences) != 1:
+        return None
+    prompt = list(full_prompts(turns)[0])
+    return prompt, list(sequences[0].input_ids[len(prompt) :])
+
+
+def _pair_ids(
+    tokenizer: PreTrainedTokenizerBase, pair: PreferencePair
+) -> dict[str, list[int]] | None:
+    """One pair as ids: recorded where a side has them, rendered and encoded where not."""
+    from ..agents.rendering import encode
+    from .chat_template import render
+
+    recorded = [_recorded(pair.chosen_turns), _recorded(pair.rejected_turns)]
+    if all(side is not None for side in recorded):
+        (chosen_prompt, chosen), (rejected_prompt, rejected) = recorded  # type: ignore[misc]
+        if chosen_prompt == rejected_prompt:
+            return {"prompt_ids": chosen_prompt, "chosen_ids": chosen, "rejected_ids": rejected}
+    prompt_text = render(tokenizer, pair.prompt, add_generation_prompt=True, tools=pair.tools)
+    prompt = encode(tokenizer, prompt_text)
+    eos = tokenizer.eos_token or ""
+    sides: list[list[int]] = []
+    for rest, side in zip((pair.chosen, pair.rejected), recorded, strict=True):
+        if side is not None and side[0] == prompt:  # read from the same prompt: keep the ids
+            sides.append(side[1])
+            continue
+        full = render(tokenizer, [*pair.prompt, *rest], tools=pair.tools)
+        if not full.startswith(prompt_text):
+            return None
+        text = full[len(prompt_text) :].rstrip()
+        if eos and eos in text:
+            text = text[: text.rindex(eos) + len(eos)]
+        if not text:
+            return None
+        sides.append(encode(tokenizer, text))
+    return {"prompt_ids": prompt, "chosen_ids": sides[0], "rejected_ids": sides[1]}
 
 
 def token_exact_dpo_trainer_class() -> Any:
@@ -218,7 +224,7 @@ def token_exact_dpo_trainer_class() -> Any:
         def _prepare_dataset(
             self, dataset: Any, processing_class: Any, args: Any, dataset_name: str
         ) -> Any:
-            if "prompt_ids" not in dataset.column_names:
+            if "prompt_ids" not in dataset.column_names:  # a text dataset of the caller's
                 return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
             # TRL's own last step: a prompt that fills max_length leaves nothing to learn.
             if args.max_length is not None and args.truncation_mode == "keep_start":
