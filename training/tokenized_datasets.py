@@ -155,9 +155,9 @@ def dpo_dataset(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferencePa
     would encode the text (prompt and completion apart, no special tokens added): the
     prompt ends with the generation prompt; a completion is what the template renders
     after it, ending at the last ``<|im_end|>``. So a hard negative's recorded ids meet
-    an expert's rendered ones in one pair. A pair whose rendering does not start with
-    its rendered prompt, or whose sides were read from different prompt ids, is dropped
-    with a warning.
+    an expert's rendered ones in one pair. A side whose ids were read from another
+    prompt than the pair's is rendered too; a pair whose rendering does not start with
+    its rendered prompt is dropped with a warning.
     """
     from datasets import Dataset
 
