@@ -23,6 +23,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -145,6 +146,12 @@ class EndpointPolicy:
         self._loaded_adapter = name
         if previous is not None:
             await self._lora_request("unload_lora_adapter", {"lora_name": previous})
+
+    async def serve_adapter(self, adapter_dir: str | Path) -> None:
+        """Serve the adapter directory as ``<base model>-coevolve-<directory name>``
+        (``load_adapter``), the one name every adapter of a run is served under."""
+        path = Path(adapter_dir).resolve()
+        await self.load_adapter(f"{self._base_endpoint.model}-coevolve-{path.name}", str(path))
 
     async def unload_adapter(self) -> None:
         """Unload the adapter this policy loaded (if any); requests name the base model again."""

@@ -53,7 +53,7 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
         )
         return
     try:
-        await rt.policy.load_adapter(f"{endpoint.model}-coevolve-{path.name}", str(path))
+        await rt.policy.serve_adapter(path)
     except LoraApiMissing as err:
         if policy.hot_load == "required":
             raise LoraApiMissing(

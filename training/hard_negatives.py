@@ -339,16 +339,15 @@ async def failure_agent_policy(
                 "the failure agent is served as a second LoRA adapter, but policy.hot_load is "
                 "off; set policy.hot_load: required, or hard_negatives.failure_agent: false"
             )
-        path = Path(adapter).resolve()
         try:
-            await failure.load_adapter(f"{failure.endpoint.model}-coevolve-{path.name}", str(path))
+            await failure.serve_adapter(adapter)
         except LoraApiMissing as err:
             if hot_load != "best_effort":
                 raise
             logger.warning(
                 "could not hot-load the failure agent's adapter %s (%s); it rolls out the "
                 "base model (policy.hot_load: best_effort)",
-                path,
+                Path(adapter).resolve(),
                 err,
             )
     try:
