@@ -30,6 +30,7 @@ from .diagnosis import (
     bfcl_model_turns,
     diagnose_bfcl,
     diagnose_world,
+    world_calls,
     world_final_state,
     world_progress,
 )
@@ -99,7 +100,9 @@ def _world_diagnosis(task: Task, trajectory: Trajectory) -> tuple[list[str], flo
     _same_task(task, trajectory)
     labels = diagnose_world(task, trajectory.steps, trajectory.final_answer)
     final = world_final_state(task, trajectory.steps)
-    return labels, world_progress(task, final, trajectory.final_answer)
+    return labels, world_progress(
+        task, final, trajectory.final_answer, world_calls(trajectory.steps)
+    )
 
 
 def _world_inventory() -> dict[str, Any]:

@@ -79,8 +79,9 @@ def test_world_every_step_label_in_priority_order():
         "state_mismatch",  # outcome: the right phone was never changed
     ]
     assert trajectory.score == 0.0
-    # expected change (Yves's phone) missed, one unexpected change (the other contact): 0 / 2
-    assert progress == 0.0
+    # expected change (Yves's phone) missed, one unexpected change (the other contact), and
+    # of the reference's two calls only find_contact made: 1 / 4
+    assert progress == pytest.approx(1 / 4)
 
 
 def test_world_recovery_failure_and_planned_errors():
@@ -100,7 +101,8 @@ def test_world_outcome_labels():
     right, _ = _play_world(lookup, lookup.reference_calls, answer=lookup.reference_answer)
     assert right.diagnosis == ["pass", "pass"] and right.score == 1.0
     wrong, progress = _play_world(lookup, lookup.reference_calls, answer="no idea")
-    assert wrong.diagnosis == ["pass", "response_mismatch"] and progress == 0.0
+    assert wrong.diagnosis == ["pass", "response_mismatch"]
+    assert progress == pytest.approx(1 / 2)  # the lookup made, the answer wrong
     nothing, _ = _play_world(lookup, [], answer=lookup.reference_answer)
     assert nothing.diagnosis == ["empty_turn_model_response"]
     # a task whose reference makes no call: abstaining is right, calling is spurious
@@ -113,19 +115,40 @@ def test_world_outcome_labels():
     assert busy.diagnosis == ["instance_mismatch", "spurious_tool_call"]
 
 
-def test_world_progress_counts_expected_changes():
-    # move the event, text Oz, text Wim: three expected changes
+def test_world_progress_counts_expected_changes_and_reference_calls():
+    # move the event, text Oz, text Wim: three expected changes, six reference calls
     task = _world_task("move_and_tell_two")
     calls = task.reference_calls
+    assert len(calls) == 6
     part, progress = _play_world(task, calls[:4])  # moved and told Oz only
     assert part.score == 0.0 and part.diagnosis == ["pass"] * 4 + ["state_mismatch"]
-    assert progress == pytest.approx(2 / 3)
+    assert progress == pytest.approx((2 + 4) / (3 + 6))
     full, progress = _play_world(task, calls)
     assert full.score == 1.0 and progress == 1.0
-    # an unexpected change is an extra unit never achieved: 3 of 4
+    # an unexpected change is an extra unit never achieved: 3 of 4 changes, 6 of 6 calls
     extra, progress = _play_world(task, [*calls, _call("top_up", amount=5)])
     assert extra.diagnosis[-2:] == ["instance_mismatch", "state_mismatch"]
-    assert progress == pytest.approx(3 / 4)
+    assert progress == pytest.approx((3 + 6) / (4 + 6))
+    # calls count in order: a stray call in between does not undo them, a swap loses one
+    between, progress = _play_world(task, [calls[0], _call("get_balance"), calls[1]])
+    assert progress == pytest.approx((1 + 2) / (3 + 6))
+    swapped, progress = _play_world(task, [calls[1], calls[0]])
+    assert progress == pytest.approx((1 + 1) / (3 + 6))
+
+
+def test_world_progress_grades_failures_the_state_alone_would_tie():
+    # looked up the right contact, then changed the wrong one: above calling nothing useful
+    task = _world_task("update_phone")
+    find, update = task.reference_calls
+    other = next(c for c in task.setup["state"]["contacts"] if c != update.arguments["contact_id"])
+    wrong_contact = _call("update_phone", contact_id=other, phone=update.arguments["phone"])
+    near, near_progress = _play_world(task, [find, wrong_contact])
+    far, far_progress = _play_world(task, [_call("get_balance")])
+    assert near.score == far.score == 0.0
+    assert near_progress > far_progress == 0.0
+    # a success by another path is still 1.0: only the outcome counts once it is right
+    detour, progress = _play_world(task, [_call("get_balance"), update])
+    assert detour.score == 1.0 and progress == 1.0
 
 
 def test_world_progress_is_one_exactly_when_verified():

@@ -39,7 +39,8 @@ TINY = tiny_bootstrap()
 
 @pytest.fixture(scope="module")
 def tasks() -> list[Task]:
-    """Train tasks whose reference takes at least two calls: partial replays grade between 0 and 1."""
+    """Train tasks whose reference takes at least two calls: partial replays grade between 0 and
+    1, and stopping one call short is a hard negative (progress >= 0.5, the step's threshold)."""
     families: dict[str, Task] = {}
     for task in load_split("train"):
         if len(task.reference_calls) < 2 or task.family in families:
@@ -49,7 +50,7 @@ def tasks() -> list[Task]:
             {task.id: task},
         )
         progress = [t.progress for t in episodes]
-        if progress[0] < progress[-1] < 1.0:  # partial replays grade between 0 and 1
+        if progress[0] < progress[-1] < 1.0 and progress[-1] >= 0.5:
             families[task.family] = task
     assert len(families) >= 3
     return list(families.values())[:3]
@@ -490,7 +491,7 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
     rt = runtime(run_dir, tiny_build, tasks)
     cycle_dir = rt.cycle_dir(1)
     # The cycle's rollouts, and the failure agent's (as a kill after its rollouts leaves them).
-    target_episodes = [t for t in graded(tasks) if t.progress < 0.5 or t.score == 1.0]
+    target_episodes = [t for t in graded(tasks) if not t.steps or t.score == 1.0]
     failure_episodes = retagged([t for t in graded(tasks, 10) if t.score < 1.0], "failure")
     dump_jsonl(cycle_dir / "rollouts.jsonl", target_episodes)
     dump_jsonl(cycle_dir / FAILURE_ROLLOUTS, failure_episodes)

@@ -15,8 +15,9 @@ Two LoRA adapters on one base model:
   negatives.
 
 Failures are ranked by the environment's graded progress (``env.progress()``:
-achieved expected state changes on the world, passed turns / scorable turns on
-BFCL), never by the binary score, which would make every failure pair a tie. A
+on the world the achieved share of the reference's state changes, answer and
+calls in order; passed turns / scorable turns on BFCL), never by the binary
+score, which would make every failure pair a tie. A
 hard negative is a failure whose progress is at least ``hard_threshold``;
 ``hard_negative_share`` measures how many failures are hard, per agent.
 

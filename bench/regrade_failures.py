@@ -1,0 +1,104 @@
+"""Re-grade a run's saved failures with the current graded progress: hard-negative shares
+and how many failure pairs are not ties.
+
+    .venv/bin/python bench/regrade_failures.py runs/bench-quickstart/hard-negatives-seed0
+
+Reads ``cycles/NNN/rollouts.jsonl`` (the target's episodes) and, where the run had
+a failure agent, ``cycles/NNN/failure_rollouts.jsonl``, recomputes every episode's
+graded progress from its task (``coevolve.envs.registry``'s diagnose), and prints
+per cycle and agent: failures, their mean progress, how many are at or above the
+hard threshold (the share the Co-Evolving Agents step records), how many score 0,
+and the failure pairs ``failure_pairs`` draws from both agents' episodes (a pair
+needs a strict progress gap: ties are dropped). Use it to see what a change of the
+progress score does to runs that already exist, without rerunning them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coevolve.envs.registry import ENVIRONMENTS
+from coevolve.files import load_jsonl
+from coevolve.records import Task, Trajectory
+from coevolve.training.hard_negative_pairs import (
+    failure_pairs,
+    hard_negative_share,
+    is_failure,
+    with_progress,
+)
+
+
+def regraded(path: Path, tasks: dict[str, Task]) -> list[Trajectory]:
+    if not path.exists():
+        return []
+    episodes = load_jsonl(path, Trajectory)
+    return with_progress([t.model_copy(update={"progress": None}) for t in episodes], tasks)
+
+
+def run_tasks(run_dir: Path, task_ids: set[str]) -> dict[str, Task]:
+    """The seed tasks of these ids and every task the run synthesized."""
+    tasks: dict[str, Task] = {}
+    for spec in ENVIRONMENTS.values():
+        try:
+            tasks.update(spec.seed_tasks(task_ids))
+        except ImportError:  # an environment whose package is not installed
+            continue
+    synthesized = run_dir / "synthesized_tasks.jsonl"
+    if synthesized.exists():
+        tasks.update({task.id: task for task in load_jsonl(synthesized, Task)})
+    return tasks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--threshold", type=float, default=0.6, help="hard-negative threshold")
+    parser.add_argument("--pairs-per-task", type=int, default=4)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+
+    rows = []
+    for cycle_dir in sorted((args.run_dir / "cycles").glob("[0-9][0-9][0-9]")):
+        target_path, failure_path = (
+            cycle_dir / "rollouts.jsonl",
+            cycle_dir / "failure_rollouts.jsonl",
+        )
+        if not target_path.exists():
+            continue
+        saved = [load_jsonl(p, Trajectory) for p in (target_path, failure_path) if p.exists()]
+        tasks = run_tasks(args.run_dir, {t.task_id for episodes in saved for t in episodes})
+        target, failure = regraded(target_path, tasks), regraded(failure_path, tasks)
+        row = {"cycle": int(cycle_dir.name)}
+        for agent, episodes in (("target", target), ("failure_agent", failure)):
+            if episodes:
+                figures = hard_negative_share(episodes, args.threshold)
+                figures["zero"] = sum(is_failure(t) and not t.progress for t in episodes)
+                row[agent] = figures
+        row["failure_pairs"] = len(
+            failure_pairs(target, failure, args.pairs_per_task, args.threshold)
+        )
+        rows.append(row)
+
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(
+        f"{args.run_dir.name}: failures re-graded with the current progress (hard >= {args.threshold})"
+    )
+    for row in rows:
+        parts = [f"cycle {row['cycle']}:"]
+        for agent in ("target", "failure_agent"):
+            figures = row.get(agent)
+            if figures and figures["failures"]:
+                parts.append(
+                    f"{agent} {figures['hard']}/{figures['failures']} hard ({figures['share']:.0%}), "
+                    f"mean {figures['mean_failure_progress']:.3f}, {figures['zero']} at 0;"
+                )
+        parts.append(f"failure pairs {row['failure_pairs']}")
+        print(" ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
