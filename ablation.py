@@ -31,7 +31,8 @@ Each run is evaluated on the held-out split after every cycle. The report
 gives, per arm, the mean final held-out success with a 95% t-interval over
 seeds (and per family), paired differences between arms (paired by seed: the
 same seed means the same rollout sampling and training order), and learning
-curves (learning_curves.png).
+curves (learning_curves.png), per family (family_curves.png) and the paired
+differences per family (family_differences.png).
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ class AblationReport(BaseModel):
     curves: dict[str, list[Interval]]  # arm -> success per cycle
     family_curves: dict[str, dict[str, list[Interval]]] = {}  # arm -> family -> per cycle
     paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
+    # "coevolve - static" -> family -> paired difference of the family's final success
+    paired_by_family: dict[str, dict[str, Interval]] = {}
     plot: str | None = None
 
 
@@ -202,15 +205,24 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
     ]
     pairs += [pair for pair in REFERENCE_PAIRS if set(pair) <= set(by_arm) and pair not in pairs]
     paired: dict[str, Interval] = {}
+    paired_by_family: dict[str, dict[str, Interval]] = {}
     for arm, base in pairs:
         common = sorted(set(by_arm[arm]) & set(by_arm[base]))
         if common:
-            paired[f"{arm} - {base}"] = interval(
-                [
-                    by_arm[arm][s].success_by_cycle[-1] - by_arm[base][s].success_by_cycle[-1]
-                    for s in common
-                ]
+            name = f"{arm} - {base}"
+            ours, theirs = [by_arm[arm][s] for s in common], [by_arm[base][s] for s in common]
+            paired[name] = interval(
+                [a.success_by_cycle[-1] - b.success_by_cycle[-1] for a, b in zip(ours, theirs)]
             )
+            paired_by_family[name] = {
+                family: interval(
+                    [
+                        a.by_family.get(family, 0.0) - b.by_family.get(family, 0.0)
+                        for a, b in zip(ours, theirs)
+                    ]
+                )
+                for family in families
+            }
     return AblationReport(
         config=config,
         seeds=seeds,
@@ -221,6 +233,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         curves=curves,
         family_curves=family_curves,
         paired=paired,
+        paired_by_family=paired_by_family,
     )
 
 
@@ -369,6 +382,8 @@ def run_ablation(
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:
         plot_family_curves(report, out_dir / "family_curves.png")
+    if any(name.split(" - ")[1] in BASELINES for name in report.paired_by_family):
+        plot_family_differences(report, out_dir / "family_differences.png")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
     return report
 
@@ -447,6 +462,36 @@ def plot_family_curves(report: AblationReport, path: Path) -> Path:
     return path
 
 
+def plot_family_differences(report: AblationReport, path: Path) -> Path:
+    """Per family, each arm's paired difference against static and random (points, 95% CI)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    families = sorted({f for name in names for f in report.paired_by_family[name]})
+    figure, axis = plt.subplots(figsize=(8, 0.38 * len(families) * max(1, len(names) / 2) + 1.5))
+    height = 0.8 / max(1, len(names))
+    for offset, name in enumerate(names):
+        values = [report.paired_by_family[name][f] for f in families]
+        ys = [i + (offset - (len(names) - 1) / 2) * height for i in range(len(families))]
+        errors = [0.0 if math.isnan(v.low) else 100 * (v.mean - v.low) for v in values]
+        axis.errorbar(
+            [100 * v.mean for v in values], ys, xerr=errors, fmt="o", capsize=2, label=name
+        )
+    axis.axvline(0, color="black", linewidth=0.8)
+    axis.set_yticks(range(len(families)), families, fontsize=8)
+    axis.invert_yaxis()
+    axis.set_xlabel("paired difference of final held-out success (points)")
+    axis.set_title(f"per family, 95% CI over {_seeds(len(report.seeds))}", fontsize=10)
+    figure.legend(fontsize=8, loc="lower center", ncol=len(names))
+    figure.tight_layout(rect=(0, 0.04, 1, 1))
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
 def print_report(console: Any, report: AblationReport) -> None:
     from rich.table import Table
 
@@ -477,11 +522,7 @@ def print_report(console: Any, report: AblationReport) -> None:
     paired.add_column("difference")
     paired.add_column("mean [95% CI]", justify="right")
     for name, value in report.paired.items():
-        if math.isnan(value.low):
-            text = f"{100 * value.mean:+.1f}"
-        else:
-            text = f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
-        paired.add_row(name, text)
+        paired.add_row(name, _points(value))
     console.print(paired)
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})
     if families:
@@ -494,3 +535,21 @@ def print_report(console: Any, report: AblationReport) -> None:
                 family, *(f"{100 * report.by_family[arm][family].mean:.0f}%" for arm in report.arms)
             )
         console.print(table)
+    # Per family, the differences against the baselines (the reader's first question).
+    against = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    if families and against:
+        table = Table(title="paired differences per family, points [95% CI]")
+        table.add_column("family")
+        for name in against:
+            table.add_column(name, justify="right")
+        for family in families:
+            table.add_row(
+                family, *(_points(report.paired_by_family[name][family]) for name in against)
+            )
+        console.print(table)
+
+
+def _points(value: Interval) -> str:
+    if math.isnan(value.low):
+        return f"{100 * value.mean:+.1f}"
+    return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"

@@ -55,6 +55,23 @@ def test_paired_differences_pair_by_seed():
     assert "static - random" not in report.paired
     assert report.final["coevolve"].mean == pytest.approx(0.3533, abs=1e-3)
     assert report.curves["static"][0].mean == pytest.approx(0.1)
+    # per family, paired the same way (here family "a" is the whole score)
+    family = report.paired_by_family["coevolve - static"]["a"]
+    assert family.mean == pytest.approx(0.0533, abs=1e-3) and family.n == 3
+    assert family.low == pytest.approx(report.paired["coevolve - static"].low)
+
+
+def test_paired_differences_per_family_read_each_family():
+    def run(arm: str, seed: int, a: float, b: float) -> ArmRun:
+        return _run(arm, seed, 0.0).model_copy(update={"by_family": {"a": a, "b": b}})
+
+    runs = [run("static", 0, 0.2, 0.5), run("static", 1, 0.4, 0.5)]
+    runs += [run("coevolve", 0, 0.6, 0.25), run("coevolve", 1, 0.6, 0.75)]
+    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
+    by_family = report.paired_by_family["coevolve - static"]
+    assert by_family["a"].mean == pytest.approx(0.3)  # +0.4 and +0.2
+    assert by_family["b"].mean == pytest.approx(0.0)  # -0.25 and +0.25
+    assert by_family["b"].low < 0 < by_family["b"].high
 
 
 def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
@@ -165,7 +182,11 @@ def test_quick_bench_runs_end_to_end(tmp_path):
             assert run["accepted_by_cycle"][0] <= 2  # synthesis.max_accepted of --quick
     assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
-    assert "paired differences" in out.stderr
+    assert (tmp_path / "family_differences.png").stat().st_size > 10_000
+    assert set(report["paired_by_family"]["coevolve - static"]) == set(
+        report["by_family"]["static"]
+    )
+    assert "paired differences" in out.stderr and "paired differences per family" in out.stderr
 
     # --report-only runs nothing: seed 2 is listed as not run, the report keeps the six units
     out = quick_bench(tmp_path, "static,random,coevolve", 3, "--report-only")
