@@ -212,13 +212,16 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
             name = f"{arm} - {base}"
             ours, theirs = [by_arm[arm][s] for s in common], [by_arm[base][s] for s in common]
             paired[name] = interval(
-                [a.success_by_cycle[-1] - b.success_by_cycle[-1] for a, b in zip(ours, theirs)]
+                [
+                    a.success_by_cycle[-1] - b.success_by_cycle[-1]
+                    for a, b in zip(ours, theirs, strict=True)
+                ]
             )
             paired_by_family[name] = {
                 family: interval(
                     [
                         a.by_family.get(family, 0.0) - b.by_family.get(family, 0.0)
-                        for a, b in zip(ours, theirs)
+                        for a, b in zip(ours, theirs, strict=True)
                     ]
                 )
                 for family in families

@@ -166,6 +166,15 @@ class Trajectory(Record):
         description="Graded progress beside the binary score (passed turns / scorable turns on "
         "BFCL, achieved expected state changes on the world); None when not computed.",
     )
+    failure_grade: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="How close the episode came to success, as the Co-Evolving Agents step ranks "
+        "failures: progress on BFCL; on the world, progress with the reference's calls made in "
+        "order counted as units too (coevolve.envs.diagnosis.world_progress); None when not "
+        "computed.",
+    )
     model_turns: list[ModelTurn] = Field(
         default_factory=list,
         description="Every assistant message as the token ids the model read and wrote, when "

@@ -1,16 +1,16 @@
-"""Re-grade a run's saved failures with the current graded progress: hard-negative shares
+"""Re-grade a run's saved failures with the current failure grade: hard-negative shares
 and how many failure pairs are not ties.
 
     .venv/bin/python bench/regrade_failures.py runs/bench-quickstart/hard-negatives-seed0
 
 Reads ``cycles/NNN/rollouts.jsonl`` (the target's episodes) and, where the run had
 a failure agent, ``cycles/NNN/failure_rollouts.jsonl``, recomputes every episode's
-graded progress from its task (``coevolve.envs.registry``'s diagnose), and prints
-per cycle and agent: failures, their mean progress, how many are at or above the
+failure grade from its task (``coevolve.envs.registry``'s ``failure_grade``), and
+prints per cycle and agent: failures, their mean grade, how many are at or above the
 hard threshold (the share the Co-Evolving Agents step records), how many score 0,
 and the failure pairs ``failure_pairs`` draws from both agents' episodes (a pair
-needs a strict progress gap: ties are dropped). Use it to see what a change of the
-progress score does to runs that already exist, without rerunning them.
+needs a strict grade gap: ties are dropped). Use it to see what a change of the
+failure grade does to runs that already exist, without rerunning them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from coevolve.envs.registry import ENVIRONMENTS
 from coevolve.files import load_jsonl
@@ -26,7 +27,7 @@ from coevolve.training.hard_negative_pairs import (
     failure_pairs,
     hard_negative_share,
     is_failure,
-    with_progress,
+    with_failure_grades,
 )
 
 
@@ -34,7 +35,8 @@ def regraded(path: Path, tasks: dict[str, Task]) -> list[Trajectory]:
     if not path.exists():
         return []
     episodes = load_jsonl(path, Trajectory)
-    return with_progress([t.model_copy(update={"progress": None}) for t in episodes], tasks)
+    fresh = [t.model_copy(update={"failure_grade": None}) for t in episodes]
+    return with_failure_grades(fresh, tasks)
 
 
 def run_tasks(run_dir: Path, task_ids: set[str]) -> dict[str, Task]:
@@ -70,11 +72,11 @@ def main() -> None:
         saved = [load_jsonl(p, Trajectory) for p in (target_path, failure_path) if p.exists()]
         tasks = run_tasks(args.run_dir, {t.task_id for episodes in saved for t in episodes})
         target, failure = regraded(target_path, tasks), regraded(failure_path, tasks)
-        row = {"cycle": int(cycle_dir.name)}
+        row: dict[str, Any] = {"cycle": int(cycle_dir.name)}
         for agent, episodes in (("target", target), ("failure_agent", failure)):
             if episodes:
                 figures = hard_negative_share(episodes, args.threshold)
-                figures["zero"] = sum(is_failure(t) and not t.progress for t in episodes)
+                figures["zero"] = sum(is_failure(t) and not t.failure_grade for t in episodes)
                 row[agent] = figures
         row["failure_pairs"] = len(
             failure_pairs(target, failure, args.pairs_per_task, args.threshold)
@@ -85,16 +87,16 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     print(
-        f"{args.run_dir.name}: failures re-graded with the current progress (hard >= {args.threshold})"
+        f"{args.run_dir.name}: failures re-graded with the current failure grade (hard >= {args.threshold})"
     )
     for row in rows:
         parts = [f"cycle {row['cycle']}:"]
         for agent in ("target", "failure_agent"):
-            figures = row.get(agent)
-            if figures and figures["failures"]:
+            shares = row.get(agent)
+            if shares and shares["failures"]:
                 parts.append(
-                    f"{agent} {figures['hard']}/{figures['failures']} hard ({figures['share']:.0%}), "
-                    f"mean {figures['mean_failure_progress']:.3f}, {figures['zero']} at 0;"
+                    f"{agent} {shares['hard']}/{shares['failures']} hard ({shares['share']:.0%}), "
+                    f"mean {shares['mean_failure_grade']:.3f}, {shares['zero']} at 0;"
                 )
         parts.append(f"failure pairs {row['failure_pairs']}")
         print(" ".join(parts))

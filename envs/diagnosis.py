@@ -59,21 +59,23 @@ wrong; else ``pass``. So a trajectory scores 1 exactly when its outcome label is
 ``pass`` or ``correct_abstention``.
 
 The world's graded progress (``world_progress``) is the fraction of expected
-units achieved. The units are every item (or scalar) the reference solution
-changes, achieved when the final state has the reference's value there; the
-answer, when the task asks a question; and every call of the reference solution,
-achieved when the episode made the same call (name and arguments) in the same
-order (a longest common subsequence, so a wrong call in between does not undo
-the calls around it). Items the model changed that the reference leaves alone
-are extra units never achieved. An episode whose state changes and answer are
-all right scores 1.0 whatever calls it took, so progress is 1.0 exactly when the
-verifier's score is 1.0.
+state changes achieved: every item (or scalar) the reference solution changes,
+plus the answer when the task asks a question, is one unit; a unit is achieved
+when the final state has the reference's value there. Items the model changed
+that the reference leaves alone are extra units never achieved, so progress is
+1.0 exactly when the verifier's score is 1.0.
 
-The reference's calls are units because most world families make their one
-state change at their last call: counted by state changes alone, nearly every
-failure scores 0 (measured on SmolLM2's rollouts: mean 0.015, every failure
-pair a tie), which ranks nothing. With the calls, "looked up the contact, then
-texted the wrong number" scores above "called nothing useful".
+Given the episode's calls, ``world_progress`` also counts every call of the
+reference solution as a unit, achieved when the episode made the same call
+(name and arguments) in the same order (a longest common subsequence, so a
+wrong call in between does not undo the calls around it); an episode whose
+state changes and answer are all right still scores 1.0 whatever calls it took.
+That is the world's ``failure_grade``, what the Co-Evolving Agents step ranks
+failures by: most world families make their one state change at their last
+call, so counted by state changes alone nearly every failure scores 0
+(measured on SmolLM2's rollouts: mean 0.015, every failure pair a tie) and
+nothing is ranked. With the calls, "looked up the contact, then texted the
+wrong number" grades above "called nothing useful".
 """
 
 from __future__ import annotations
@@ -316,11 +318,11 @@ def world_progress(
     task: Task,
     final_state: Mapping[str, Any],
     answer: str | None,
-    calls: Sequence[ToolCall] = (),
+    calls: Sequence[ToolCall] | None = None,
 ) -> float:
-    """The fraction of expected units the episode achieved: the reference's state changes,
-    the asked-for answer and the reference's calls repeated in order (module docstring).
-    ``calls`` are the episode's tool calls, failed ones included."""
+    """The fraction of expected units the episode achieved: the reference's state changes
+    and the asked-for answer, and with ``calls`` (the episode's tool calls, failed ones
+    included) the reference's calls repeated in order too (module docstring)."""
     from .world.verifier import comparable_view, replay
 
     initial = task.setup["state"]
@@ -339,13 +341,16 @@ def world_progress(
         achieved += answer_matches(answer, task.reference_answer)
     if achieved == total:  # the outcome is right (the verifier's 1.0), however it got there
         return 1.0
+    if calls is None:
+        return achieved / total
     achieved += _common_calls(task.reference_calls, calls)
     total += len(task.reference_calls)
     return achieved / total
 
 
 def world_calls(steps: Sequence[Step]) -> list[ToolCall]:
-    """The tool calls an episode made, failed ones included (what ``world_progress`` reads)."""
+    """The tool calls an episode made, failed ones included (what ``world_progress`` reads
+    for the failure grade)."""
     return [step.call for step in steps if step.call is not None]
 
 

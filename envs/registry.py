@@ -63,6 +63,9 @@ class EnvironmentSpec:
     seed_tasks: Callable[[Iterable[str]], dict[str, Task]]  # the seed tasks with these ids
     # (task, a stored trajectory of it) -> (SEAL's labels, graded progress): envs/diagnosis.py.
     diagnose: Callable[[Task, Trajectory], tuple[list[str], float]]
+    # (task, a stored trajectory of it) -> how close it came to success, for ranking failures
+    # against each other (Trajectory.failure_grade): envs/diagnosis.py.
+    failure_grade: Callable[[Task, Trajectory], float]
     inventory: Callable[[], dict[str, Any]]  # task-set sizes and status for `coevolve env list`
 
 
@@ -100,9 +103,14 @@ def _world_diagnosis(task: Task, trajectory: Trajectory) -> tuple[list[str], flo
     _same_task(task, trajectory)
     labels = diagnose_world(task, trajectory.steps, trajectory.final_answer)
     final = world_final_state(task, trajectory.steps)
-    return labels, world_progress(
-        task, final, trajectory.final_answer, world_calls(trajectory.steps)
-    )
+    return labels, world_progress(task, final, trajectory.final_answer)
+
+
+def _world_failure_grade(task: Task, trajectory: Trajectory) -> float:
+    _same_task(task, trajectory)
+    final = world_final_state(task, trajectory.steps)
+    calls = world_calls(trajectory.steps)
+    return world_progress(task, final, trajectory.final_answer, calls)
 
 
 def _world_inventory() -> dict[str, Any]:
@@ -133,6 +141,7 @@ WORLD = EnvironmentSpec(
     load_task_set=load_split,
     seed_tasks=_world_seed_tasks,
     diagnose=_world_diagnosis,
+    failure_grade=_world_failure_grade,
     inventory=_world_inventory,
 )
 
@@ -167,6 +176,10 @@ def _bfcl_diagnosis(task: Task, trajectory: Trajectory) -> tuple[list[str], floa
     return result.labels, result.progress
 
 
+def _bfcl_failure_grade(task: Task, trajectory: Trajectory) -> float:
+    return _bfcl_diagnosis(task, trajectory)[1]  # turn-level progress already grades
+
+
 def _bfcl_inventory() -> dict[str, Any]:
     try:
         import bfcl_eval  # noqa: F401
@@ -199,6 +212,7 @@ BFCL = EnvironmentSpec(
     load_task_set=_bfcl_task_set,
     seed_tasks=_bfcl_seed_tasks,
     diagnose=_bfcl_diagnosis,
+    failure_grade=_bfcl_failure_grade,
     inventory=_bfcl_inventory,
 )
 

@@ -6,7 +6,8 @@ Runs in place of the plain training step when ``hard_negatives.enabled``
 1. the **failure agent** (a second LoRA adapter, ``adapters/failure-cycle-N``,
    on the policy's base model, switched in with peft) rolls out on the cycle's
    tasks -> ``cycles/NNN/failure_rollouts.jsonl``;
-2. both agents' episodes get their graded progress; the share of failures at or
+2. both agents' episodes get their failure grade (graded progress; on the world with
+   the reference's calls counted too); the share of failures at or
    above ``hard_threshold`` is recorded per agent (``cycles/NNN/hard_negatives.json``
    and the cycle's ``train`` figures, key ``hard_negatives``);
 3. the failure agent trains by DPO on (failure, failure) pairs of a task from
@@ -88,7 +89,7 @@ async def train_with_hard_negatives(
         target_objective,
         target_pairs,
         train_preference_adapter,
-        with_progress,
+        with_failure_grades,
     )
     from ..training.trainers import is_adapter_complete, load_train_result
     from .runtime import seed_everything
@@ -150,9 +151,9 @@ async def train_with_hard_negatives(
                 for t in failure_trajectories
             ]
             rollout_time = time.perf_counter() - failure_started
-        failure_trajectories = with_progress(failure_trajectories, by_id)
+        failure_trajectories = with_failure_grades(failure_trajectories, by_id)
         dump_jsonl(path, failure_trajectories)
-    trajectories = with_progress(trajectories, by_id)
+    trajectories = with_failure_grades(trajectories, by_id)
 
     # 2. Shares of hard negatives, per agent.
     shares = {
@@ -281,7 +282,7 @@ def _say(rt: Any, cycle: int, figures: dict[str, Any]) -> None:
     target = figures["target"]
     failure = figures.get("failure_agent")
     text = (
-        f"cycle {cycle} · hard negatives (progress >= {figures['threshold']}): target "
+        f"cycle {cycle} · hard negatives (grade >= {figures['threshold']}): target "
         f"{_percent(target['share'])} of {target['failures']} failures"
     )
     if failure is not None:

@@ -79,9 +79,8 @@ def test_world_every_step_label_in_priority_order():
         "state_mismatch",  # outcome: the right phone was never changed
     ]
     assert trajectory.score == 0.0
-    # expected change (Yves's phone) missed, one unexpected change (the other contact), and
-    # of the reference's two calls only find_contact made: 1 / 4
-    assert progress == pytest.approx(1 / 4)
+    # expected change (Yves's phone) missed, one unexpected change (the other contact): 0 / 2
+    assert progress == 0.0
 
 
 def test_world_recovery_failure_and_planned_errors():
@@ -101,8 +100,7 @@ def test_world_outcome_labels():
     right, _ = _play_world(lookup, lookup.reference_calls, answer=lookup.reference_answer)
     assert right.diagnosis == ["pass", "pass"] and right.score == 1.0
     wrong, progress = _play_world(lookup, lookup.reference_calls, answer="no idea")
-    assert wrong.diagnosis == ["pass", "response_mismatch"]
-    assert progress == pytest.approx(1 / 2)  # the lookup made, the answer wrong
+    assert wrong.diagnosis == ["pass", "response_mismatch"] and progress == 0.0
     nothing, _ = _play_world(lookup, [], answer=lookup.reference_answer)
     assert nothing.diagnosis == ["empty_turn_model_response"]
     # a task whose reference makes no call: abstaining is right, calling is spurious
@@ -115,40 +113,57 @@ def test_world_outcome_labels():
     assert busy.diagnosis == ["instance_mismatch", "spurious_tool_call"]
 
 
-def test_world_progress_counts_expected_changes_and_reference_calls():
+def test_world_progress_counts_expected_changes():
+    # move the event, text Oz, text Wim: three expected changes
+    task = _world_task("move_and_tell_two")
+    calls = task.reference_calls
+    part, progress = _play_world(task, calls[:4])  # moved and told Oz only
+    assert part.score == 0.0 and part.diagnosis == ["pass"] * 4 + ["state_mismatch"]
+    assert progress == pytest.approx(2 / 3)
+    full, progress = _play_world(task, calls)
+    assert full.score == 1.0 and progress == 1.0
+    # an unexpected change is an extra unit never achieved: 3 of 4
+    extra, progress = _play_world(task, [*calls, _call("top_up", amount=5)])
+    assert extra.diagnosis[-2:] == ["instance_mismatch", "state_mismatch"]
+    assert progress == pytest.approx(3 / 4)
+
+
+def _grade(task: Task, trajectory: Trajectory) -> float:
+    return get_environment("world").failure_grade(task, trajectory)
+
+
+def test_world_failure_grade_counts_reference_calls_in_order():
     # move the event, text Oz, text Wim: three expected changes, six reference calls
     task = _world_task("move_and_tell_two")
     calls = task.reference_calls
     assert len(calls) == 6
     part, progress = _play_world(task, calls[:4])  # moved and told Oz only
-    assert part.score == 0.0 and part.diagnosis == ["pass"] * 4 + ["state_mismatch"]
-    assert progress == pytest.approx((2 + 4) / (3 + 6))
-    full, progress = _play_world(task, calls)
-    assert full.score == 1.0 and progress == 1.0
-    # an unexpected change is an extra unit never achieved: 3 of 4 changes, 6 of 6 calls
-    extra, progress = _play_world(task, [*calls, _call("top_up", amount=5)])
-    assert extra.diagnosis[-2:] == ["instance_mismatch", "state_mismatch"]
-    assert progress == pytest.approx((3 + 6) / (4 + 6))
-    # calls count in order: a stray call in between does not undo them, a swap loses one
-    between, progress = _play_world(task, [calls[0], _call("get_balance"), calls[1]])
-    assert progress == pytest.approx((1 + 2) / (3 + 6))
-    swapped, progress = _play_world(task, [calls[1], calls[0]])
-    assert progress == pytest.approx((1 + 1) / (3 + 6))
+    assert progress == pytest.approx(2 / 3) and _grade(task, part) == pytest.approx(6 / 9)
+    full, _ = _play_world(task, calls)
+    assert _grade(task, full) == 1.0
+    extra, _ = _play_world(task, [*calls, _call("top_up", amount=5)])
+    assert _grade(task, extra) == pytest.approx((3 + 6) / (4 + 6))
+    # in order: a stray call in between does not undo the calls around it, a swap loses one
+    between, _ = _play_world(task, [calls[0], _call("get_balance"), calls[1]])
+    assert _grade(task, between) == pytest.approx((1 + 2) / (3 + 6))
+    swapped, _ = _play_world(task, [calls[1], calls[0]])
+    assert _grade(task, swapped) == pytest.approx((1 + 1) / (3 + 6))
 
 
-def test_world_progress_grades_failures_the_state_alone_would_tie():
-    # looked up the right contact, then changed the wrong one: above calling nothing useful
+def test_world_failure_grade_ranks_failures_the_state_alone_ties():
+    # looked up the right contact, then changed the wrong one, against calling nothing useful:
+    # both progress 0 by state changes, the grade puts the near miss first
     task = _world_task("update_phone")
     find, update = task.reference_calls
     other = next(c for c in task.setup["state"]["contacts"] if c != update.arguments["contact_id"])
     wrong_contact = _call("update_phone", contact_id=other, phone=update.arguments["phone"])
     near, near_progress = _play_world(task, [find, wrong_contact])
     far, far_progress = _play_world(task, [_call("get_balance")])
-    assert near.score == far.score == 0.0
-    assert near_progress > far_progress == 0.0
-    # a success by another path is still 1.0: only the outcome counts once it is right
-    detour, progress = _play_world(task, [_call("get_balance"), update])
-    assert detour.score == 1.0 and progress == 1.0
+    assert near.score == far.score == 0.0 and near_progress == far_progress == 0.0
+    assert _grade(task, near) > _grade(task, far) == 0.0
+    # a success by another path still grades 1.0: once the outcome is right, calls do not count
+    detour, _ = _play_world(task, [_call("get_balance"), update])
+    assert detour.score == 1.0 and _grade(task, detour) == 1.0
 
 
 def test_world_progress_is_one_exactly_when_verified():
@@ -158,6 +173,7 @@ def test_world_progress_is_one_exactly_when_verified():
         assert score == 1.0 and env.progress() == 1.0
         truncated, progress = _play_world(task, task.reference_calls[:-1], answer=None)
         assert truncated.score < 1.0 and progress < 1.0, task.id
+        assert _grade(task, truncated) < 1.0, task.id
 
 
 def test_label_counts_and_annotate():

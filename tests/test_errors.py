@@ -11,7 +11,7 @@ from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.errors import PROGRAMMING_ERRORS
 from coevolve.records import Task, ToolCall, Trajectory
 from coevolve.training.datasets import ReplayError, demonstrations_by_task
-from coevolve.training.hard_negative_pairs import expert_conversations, with_progress
+from coevolve.training.hard_negative_pairs import expert_conversations, with_failure_grades
 
 
 def world_task() -> Task:
@@ -124,10 +124,10 @@ def test_progress_raises_when_every_diagnosis_raises():
         steps=[],
         score=0.0,
     )
-    with pytest.raises(ReplayError, match="every one of the 1 progress diagnoses raised"):
-        with_progress([trajectory], {broken.id: broken})
+    with pytest.raises(ReplayError, match="every one of the 1 failure grades raised"):
+        with_failure_grades([trajectory], {broken.id: broken})
     # A trajectory whose task is unknown is not tried, so nothing failed.
-    assert with_progress([trajectory], {})[0].progress is None
+    assert with_failure_grades([trajectory], {})[0].failure_grade is None
 
 
 # --------------------------------------------------------------------------- the test server

@@ -3,7 +3,7 @@
 Real TRL trainers on the tiny bootstrap model (2 steps); nothing here depends on
 what a model learns. Graded failures are made by replaying the first calls of a
 task's reference solution in the real world environment and stopping, so their
-progress is known without a model.
+failure grade is known without a model.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from coevolve.training.hard_negatives import (
     target_objective,
     target_pairs,
     train_preference_adapter,
-    with_progress,
+    with_failure_grades,
 )
 
 TINY = tiny_bootstrap()
@@ -40,16 +40,16 @@ TINY = tiny_bootstrap()
 @pytest.fixture(scope="module")
 def tasks() -> list[Task]:
     """Train tasks whose reference takes at least two calls: partial replays grade between 0 and
-    1, and stopping one call short is a hard negative (progress >= 0.5, the step's threshold)."""
+    1, and stopping one call short is a hard negative (grade >= 0.5, the step's threshold)."""
     families: dict[str, Task] = {}
     for task in load_split("train"):
         if len(task.reference_calls) < 2 or task.family in families:
             continue
-        episodes = with_progress(
+        episodes = with_failure_grades(
             [episode(task, calls, calls) for calls in range(len(task.reference_calls))],
             {task.id: task},
         )
-        progress = [t.progress for t in episodes]
+        progress = [t.failure_grade for t in episodes]
         if progress[0] < progress[-1] < 1.0 and progress[-1] >= 0.5:
             families[task.family] = task
     assert len(families) >= 3
@@ -92,7 +92,7 @@ def graded(tasks: list[Task], offset: int = 0) -> list[Trajectory]:
         total = len(task.reference_calls)
         for calls in range(total + 1):
             out.append(episode(task, calls, offset + calls))
-    return with_progress(out, {task.id: task for task in tasks})
+    return with_failure_grades(out, {task.id: task for task in tasks})
 
 
 def failure_agent_episodes(tasks: list[Task]) -> list[Trajectory]:
@@ -102,7 +102,7 @@ def failure_agent_episodes(tasks: list[Task]) -> list[Trajectory]:
         for task in tasks
         for calls in range(len(task.reference_calls))
     ]
-    return retagged(with_progress(episodes, {task.id: task for task in tasks}), "failure")
+    return retagged(with_failure_grades(episodes, {task.id: task for task in tasks}), "failure")
 
 
 def retagged(trajectories: list[Trajectory], suffix: str) -> list[Trajectory]:
@@ -157,17 +157,17 @@ def test_own_negatives_settings_are_accepted():
 # --------------------------------------------------------------------------- graded ranking
 
 
-def test_progress_grades_failures_between_zero_and_one(tasks):
+def test_failure_grade_grades_failures_between_zero_and_one(tasks):
     trajectories = graded(tasks)
     for task in tasks:
         mine = [t for t in trajectories if t.task_id == task.id]
         full = mine[-1]
-        assert full.score == 1.0 and full.progress == 1.0
-        partial = [t.progress for t in mine[:-1]]
+        assert full.score == 1.0 and full.failure_grade == 1.0
+        partial = [t.failure_grade for t in mine[:-1]]
         assert all(t.score < 1.0 for t in mine[:-1])
         assert partial == sorted(partial) and partial[0] < partial[-1] < 1.0
-    # binary scores alone would tie every failure: progress is what separates them
-    assert len({t.progress for t in trajectories if t.score < 1}) > 1
+    # binary scores alone would tie every failure: the grade is what separates them
+    assert len({t.failure_grade for t in trajectories if t.score < 1}) > 1
     assert len({t.score for t in trajectories if t.score < 1}) == 1
 
 
@@ -180,9 +180,9 @@ def test_failure_pairs_never_include_a_success_nor_a_tie(tasks):
     for pair in pairs:
         chosen, rejected = by_id[pair.chosen_id], by_id[pair.rejected_id]
         assert chosen.score < 1.0 and rejected.score < 1.0
-        assert chosen.progress > rejected.progress  # strictly: ties dropped
+        assert chosen.failure_grade > rejected.failure_grade  # strictly: ties dropped
         assert chosen.task_id == rejected.task_id == pair.task_id
-        assert pair.hard == (chosen.progress >= 0.5)
+        assert pair.hard == (chosen.failure_grade >= 0.5)
     # either agent's failure may be the chosen one
     assert {p.chosen_agent for p in pairs} == {"target", "failure"}
     # identical failures of the two agents are one failure: never paired with themselves
@@ -194,13 +194,13 @@ def test_failure_pairs_rank_the_nearest_miss_first_and_cap(tasks):
     pairs = failure_pairs(target, [], max_per_task=1)
     assert len(pairs) == len(tasks)  # one per task
     for pair in pairs:
-        best = max(t.progress for t in target if t.task_id == pair.task_id and t.score < 1.0)
-        assert pair.chosen_progress == best
+        best = max(t.failure_grade for t in target if t.task_id == pair.task_id and t.score < 1.0)
+        assert pair.chosen_grade == best
     # all failures tied (binary only): nothing to learn, no pair
-    tied = [t.model_copy(update={"progress": 0.0}) for t in target if t.score < 1.0]
+    tied = [t.model_copy(update={"failure_grade": 0.0}) for t in target if t.score < 1.0]
     assert failure_pairs(tied, [], max_per_task=4) == []
-    # no graded progress: never ranked
-    ungraded = [t.model_copy(update={"progress": None}) for t in target]
+    # no failure grade: never ranked
+    ungraded = [t.model_copy(update={"failure_grade": None}) for t in target]
     assert failure_pairs(ungraded, [], max_per_task=4) == []
 
 
@@ -208,7 +208,7 @@ def test_hard_negative_share_counts_failures_at_or_above_the_threshold(tasks):
     trajectories = graded(tasks)
     failures = [t for t in trajectories if t.score < 1.0]
     share = hard_negative_share(trajectories, 0.5)
-    hard = sum(t.progress >= 0.5 for t in failures)
+    hard = sum(t.failure_grade >= 0.5 for t in failures)
     assert share["failures"] == len(failures) and share["hard"] == hard
     assert share["share"] == pytest.approx(hard / len(failures))
     assert share["success"] == pytest.approx(len(tasks) / len(trajectories))
@@ -233,8 +233,8 @@ def test_target_pairs_put_the_expert_first_and_mix_sources(tasks):
     settings = HardNegativeSettings(failure_share=0.0, pairs_per_task=1, min_negative_progress=0.3)
     pairs = target_pairs(experts, target, [], settings)
     for pair in pairs:
-        best = max(t.progress for t in target if t.task_id == pair.task_id and t.score < 1.0)
-        assert pair.rejected_progress == best >= 0.3
+        best = max(t.failure_grade for t in target if t.task_id == pair.task_id and t.score < 1.0)
+        assert pair.rejected_grade == best >= 0.3
 
 
 def test_target_pairs_cut_long_failures_to_the_expert_plus_turns(tasks):
@@ -248,7 +248,7 @@ def test_target_pairs_cut_long_failures_to_the_expert_plus_turns(tasks):
             + failure.messages[-1:]
         }
     )
-    (long,) = with_progress([long], {task.id: task})
+    (long,) = with_failure_grades([long], {task.id: task})
     experts = expert_conversations([task], WorldEnvironment, POLICY_SYSTEM_PROMPT)
     settings = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=1)
     (pair,) = target_pairs(experts, [long], [], settings)
@@ -272,7 +272,7 @@ def test_negatives_keep_their_generated_ids_unless_cut(tasks):
             "model_turns": turns,
         }
     )
-    (long,) = with_progress([long], {task.id: task})
+    (long,) = with_failure_grades([long], {task.id: task})
     experts = expert_conversations([task], WorldEnvironment, POLICY_SYSTEM_PROMPT)
     whole = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=None)
     (pair,) = target_pairs(experts, [long], [], whole)

@@ -1,6 +1,11 @@
-"""Preference pairs ranked by graded progress, for the Co-Evolving Agents step: failures and
+"""Preference pairs ranked by failure grade, for the Co-Evolving Agents step: failures and
 hard-negative shares, (failure, failure) pairs for the failure agent and (expert, failure)
-pairs for the target."""
+pairs for the target.
+
+An episode's failure grade (``Trajectory.failure_grade``, from its environment's
+``failure_grade``) is how close it came to success: BFCL's turn-level progress,
+and on the world the graded progress with the reference's calls counted as units
+too, since the world's state changes alone grade nearly every failure 0."""
 
 from __future__ import annotations
 
@@ -29,11 +34,11 @@ logger = logging.getLogger(__name__)
 Agent = Literal["target", "failure"]
 
 
-def with_progress(
+def with_failure_grades(
     trajectories: Sequence[Trajectory], tasks: Mapping[str, Task]
 ) -> list[Trajectory]:
-    """The trajectories with ``progress`` filled in where it is missing (from the task's
-    environment: its registry spec's ``diagnose``). One whose task is unknown, or whose
+    """The trajectories with ``failure_grade`` (and ``progress``) filled in where missing,
+    from the task's environment (its registry spec). One whose task is unknown, or whose
     environment is not registered, keeps None and is never ranked."""
     from ..envs.registry import ENVIRONMENTS
 
@@ -41,26 +46,39 @@ def with_progress(
     tried, crashed = 0, []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
-        if trajectory.progress is not None or task is None or task.env not in ENVIRONMENTS:
+        if trajectory.failure_grade is not None or task is None or task.env not in ENVIRONMENTS:
             out.append(trajectory)
             continue
         tried += 1
+        spec = ENVIRONMENTS[task.env]
         try:
-            _, progress = ENVIRONMENTS[task.env].diagnose(task, trajectory)
+            value = spec.failure_grade(task, trajectory)
+            progress = trajectory.progress
+            if progress is None:
+                _, progress = spec.diagnose(task, trajectory)
         except TASK_ERRORS as err:  # one odd trajectory must not end the cycle
             crashed.append(f"{trajectory.id}: {type(err).__name__}: {err}")
-            logger.warning("no progress for %s", crashed[-1])
+            logger.warning("no failure grade for %s", crashed[-1])
             out.append(trajectory)
             continue
-        out.append(trajectory.model_copy(update={"progress": min(max(progress, 0.0), 1.0)}))
+        update = {"failure_grade": _unit(value), "progress": _unit(progress)}
+        out.append(trajectory.model_copy(update=update))
     if tried and len(crashed) == tried:
-        raise every_item_failed("progress diagnoses", tried, crashed[0])
+        raise every_item_failed("failure grades", tried, crashed[0])
     return out
 
 
+def _unit(value: float) -> float:
+    return min(max(value, 0.0), 1.0)
+
+
+def grade(trajectory: Trajectory) -> float:
+    return trajectory.failure_grade or 0.0
+
+
 def is_failure(trajectory: Trajectory) -> bool:
-    """A finished episode below full score, with an assistant turn and a graded progress."""
-    if is_success(trajectory.score) or trajectory.progress is None:
+    """A finished episode below full score, with an assistant turn and a failure grade."""
+    if is_success(trajectory.score) or trajectory.failure_grade is None:
         return False
     if trajectory.error is not None:
         return False
@@ -69,13 +87,13 @@ def is_failure(trajectory: Trajectory) -> bool:
 
 
 def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) -> dict[str, Any]:
-    """How many of the episodes' failures are hard negatives (progress >= ``threshold``).
+    """How many of the episodes' failures are hard negatives (failure grade >= ``threshold``).
 
     ``share`` is hard / failures (None without failures); ``success`` the share of
-    episodes that succeeded; ``mean_failure_progress`` the mean progress of the failures.
+    episodes that succeeded; ``mean_failure_grade`` the mean grade of the failures.
     """
     failures = [t for t in trajectories if is_failure(t)]
-    hard = [t for t in failures if (t.progress or 0.0) >= threshold]
+    hard = [t for t in failures if grade(t) >= threshold]
     successes = sum(is_success(t.score) for t in trajectories)
     return {
         "episodes": len(trajectories),
@@ -83,21 +101,21 @@ def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) ->
         "failures": len(failures),
         "hard": len(hard),
         "share": len(hard) / len(failures) if failures else None,
-        "mean_failure_progress": (
-            sum(t.progress or 0.0 for t in failures) / len(failures) if failures else None
+        "mean_failure_grade": (
+            sum(grade(t) for t in failures) / len(failures) if failures else None
         ),
     }
 
 
 class RankedPair(PreferencePair):
-    """A preference pair with where its sides came from and their graded progress."""
+    """A preference pair with where its sides came from and their failure grades."""
 
     chosen_agent: Literal["target", "failure", "expert"]
     rejected_agent: Agent
     chosen_id: str
     rejected_id: str
-    chosen_progress: float
-    rejected_progress: float
+    chosen_grade: float
+    rejected_grade: float
     chosen_score: float
     rejected_score: float
     hard: bool = Field(description="The rejected side (for failure pairs: the chosen) is hard.")
@@ -106,10 +124,10 @@ class RankedPair(PreferencePair):
 def _distinct_failures(
     tagged: Sequence[tuple[Agent, Trajectory]],
 ) -> list[tuple[Agent, Trajectory, list[Message], list[Message]]]:
-    """(agent, trajectory, opening, rest) of each distinct failure, highest progress first."""
+    """(agent, trajectory, opening, rest) of each distinct failure, highest grade first."""
     seen: set[str] = set()
     out = []
-    ranked = sorted(tagged, key=lambda item: -(item[1].progress or 0.0))
+    ranked = sorted(tagged, key=lambda item: -grade(item[1]))
     for agent, trajectory in ranked:
         if not is_failure(trajectory):
             continue
@@ -142,12 +160,12 @@ def failure_pairs(
 ) -> list[RankedPair]:
     """(failure, failure) pairs of one task for the failure agent's DPO.
 
-    Failures (score < 1, graded progress known, finished without error) of both
-    agents are pooled per task; in every pair the chosen side has strictly higher
-    progress than the rejected one (ties are dropped), either agent may be on
+    Failures (score < 1, failure grade known, finished without error) of both
+    agents are pooled per task; in every pair the chosen side has a strictly higher
+    grade than the rejected one (ties are dropped), either agent may be on
     either side, and a success is never on either side. Both sides share the
     opening (system prompt and request). Pairs whose chosen side has the highest
-    progress come first, then the widest margin; at most ``max_per_task`` per task,
+    grade come first, then the widest margin; at most ``max_per_task`` per task,
     each failure chosen at most once.
     """
     if max_per_task < 1:
@@ -158,11 +176,11 @@ def failure_pairs(
         candidates = []
         for i, (c_agent, chosen, c_open, c_rest) in enumerate(failures):
             for r_agent, rejected, r_open, r_rest in failures[i + 1 :]:
-                c_progress, r_progress = chosen.progress or 0.0, rejected.progress or 0.0
-                if c_progress <= r_progress or c_open != r_open:
+                c_grade, r_grade = grade(chosen), grade(rejected)
+                if c_grade <= r_grade or c_open != r_open:
                     continue
                 candidates.append(
-                    (-c_progress, -(c_progress - r_progress), i, c_agent, chosen, c_rest, r_agent, rejected, r_rest, c_open)
+                    (-c_grade, -(c_grade - r_grade), i, c_agent, chosen, c_rest, r_agent, rejected, r_rest, c_open)
                 )  # fmt: skip
         candidates.sort(key=lambda item: item[:3])
         used: set[str] = set()
@@ -184,11 +202,11 @@ def failure_pairs(
                     rejected_agent=r_agent,
                     chosen_id=chosen.id,
                     rejected_id=rejected.id,
-                    chosen_progress=chosen.progress or 0.0,
-                    rejected_progress=rejected.progress or 0.0,
+                    chosen_grade=grade(chosen),
+                    rejected_grade=grade(rejected),
                     chosen_score=chosen.score,
                     rejected_score=rejected.score,
-                    hard=(chosen.progress or 0.0) >= hard_threshold,
+                    hard=grade(chosen) >= hard_threshold,
                 )
             )
     return pairs
@@ -236,7 +254,7 @@ def target_pairs(
 
     Per task, ``round(failure_share * pairs_per_task)`` rejected sides come from
     the failure agent's failures and the rest from the target's own, highest
-    graded progress first, only failures with progress >= ``min_negative_progress``;
+    failure grade first, only failures graded >= ``min_negative_progress``;
     when one source runs short the other fills in (unless the share is 0 or 1).
     The expert is always the chosen side. A rejected conversation longer than the
     expert's by more than ``truncate_extra_turns`` (assistant, tool) turns is cut.
@@ -250,7 +268,7 @@ def target_pairs(
         opening, chosen = split_opening(json_arguments(expert))
         pool: dict[Agent, list[tuple[Trajectory, list[Message]]]] = {"target": [], "failure": []}
         for agent, trajectory, t_open, rest in _distinct_failures(tagged):
-            if t_open == opening and (trajectory.progress or 0.0) >= settings.min_negative_progress:
+            if t_open == opening and grade(trajectory) >= settings.min_negative_progress:
                 pool[agent].append((trajectory, rest))
         quota_failure = round(share * settings.pairs_per_task)
         picked: list[tuple[Agent, Trajectory, list[Message]]] = []
@@ -281,11 +299,11 @@ def target_pairs(
                     rejected_agent=agent,
                     chosen_id=f"{task_id}/expert",
                     rejected_id=trajectory.id,
-                    chosen_progress=1.0,
-                    rejected_progress=trajectory.progress or 0.0,
+                    chosen_grade=1.0,
+                    rejected_grade=grade(trajectory),
                     chosen_score=1.0,
                     rejected_score=trajectory.score,
-                    hard=(trajectory.progress or 0.0) >= settings.hard_threshold,
+                    hard=grade(trajectory) >= settings.hard_threshold,
                 )
             )
     return pairs

@@ -23,7 +23,7 @@ class HardNegativeSettings(BaseModel):
         default=0.6,
         gt=0.0,
         lt=1.0,
-        description="A failure whose graded progress is at least this is a hard negative (0.6 is "
+        description="A failure whose failure grade is at least this is a hard negative (0.6 is "
         "the paper's analysis threshold). Used for the shares recorded per cycle.",
     )
     # ------------------------------------------------------------------ the failure agent
@@ -98,8 +98,9 @@ class HardNegativeSettings(BaseModel):
         default=0.0,
         ge=0.0,
         lt=1.0,
-        description="Only failures with at least this graded progress are the target's negatives "
-        "(0: every failure, hardest first; hard_threshold: hard negatives only).",
+        description="Only failures with at least this failure grade (Trajectory.failure_grade: "
+        "graded progress, on the world with the reference's calls counted too) are the target's "
+        "negatives (0: every failure, hardest first; hard_threshold: hard negatives only).",
     )
     truncate_extra_turns: int | None = Field(
         default=5,

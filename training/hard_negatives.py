@@ -14,11 +14,11 @@ Two LoRA adapters on one base model:
   on either side. It drifts toward failures that come close to success: hard
   negatives.
 
-Failures are ranked by the environment's graded progress (``env.progress()``:
-on the world the achieved share of the reference's state changes, answer and
-calls in order; passed turns / scorable turns on BFCL), never by the binary
-score, which would make every failure pair a tie. A
-hard negative is a failure whose progress is at least ``hard_threshold``;
+Failures are ranked by their failure grade (``Trajectory.failure_grade``:
+passed turns / scorable turns on BFCL; on the world the achieved share of the
+reference's state changes, answer and calls made in order), never by the binary
+score, which would make every failure pair a tie. A hard negative is a failure
+whose grade is at least ``hard_threshold``;
 ``hard_negative_share`` measures how many failures are hard, per agent.
 
 The target's objective is TRL's ``DPOConfig(loss_type=["sigmoid", "sft"],
@@ -56,7 +56,7 @@ from .hard_negative_pairs import (
     hard_negative_share,
     is_failure,
     target_pairs,
-    with_progress,
+    with_failure_grades,
 )
 from .hard_negative_settings import HardNegativeSettings
 from .trainers import TrainResult
@@ -81,7 +81,7 @@ __all__ = [
     "target_objective",
     "target_pairs",
     "train_preference_adapter",
-    "with_progress",
+    "with_failure_grades",
 ]
 
 logger = logging.getLogger(__name__)

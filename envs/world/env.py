@@ -38,7 +38,6 @@ class WorldEnvironment(ToolEnvironment):
         self.world: World | None = None
         self.answer: str | None = None
         self.turn = 0
-        self.calls: list[ToolCall] = []  # this episode's checked calls, for progress()
 
     def tools(self) -> list[dict[str, Any]]:
         return tool_schemas()
@@ -52,13 +51,11 @@ class WorldEnvironment(ToolEnvironment):
         self.world = World(clone(task.setup["state"]))
         self.answer = None
         self.turn = 0
-        self.calls = []
         return task.turns[0].query
 
     def _execute(self, call: ToolCall) -> str:
         if self.world is None:
             raise ToolError("not_started", "the episode has not started: call reset(task) first")
-        self.calls.append(call)
         return self.world.run(call.name, dict(call.arguments))
 
     def end_turn(self, answer: str | None = None) -> str | None:
@@ -75,13 +72,12 @@ class WorldEnvironment(ToolEnvironment):
         return verify(self.task, self.world.state, self.answer)
 
     def progress(self) -> float:
-        """Graded progress: the fraction of expected state changes, answer and reference
-        calls achieved (``coevolve.envs.diagnosis.world_progress``)."""
+        """Graded progress: the fraction of expected state changes (and answer) achieved."""
         from ..diagnosis import world_progress
 
         if self.task is None or self.world is None:
             raise RuntimeError("progress() before reset()")
-        return world_progress(self.task, self.world.state, self.answer, self.calls)
+        return world_progress(self.task, self.world.state, self.answer)
 
     def diagnose(self, trajectory: Trajectory) -> list[str]:
         """SEAL-style labels of a trajectory of the current task: one per step plus an
