@@ -97,6 +97,10 @@ REFERENCE_PAIRS = (
     ("hard-negatives", "own-negatives"),
 )
 
+# The paper's effects (points of success), for the power of the differences that test them.
+PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
+MAX_SEEDS = 200  # "more than this many seeds" is all a report needs to say
+
 # Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
 _T95 = {
     1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -124,6 +128,29 @@ class Interval(BaseModel):
     n: int
 
 
+class Power(BaseModel):
+    """How many paired seeds a difference needs for its 95% interval to exclude 0."""
+
+    sd: float  # standard deviation of the per-seed paired differences
+    n: int  # seeds it was measured on
+    # seeds for t(n-1) * sd / sqrt(n) < |mean|: the observed mean, if it held (None: more
+    # than MAX_SEEDS, or no spread measured)
+    seeds_for_observed: int | None
+    # the same for the paper's effect, where the difference tests one (PAPER_EFFECTS)
+    paper_effect: float | None = None
+    seeds_for_paper_effect: int | None = None
+
+
+def seeds_needed(sd: float, effect: float) -> int | None:
+    """The fewest seeds whose paired 95% interval, of this spread, excludes 0 at this mean."""
+    if not sd > 0 or effect == 0:
+        return None
+    for n in range(2, MAX_SEEDS + 1):
+        if t95(n - 1) * sd / math.sqrt(n) < abs(effect):
+            return n
+    return None
+
+
 class AblationReport(BaseModel):
     config: str
     seeds: list[int]
@@ -136,6 +163,7 @@ class AblationReport(BaseModel):
     paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
     # "coevolve - static" -> family -> paired difference of the family's final success
     paired_by_family: dict[str, dict[str, Interval]] = {}
+    power: dict[str, Power] = {}  # "coevolve - static" -> the seeds it needs
     plot: str | None = None
 
 
@@ -206,17 +234,28 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
     pairs += [pair for pair in REFERENCE_PAIRS if set(pair) <= set(by_arm) and pair not in pairs]
     paired: dict[str, Interval] = {}
     paired_by_family: dict[str, dict[str, Interval]] = {}
+    power: dict[str, Power] = {}
     for arm, base in pairs:
         common = sorted(set(by_arm[arm]) & set(by_arm[base]))
         if common:
             name = f"{arm} - {base}"
             ours, theirs = [by_arm[arm][s] for s in common], [by_arm[base][s] for s in common]
-            paired[name] = interval(
-                [
-                    a.success_by_cycle[-1] - b.success_by_cycle[-1]
-                    for a, b in zip(ours, theirs, strict=True)
-                ]
-            )
+            differences = [
+                a.success_by_cycle[-1] - b.success_by_cycle[-1]
+                for a, b in zip(ours, theirs, strict=True)
+            ]
+            paired[name] = interval(differences)
+            if len(differences) >= 2:
+                mean = paired[name].mean
+                sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1))
+                effect = PAPER_EFFECTS.get(name)
+                power[name] = Power(
+                    sd=sd,
+                    n=len(differences),
+                    seeds_for_observed=seeds_needed(sd, mean),
+                    paper_effect=effect,
+                    seeds_for_paper_effect=seeds_needed(sd, effect) if effect else None,
+                )
             paired_by_family[name] = {
                 family: interval(
                     [
@@ -237,6 +276,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         family_curves=family_curves,
         paired=paired,
         paired_by_family=paired_by_family,
+        power=power,
     )
 
 
@@ -527,6 +567,22 @@ def print_report(console: Any, report: AblationReport) -> None:
     for name, value in report.paired.items():
         paired.add_row(name, _points(value))
     console.print(paired)
+    if report.power:
+        table = Table(title="seeds for a paired 95% interval that excludes 0")
+        table.add_column("difference")
+        table.add_column("SD (points)", justify="right")
+        table.add_column("seeds, if the mean holds", justify="right")
+        table.add_column("seeds, at the paper's effect", justify="right")
+        for name, power in report.power.items():
+            paper = (
+                f"{_seeds_text(power.seeds_for_paper_effect)} (+{100 * power.paper_effect:.0f})"
+                if power.paper_effect
+                else ""
+            )
+            table.add_row(
+                name, f"{100 * power.sd:.1f}", _seeds_text(power.seeds_for_observed), paper
+            )
+        console.print(table)
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})
     if families:
         table = Table(title="final held-out success per family (mean over seeds)")
@@ -550,6 +606,10 @@ def print_report(console: Any, report: AblationReport) -> None:
                 family, *(_points(report.paired_by_family[name][family]) for name in against)
             )
         console.print(table)
+
+
+def _seeds_text(seeds: int | None) -> str:
+    return f"> {MAX_SEEDS}" if seeds is None else str(seeds)
 
 
 def _points(value: Interval) -> str:

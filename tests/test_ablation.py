@@ -61,6 +61,28 @@ def test_paired_differences_pair_by_seed():
     assert family.low == pytest.approx(report.paired["coevolve - static"].low)
 
 
+def test_power_says_how_many_seeds_a_difference_needs():
+    from coevolve.ablation import seeds_needed, t95
+
+    # sd 4 points: the interval half-width t(n-1) * 4 / sqrt(n) drops below 6 at n = 5
+    assert seeds_needed(0.04, 0.06) == 5
+    assert t95(4) * 0.04 / math.sqrt(5) < 0.06 <= t95(3) * 0.04 / math.sqrt(4)
+    assert seeds_needed(0.04, -0.06) == 5  # the sign does not matter
+    assert seeds_needed(0.04, 0.0) is None and seeds_needed(0.0, 0.05) is None
+    assert seeds_needed(0.5, 0.001) is None  # more than MAX_SEEDS
+
+    runs = [_run("static", s, 0.3) for s in range(4)]
+    runs += [_run("coevolve", s, 0.3 + d) for s, d in enumerate([0.05, 0.01, -0.01, 0.08])]
+    report = summarize(runs, ["static", "coevolve"], [0, 1, 2, 3], "test")
+    power = report.power["coevolve - static"]
+    differences = [0.05, 0.01, -0.01, 0.08]
+    mean = sum(differences) / 4
+    sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / 3)
+    assert power.n == 4 and power.sd == pytest.approx(sd)
+    assert power.seeds_for_observed == seeds_needed(sd, mean)
+    assert power.paper_effect == 0.06 and power.seeds_for_paper_effect == seeds_needed(sd, 0.06)
+
+
 def test_paired_differences_per_family_read_each_family():
     def run(arm: str, seed: int, a: float, b: float) -> ArmRun:
         return _run(arm, seed, 0.0).model_copy(update={"by_family": {"a": a, "b": b}})
