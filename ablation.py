@@ -425,7 +425,7 @@ def run_ablation(
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:
         plot_family_curves(report, out_dir / "family_curves.png")
-    if any(name.split(" - ")[1] in BASELINES for name in report.paired_by_family):
+    if family_pairs(report):
         plot_family_differences(report, out_dir / "family_differences.png")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
     return report
@@ -505,14 +505,23 @@ def plot_family_curves(report: AblationReport, path: Path) -> Path:
     return path
 
 
+def family_pairs(report: AblationReport) -> list[str]:
+    """The paired differences the per-family table and figure show: coevolve's against
+    static and random when coevolve ran (the reader's first question), else every arm's
+    against them. report.json keeps every pair."""
+    against = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    product = [name for name in against if name.split(" - ")[0] == "coevolve"]
+    return product or against
+
+
 def plot_family_differences(report: AblationReport, path: Path) -> Path:
-    """Per family, each arm's paired difference against static and random (points, 95% CI)."""
+    """Per family, the paired differences of ``family_pairs`` (points, 95% CI)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    names = family_pairs(report)
     families = sorted({f for name in names for f in report.paired_by_family[name]})
     figure, axis = plt.subplots(figsize=(8, 0.38 * len(families) * max(1, len(names) / 2) + 1.5))
     height = 0.8 / max(1, len(names))
@@ -594,8 +603,7 @@ def print_report(console: Any, report: AblationReport) -> None:
                 family, *(f"{100 * report.by_family[arm][family].mean:.0f}%" for arm in report.arms)
             )
         console.print(table)
-    # Per family, the differences against the baselines (the reader's first question).
-    against = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    against = family_pairs(report)
     if families and against:
         table = Table(title="paired differences per family, points [95% CI]")
         table.add_column("family")

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.ablation import ARMS, ArmRun, arm_config, interval, summarize, unit_still_counts
+from coevolve.ablation import (
+    ARMS,
+    ArmRun,
+    arm_config,
+    family_pairs,
+    interval,
+    summarize,
+    unit_still_counts,
+)
 from coevolve.config import load_config
 
 
@@ -94,6 +102,12 @@ def test_paired_differences_per_family_read_each_family():
     assert by_family["a"].mean == pytest.approx(0.3)  # +0.4 and +0.2
     assert by_family["b"].mean == pytest.approx(0.0)  # -0.25 and +0.25
     assert by_family["b"].low < 0 < by_family["b"].high
+    # the per-family table and figure show coevolve's differences when it ran, else all
+    assert family_pairs(report) == ["coevolve - static"]
+    seal_only = summarize(
+        [run("static", 0, 0.2, 0.5), run("seal", 0, 0.3, 0.5)], ["static", "seal"], [0], "test"
+    )
+    assert family_pairs(seal_only) == ["seal - static"]
 
 
 def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
