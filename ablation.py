@@ -176,14 +176,22 @@ def t95(df: int) -> float:
     return _T95[max(known)] if df <= 30 else 1.96
 
 
+def sample_sd(values: list[float]) -> float:
+    """The sample standard deviation (n - 1 in the denominator; nan below two values)."""
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
 def interval(values: list[float]) -> Interval:
     """Mean and 95% t-interval (a single value has an unbounded interval: nan)."""
     n = len(values)
     mean = sum(values) / n if n else math.nan
     if n < 2:
         return Interval(mean=mean, low=math.nan, high=math.nan, n=n)
-    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
-    half = t95(n - 1) * math.sqrt(variance / n)
+    half = t95(n - 1) * sample_sd(values) / math.sqrt(n)
     return Interval(mean=mean, low=mean - half, high=mean + half, n=n)
 
 
@@ -246,13 +254,12 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
             ]
             paired[name] = interval(differences)
             if len(differences) >= 2:
-                mean = paired[name].mean
-                sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1))
+                sd = sample_sd(differences)
                 effect = PAPER_EFFECTS.get(name)
                 power[name] = Power(
                     sd=sd,
                     n=len(differences),
-                    seeds_for_observed=seeds_needed(sd, mean),
+                    seeds_for_observed=seeds_needed(sd, paired[name].mean),
                     paper_effect=effect,
                     seeds_for_paper_effect=seeds_needed(sd, effect) if effect else None,
                 )

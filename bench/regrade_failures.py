@@ -31,10 +31,7 @@ from coevolve.training.hard_negative_pairs import (
 )
 
 
-def regraded(path: Path, tasks: dict[str, Task]) -> list[Trajectory]:
-    if not path.exists():
-        return []
-    episodes = load_jsonl(path, Trajectory)
+def regraded(episodes: list[Trajectory], tasks: dict[str, Task]) -> list[Trajectory]:
     fresh = [t.model_copy(update={"failure_grade": None}) for t in episodes]
     return with_failure_grades(fresh, tasks)
 
@@ -69,9 +66,11 @@ def main() -> None:
         )
         if not target_path.exists():
             continue
-        saved = [load_jsonl(p, Trajectory) for p in (target_path, failure_path) if p.exists()]
-        tasks = run_tasks(args.run_dir, {t.task_id for episodes in saved for t in episodes})
-        target, failure = regraded(target_path, tasks), regraded(failure_path, tasks)
+        saved_target = load_jsonl(target_path, Trajectory)
+        saved_failure = load_jsonl(failure_path, Trajectory) if failure_path.exists() else []
+        ids = {t.task_id for t in saved_target + saved_failure}
+        tasks = run_tasks(args.run_dir, ids)
+        target, failure = regraded(saved_target, tasks), regraded(saved_failure, tasks)
         row: dict[str, Any] = {"cycle": int(cycle_dir.name)}
         for agent, episodes in (("target", target), ("failure_agent", failure)):
             if episodes:

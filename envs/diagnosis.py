@@ -293,16 +293,12 @@ def _changed(before: Mapping[tuple[str, ...], Any], after: Mapping[tuple[str, ..
     return {unit for unit in before.keys() | after.keys() if before.get(unit) != after.get(unit)}
 
 
-def _call_key(call: ToolCall) -> tuple[str, str]:
-    return call.name, json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
-
-
 def _common_calls(reference: Sequence[ToolCall], made: Sequence[ToolCall]) -> int:
     """How many reference calls ``made`` repeats in order (longest common subsequence)."""
-    wanted = [_call_key(call) for call in reference]
+    wanted = [(call.name, _key(call.arguments)) for call in reference]
     lengths = [0] * (len(wanted) + 1)
     for call in made:
-        key = _call_key(call)
+        key = (call.name, _key(call.arguments))
         previous_diagonal = 0
         for i, reference_key in enumerate(wanted):
             above = lengths[i + 1]
@@ -322,7 +318,8 @@ def world_progress(
 ) -> float:
     """The fraction of expected units the episode achieved: the reference's state changes
     and the asked-for answer, and with ``calls`` (the episode's tool calls, failed ones
-    included) the reference's calls repeated in order too (module docstring)."""
+    included: ``Trajectory.calls``) the reference's calls repeated in order too (module
+    docstring)."""
     from .world.verifier import comparable_view, replay
 
     initial = task.setup["state"]
@@ -346,12 +343,6 @@ def world_progress(
     achieved += _common_calls(task.reference_calls, calls)
     total += len(task.reference_calls)
     return achieved / total
-
-
-def world_calls(steps: Sequence[Step]) -> list[ToolCall]:
-    """The tool calls an episode made, failed ones included (what ``world_progress`` reads
-    for the failure grade)."""
-    return [step.call for step in steps if step.call is not None]
 
 
 def world_final_state(task: Task, steps: Sequence[Step]) -> dict[str, Any]:

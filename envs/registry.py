@@ -30,7 +30,6 @@ from .diagnosis import (
     bfcl_model_turns,
     diagnose_bfcl,
     diagnose_world,
-    world_calls,
     world_final_state,
     world_progress,
 )
@@ -109,8 +108,7 @@ def _world_diagnosis(task: Task, trajectory: Trajectory) -> tuple[list[str], flo
 def _world_failure_grade(task: Task, trajectory: Trajectory) -> float:
     _same_task(task, trajectory)
     final = world_final_state(task, trajectory.steps)
-    calls = world_calls(trajectory.steps)
-    return world_progress(task, final, trajectory.final_answer, calls)
+    return world_progress(task, final, trajectory.final_answer, trajectory.calls)
 
 
 def _world_inventory() -> dict[str, Any]:
