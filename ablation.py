@@ -195,6 +195,16 @@ def interval(values: list[float]) -> Interval:
     return Interval(mean=mean, low=mean - half, high=mean + half, n=n)
 
 
+def paired_interval(differences: list[float]) -> Interval:
+    """``interval`` of paired differences, except that equal non-zero differences (two seeds
+    that moved by the same number of held-out tasks) give no interval (nan): their spread of
+    0 is the scores' coarseness, not a measured certainty, and a zero-width interval would
+    read as an effect that excludes 0."""
+    if len(differences) >= 2 and sample_sd(differences) < 1e-9 and abs(differences[0]) > 1e-9:
+        return Interval(mean=differences[0], low=math.nan, high=math.nan, n=len(differences))
+    return interval(differences)
+
+
 def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str) -> AblationReport:
     by_arm = {arm: {run.seed: run for run in runs if run.arm == arm} for arm in arms}
     final = {arm: interval([r.success_by_cycle[-1] for r in by_arm[arm].values()]) for arm in arms}
@@ -252,9 +262,9 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
                 a.success_by_cycle[-1] - b.success_by_cycle[-1]
                 for a, b in zip(ours, theirs, strict=True)
             ]
-            paired[name] = interval(differences)
-            if len(differences) >= 2:
-                sd = sample_sd(differences)
+            paired[name] = paired_interval(differences)
+            sd = sample_sd(differences) if len(differences) >= 2 else 0.0
+            if sd > 1e-9:  # no spread measured: no power to work out
                 effect = PAPER_EFFECTS.get(name)
                 power[name] = Power(
                     sd=sd,
@@ -264,7 +274,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
                     seeds_for_paper_effect=seeds_needed(sd, effect) if effect else None,
                 )
             paired_by_family[name] = {
-                family: interval(
+                family: paired_interval(
                     [
                         a.by_family.get(family, 0.0) - b.by_family.get(family, 0.0)
                         for a, b in zip(ours, theirs, strict=True)

@@ -91,6 +91,27 @@ def test_power_says_how_many_seeds_a_difference_needs():
     assert power.paper_effect == 0.06 and power.seeds_for_paper_effect == seeds_needed(sd, 0.06)
 
 
+def test_equal_paired_differences_give_no_interval():
+    """Two seeds that each moved by the same number of tasks measure no spread: the report
+    gives the mean alone, not a zero-width interval that would read as excluding 0."""
+    runs = [_run("static", 0, 0.30), _run("static", 1, 0.25)]
+    runs += [_run("coevolve", 0, 0.35), _run("coevolve", 1, 0.30)]
+    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
+    paired = report.paired["coevolve - static"]
+    assert paired.mean == pytest.approx(0.05) and paired.n == 2
+    assert math.isnan(paired.low) and math.isnan(paired.high)
+    assert math.isnan(report.paired_by_family["coevolve - static"]["a"].low)
+    assert "coevolve - static" not in report.power
+    # differences of 0 on both seeds stay [0, 0]: the arms did the same
+    same = summarize(
+        [_run("static", s, 0.3) for s in (0, 1)] + [_run("coevolve", s, 0.3) for s in (0, 1)],
+        ["static", "coevolve"],
+        [0, 1],
+        "test",
+    )
+    assert same.paired["coevolve - static"].low == 0.0 == same.paired["coevolve - static"].high
+
+
 def test_paired_differences_per_family_read_each_family():
     def run(arm: str, seed: int, a: float, b: float) -> ArmRun:
         return _run(arm, seed, 0.0).model_copy(update={"by_family": {"a": a, "b": b}})
