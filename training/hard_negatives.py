@@ -155,6 +155,7 @@ def train_preference_adapter(
     from .trainer_common import (
         ProgressBars,
         common_arguments,
+        dpo_batch_arguments,
         quiet_trainer,
         resolve_device,
         run_trainer,
@@ -183,7 +184,10 @@ def train_preference_adapter(
         if dataset is None:
             return skipped("no preference pair renders as prompt + completion")
         args = DPOConfig(
-            **common_arguments(config, device, work, progress, tracking),
+            **{
+                **common_arguments(config, device, work, progress, tracking),
+                **dpo_batch_arguments(config),
+            },
             beta=objective.beta,
             loss_type=list(objective.loss_type),
             loss_weights=list(objective.loss_weights),

@@ -28,6 +28,20 @@ def resolve_device(config: TrainingConfig) -> str:
     return config.device
 
 
+def dpo_batch_arguments(config: TrainingConfig) -> dict[str, int]:
+    """Micro-batch and accumulation of a DPO step: ``dpo_micro_batch_size`` pairs per
+    forward pass, as many passes as keep ``batch_size`` pairs per optimisation step."""
+    micro = config.dpo_micro_batch_size or config.batch_size
+    micro = max(
+        d for d in range(1, min(micro, config.batch_size) + 1) if config.batch_size % d == 0
+    )
+    return {
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps
+        * (config.batch_size // micro),
+    }
+
+
 def common_arguments(
     config: TrainingConfig,
     device: str,

@@ -62,6 +62,7 @@ from .tokenized_datasets import (
 from .trainer_common import (
     ProgressBars,
     common_arguments,
+    dpo_batch_arguments,
     quiet_trainer,
     release_memory,
     resolve_device,
@@ -330,7 +331,10 @@ def _dpo_trainer(
     if dataset is None:
         return None, 0, "no preference pair renders as prompt + completion"
     args = DPOConfig(
-        **common_arguments(config, device, work, progress, tracking),
+        **{
+            **common_arguments(config, device, work, progress, tracking),
+            **dpo_batch_arguments(config),
+        },
         beta=config.dpo_beta,
         max_length=config.max_length,
         precompute_ref_log_probs=False,

@@ -1,0 +1,29 @@
+"""The DPO step's micro-batching keeps the optimisation step's pairs."""
+
+import pytest
+
+from coevolve.training.config import TrainingConfig
+from coevolve.training.trainer_common import dpo_batch_arguments
+
+
+@pytest.mark.parametrize(
+    ("batch", "accumulation", "micro", "expected"),
+    [
+        (8, 1, 2, (2, 4)),  # the default: 8 pairs a step, 2 per forward pass
+        (8, 2, 2, (2, 8)),  # accumulation the user set multiplies
+        (6, 1, 4, (3, 2)),  # the largest divisor of batch_size up to the micro size
+        (7, 1, 2, (1, 7)),
+        (2, 1, 4, (2, 1)),  # a batch smaller than the micro size runs as it is
+        (8, 1, None, (8, 1)),  # None: every pair at once
+    ],
+)
+def test_dpo_micro_batches_keep_the_pairs_per_step(batch, accumulation, micro, expected):
+    config = TrainingConfig(
+        batch_size=batch, gradient_accumulation_steps=accumulation, dpo_micro_batch_size=micro
+    )
+    arguments = dpo_batch_arguments(config)
+    assert (
+        arguments["per_device_train_batch_size"],
+        arguments["gradient_accumulation_steps"],
+    ) == expected
+    assert expected[0] * expected[1] == batch * accumulation
