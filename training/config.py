@@ -131,9 +131,9 @@ class TrainingConfig(BaseModel):
         gt=0,
         description="Pairs per forward pass of a DPO step; the step still averages batch_size x "
         "gradient_accumulation_steps pairs by accumulating. Each pair keeps two sequences' "
-        "full-vocabulary logits for the backward pass (about 2.5 GB a pair at 1024 tokens on "
-        "SmolLM2's 49k vocabulary), so 8 pairs at once can exhaust a 24 GB machine. Uses the "
-        "largest divisor of batch_size up to this; None: batch_size pairs at once.",
+        "full-vocabulary logits for the backward pass (0.4 GB a copy at 1024 tokens on "
+        "SmolLM2's 49k vocabulary); 8 pairs at once were killed at 23 GiB on a 24 GB machine. "
+        "Uses the largest divisor of batch_size up to this; None: batch_size pairs at once.",
     )
     max_length: int = Field(
         default=1024,
