@@ -100,6 +100,7 @@ REFERENCE_PAIRS = (
 # The paper's effects (points of success), for the power of the differences that test them.
 PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
 MAX_SEEDS = 200  # "more than this many seeds" is all a report needs to say
+MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
 _T95 = {
@@ -459,14 +460,22 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, (curves, bars) = plt.subplots(1, 2, figsize=(13, 5))
-    for arm in report.arms:
+    # Beyond ten arms the default colour cycle repeats; tab20 keeps every arm its own colour.
+    colours = plt.get_cmap("tab20" if len(report.arms) > 10 else "tab10").colors
+    for index, arm in enumerate(report.arms):
         points = report.curves[arm]
         xs = list(range(len(points)))
-        curves.plot(xs, [100 * p.mean for p in points], marker="o", label=arm)
+        colour = colours[index % len(colours)]
+        curves.plot(xs, [100 * p.mean for p in points], marker="o", label=arm, color=colour)
         lows = [100 * p.low for p in points]
-        if not any(math.isnan(v) for v in lows):
-            curves.fill_between(xs, lows, [100 * p.high for p in points], alpha=0.12)
-    curves.set_title(f"held-out success by cycle (mean, 95% CI over {_seeds(len(report.seeds))})")
+        # A two-seed t-interval (t = 12.7) spans the whole axis and hides the other arms.
+        if report.final[arm].n >= MIN_SEEDS_FOR_BAND and not any(math.isnan(v) for v in lows):
+            curves.fill_between(xs, lows, [100 * p.high for p in points], alpha=0.12, color=colour)
+    curves.set_title(
+        f"held-out success by cycle (mean; 95% CI band for arms with "
+        f"≥ {MIN_SEEDS_FOR_BAND} of {_seeds(len(report.seeds))})",
+        fontsize=10,
+    )
     curves.set_xlabel("cycle")
     curves.set_xticks(range(max((len(report.curves[a]) for a in report.arms), default=1)))
     curves.set_ylabel("success %")
