@@ -461,11 +461,11 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
 
     figure, (curves, bars) = plt.subplots(1, 2, figsize=(13, 5))
     # Beyond ten arms the default colour cycle repeats; tab20 keeps every arm its own colour.
-    colours = plt.get_cmap("tab20" if len(report.arms) > 10 else "tab10").colors
+    colours = plt.get_cmap("tab20" if len(report.arms) > 10 else "tab10")
     for index, arm in enumerate(report.arms):
         points = report.curves[arm]
         xs = list(range(len(points)))
-        colour = colours[index % len(colours)]
+        colour = colours(index % colours.N)
         curves.plot(xs, [100 * p.mean for p in points], marker="o", label=arm, color=colour)
         lows = [100 * p.low for p in points]
         # A two-seed t-interval (t = 12.7) spans the whole axis and hides the other arms.
