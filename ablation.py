@@ -100,6 +100,7 @@ REFERENCE_PAIRS = (
 # The paper's effects (points of success), for the power of the differences that test them.
 PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
 MAX_SEEDS = 200  # "more than this many seeds" is all a report needs to say
+NO_SPREAD = 1e-9  # a paired SD below this is no measured spread (floating-point noise)
 MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
@@ -201,7 +202,11 @@ def paired_interval(differences: list[float]) -> Interval:
     that moved by the same number of held-out tasks) give no interval (nan): their spread of
     0 is the scores' coarseness, not a measured certainty, and a zero-width interval would
     read as an effect that excludes 0."""
-    if len(differences) >= 2 and sample_sd(differences) < 1e-9 and abs(differences[0]) > 1e-9:
+    if (
+        len(differences) >= 2
+        and sample_sd(differences) < NO_SPREAD
+        and abs(differences[0]) > NO_SPREAD
+    ):
         return Interval(mean=differences[0], low=math.nan, high=math.nan, n=len(differences))
     return interval(differences)
 
@@ -265,7 +270,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
             ]
             paired[name] = paired_interval(differences)
             sd = sample_sd(differences) if len(differences) >= 2 else 0.0
-            if sd > 1e-9:  # no spread measured: no power to work out
+            if sd >= NO_SPREAD:  # without a measured spread there is no power to work out
                 effect = PAPER_EFFECTS.get(name)
                 power[name] = Power(
                     sd=sd,

@@ -3,7 +3,7 @@
 import pytest
 
 from coevolve.training.config import TrainingConfig
-from coevolve.training.trainer_common import dpo_batch_arguments
+from coevolve.training.trainer_common import dpo_arguments
 
 
 @pytest.mark.parametrize(
@@ -17,13 +17,15 @@ from coevolve.training.trainer_common import dpo_batch_arguments
         (8, 1, None, (8, 1)),  # None: every pair at once
     ],
 )
-def test_dpo_micro_batches_keep_the_pairs_per_step(batch, accumulation, micro, expected):
+def test_dpo_micro_batches_keep_the_pairs_per_step(batch, accumulation, micro, expected, tmp_path):
     config = TrainingConfig(
         batch_size=batch, gradient_accumulation_steps=accumulation, dpo_micro_batch_size=micro
     )
-    arguments = dpo_batch_arguments(config)
+    arguments = dpo_arguments(config, "cpu", tmp_path, progress=False)
     assert (
         arguments["per_device_train_batch_size"],
         arguments["gradient_accumulation_steps"],
     ) == expected
     assert expected[0] * expected[1] == batch * accumulation
+    assert arguments["max_length"] == config.max_length
+    assert arguments["precompute_ref_log_probs"] is False

@@ -154,8 +154,7 @@ def train_preference_adapter(
     from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
     from .trainer_common import (
         ProgressBars,
-        common_arguments,
-        dpo_batch_arguments,
+        dpo_arguments,
         quiet_trainer,
         resolve_device,
         run_trainer,
@@ -184,15 +183,10 @@ def train_preference_adapter(
         if dataset is None:
             return skipped("no preference pair renders as prompt + completion")
         args = DPOConfig(
-            **{
-                **common_arguments(config, device, work, progress, tracking),
-                **dpo_batch_arguments(config),
-            },
+            **dpo_arguments(config, device, work, progress, tracking),
             beta=objective.beta,
             loss_type=list(objective.loss_type),
             loss_weights=list(objective.loss_weights),
-            max_length=config.max_length,
-            precompute_ref_log_probs=False,
         )
         model, peft_config = model_and_peft(config, model_dir, previous_adapter)
         transformers.logging.set_verbosity_error()

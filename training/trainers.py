@@ -62,7 +62,7 @@ from .tokenized_datasets import (
 from .trainer_common import (
     ProgressBars,
     common_arguments,
-    dpo_batch_arguments,
+    dpo_arguments,
     quiet_trainer,
     release_memory,
     resolve_device,
@@ -331,13 +331,7 @@ def _dpo_trainer(
     if dataset is None:
         return None, 0, "no preference pair renders as prompt + completion"
     args = DPOConfig(
-        **{
-            **common_arguments(config, device, work, progress, tracking),
-            **dpo_batch_arguments(config),
-        },
-        beta=config.dpo_beta,
-        max_length=config.max_length,
-        precompute_ref_log_probs=False,
+        **dpo_arguments(config, device, work, progress, tracking), beta=config.dpo_beta
     )
     model, peft_config = model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()
