@@ -612,6 +612,11 @@ def test_ablation_arms_switch_only_the_negatives():
     own = arms["own-negatives"].hard_negatives
     assert own.enabled and not own.failure_agent and own.failure_share == 0.0
     assert set(ARMS["own-negatives"]) == set(ARMS["hard-negatives"]) == {"hard_negatives"}
+    # the two arms differ in the negatives only: the same tuned target step
+    both = arms["hard-negatives"].hard_negatives
+    assert own.target_config(arms["own-negatives"].training) == both.target_config(
+        arms["hard-negatives"].training
+    )
 
 
 def test_failure_agent_on_an_endpoint_is_a_second_adapter_beside_the_targets(
