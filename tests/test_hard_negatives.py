@@ -613,8 +613,8 @@ def test_ablation_arms_switch_only_the_negatives():
     assert own.enabled and not own.failure_agent and own.failure_share == 0.0
     assert set(ARMS["own-negatives"]) == set(ARMS["hard-negatives"]) == {"hard_negatives"}
     # the two arms differ in the negatives only: the same tuned target step
-    both = arms["hard-negatives"].hard_negatives
-    assert own.target_config(arms["own-negatives"].training) == both.target_config(
+    with_failure_agent = arms["hard-negatives"].hard_negatives
+    assert own.target_config(arms["own-negatives"].training) == with_failure_agent.target_config(
         arms["hard-negatives"].training
     )
 
