@@ -111,6 +111,11 @@ REFERENCE_PAIRS = (
     ("seal", "seal-no-reweighting"),
     ("seal", "seal-no-adaptation"),
     ("hard-negatives", "own-negatives"),
+    # The two methods' arms against the loop's own SFT training at the same compute.
+    ("seal", "coevolve"),
+    ("grpo", "coevolve"),
+    ("hard-negatives", "coevolve"),
+    ("own-negatives", "coevolve"),
 )
 
 # The paper's effects (points of success), for the power of the differences that test them.

@@ -163,6 +163,33 @@ def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
     assert family_curves_of(tmp_path / "none") == {}
 
 
+def test_method_arms_pair_with_coevolve_and_with_each_other():
+    """SEAL and hard-negative arms are read against coevolve and their own ablations."""
+    runs = [
+        _run(arm, seed, final)
+        for arm, finals in (
+            ("coevolve", (0.30, 0.35)),
+            ("seal", (0.20, 0.20)),
+            ("grpo", (0.25, 0.15)),
+            ("hard-negatives", (0.20, 0.25)),
+            ("own-negatives", (0.10, 0.30)),
+        )
+        for seed, final in enumerate(finals)
+    ]
+    arms = ["coevolve", "seal", "grpo", "hard-negatives", "own-negatives"]
+    report = summarize(runs, arms, [0, 1], "test")
+    assert set(report.paired) == {
+        "seal - grpo",
+        "hard-negatives - own-negatives",
+        "seal - coevolve",
+        "grpo - coevolve",
+        "hard-negatives - coevolve",
+        "own-negatives - coevolve",
+    }
+    assert report.paired["seal - coevolve"].mean == pytest.approx(-0.125)
+    assert report.paired["hard-negatives - own-negatives"].mean == pytest.approx(0.025)
+
+
 def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
