@@ -25,7 +25,9 @@ The arms differ only in where the new data comes from:
 
 Every (arm, seed) run is a finished unit: its result is written to
 ``<out>/units/<arm>-seed<N>.json`` when it ends, and a rerun with the same
-config skips it, so a long bench can run in pieces.
+config skips it, so a long bench can run in pieces. A unit whose run was killed
+before it finished (its run directory holds the same config and a checkpoint)
+continues from that run's last finished stage.
 
 Each run is evaluated on the held-out split after every cycle. The report
 gives, per arm, the mean final held-out success with a 95% t-interval over
@@ -141,7 +143,8 @@ class ArmRun(BaseModel):
     family_curves: dict[str, list[float]] = {}
     accepted_by_cycle: list[int]
     run_dir: str
-    elapsed_s: float
+    elapsed_s: float  # of the last process only, when the run was resumed
+    resumed: bool = False  # continued from a killed run's last finished stage
 
 
 class Interval(BaseModel):
@@ -375,6 +378,25 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     return saved == today
 
 
+def was_killed(run_dir: Path, fingerprint: str) -> bool:
+    """Whether ``run_dir`` holds a run of this unit's config that ended before its unit was saved.
+
+    Such a run (killed by the OOM killer, a closed session) continues from its last
+    finished stage instead of starting over: a GRPO unit costs half an hour here.
+    """
+    from .config import ConfigError, load_config
+    from .runner import CHECKPOINTS
+
+    saved = run_dir / "config.yaml"
+    if not ((run_dir / CHECKPOINTS).exists() and saved.is_file()):
+        return False
+    try:
+        saved_config = load_config(saved).model_dump_json()
+    except ConfigError:
+        return False
+    return unit_still_counts(saved_config, fingerprint)
+
+
 def run_ablation(
     base: dict[str, Any],
     *,
@@ -391,7 +413,7 @@ def run_ablation(
     (a bench run in pieces, read between them).
     """
     from .config import load_config
-    from .runner import run
+    from .runner import resume, run
 
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
@@ -426,11 +448,16 @@ def run_ablation(
                         f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet{why}"
                     )
                 continue
+            killed = was_killed(Path(config.run_dir), fingerprint)
             if console is not None:
+                again = " (resuming its killed run)" if killed else ""
                 console.print(
-                    f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}"
+                    f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}{again}"
                 )
-            result = run(config, overwrite=True, progress=False, console=None)
+            if killed:
+                result = resume(config.run_dir, progress=False, console=None)
+            else:
+                result = run(config, overwrite=True, progress=False, console=None)
             last = result.cycles[-1].evaluate
             runs.append(
                 ArmRun(
@@ -447,6 +474,7 @@ def run_ablation(
                     ],
                     run_dir=result.run_dir,
                     elapsed_s=result.elapsed_s,
+                    resumed=result.resumed,
                 )
             )
             units.mkdir(parents=True, exist_ok=True)

@@ -278,6 +278,22 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert "coevolve, seed 2: not run yet" in out.stderr
     assert not (tmp_path / "coevolve-seed2").exists()
 
+    # A unit whose run ended before its unit was saved (killed) resumes its run directory
+    # instead of starting over: the runner's resume, not a fresh run (which rewrites config.yaml).
+    killed_dir = tmp_path / "coevolve-seed1"
+    written = (killed_dir / "config.yaml").stat().st_mtime_ns
+    (tmp_path / "units" / "coevolve-seed1.json").unlink()
+    out = quick_bench(tmp_path, "static,random,coevolve", 2)
+    assert "coevolve, seed 1 (resuming its killed run)" in out.stderr
+    assert (killed_dir / "config.yaml").stat().st_mtime_ns == written
+    resumed = json.loads((tmp_path / "units" / "coevolve-seed1.json").read_text())["run"]
+    assert resumed["resumed"] is True
+    assert [(r["arm"], r["seed"], r["resumed"]) for r in json.loads(out.stdout)["runs"]][-1] == (
+        "coevolve",
+        1,
+        True,
+    )
+
     # Units run with another config are not this bench's: one line says so, no traceback.
     stale = subprocess.run(
         [
