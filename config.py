@@ -163,6 +163,24 @@ class CoevolveConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _seed_tasks_bound_the_bootstrap(self) -> CoevolveConfig:
+        # pool.seed_tasks is the low-resource regime's one setting: a bootstrap agent that
+        # had seen more demonstrations than the pool holds would not be low-resource.
+        limit = self.pool.seed_tasks
+        if limit is None or self.env.name != "world" or self.policy.model != "bootstrap":
+            return self
+        built_from = self.bootstrap.num_train_tasks
+        if built_from is None:
+            self.bootstrap.num_train_tasks = limit
+        elif built_from > limit:
+            raise ValueError(
+                f"bootstrap.num_train_tasks {built_from} is above pool.seed_tasks {limit}: the "
+                "bootstrap agent would learn from seed tasks the run does not have; drop "
+                "bootstrap.num_train_tasks (it follows pool.seed_tasks) or lower it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _hard_negatives_train_in_process(self) -> CoevolveConfig:
         if self.hard_negatives.enabled and self.training.launcher != "inprocess":
             raise ValueError(
