@@ -19,6 +19,7 @@ from .commands.env import env_app
 from .commands.run import export_command, run_command
 from .commands.studio import studio
 from .commands.synthesis import synthesize_command
+from .errors import is_known_error
 
 app = typer.Typer(
     help="Train LLM agents by agent-data mutual evolution.",
@@ -49,6 +50,16 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    except Exception as err:  # boundary: a known error is one line, a bug its traceback
+        if "--debug" in sys.argv[1:] or not is_known_error(err):
+            raise
+        from rich.markup import escape
+
+        message = " ".join(str(err).split())
+        err_console.print(
+            f"[red]error:[/red] {escape(message)} (--debug shows the traceback)", soft_wrap=True
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

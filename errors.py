@@ -8,3 +8,29 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     AssertionError,
     NotImplementedError,
 )
+
+# Errors whose message tells a person what went wrong and what to do: a command ends on
+# one of these with that message on one line (``--debug`` shows the traceback instead).
+# Named by module, since most of these modules are heavy; an error whose module was never
+# imported cannot have been raised.
+KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
+    ("config_base", "ConfigError"),
+    ("training.smollm2", "BaseModelError"),
+    ("agents.policy", "PolicyError"),
+    ("agents.llm", "ReplyError"),
+    ("graph.synthesis", "SynthesisError"),
+    ("graph.runtime", "RunError"),
+)
+
+
+def is_known_error(err: BaseException) -> bool:
+    """Whether ``err`` is one of ``KNOWN_ERRORS`` (raised by this package, with a message for
+    a person rather than a bug's traceback)."""
+    import sys
+
+    package = __name__.rpartition(".")[0]
+    for module, name in KNOWN_ERRORS:
+        error_class = getattr(sys.modules.get(f"{package}.{module}"), name, None)
+        if isinstance(error_class, type) and isinstance(err, error_class):
+            return True
+    return False

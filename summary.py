@@ -92,6 +92,12 @@ class SynthesisFigures(BaseModel):
     candidate_kinds: dict[str, int] = Field(
         default_factory=dict, description="Candidates by 'signal:kind'."
     )
+    reply_errors: dict[str, int] = Field(
+        default_factory=dict,
+        description="Endpoint replies the roles could not read, by kind (transport, status, "
+        "body, too_long); each was retried under the endpoint's retry policy, and an item "
+        "whose retries ran out is a rejection.",
+    )
     top_rejections: dict[str, int] = Field(
         default_factory=dict, description="The three most common rejection reasons."
     )

@@ -32,7 +32,19 @@ class EndpointConfig(Section):
         default=60.0, gt=0, description="Seconds before one request is abandoned."
     )
     max_retries: int = Field(
-        default=3, ge=0, description="Retries after a 5xx, timeout or dropped connection."
+        default=3,
+        ge=0,
+        description="Retries of one request after a 5xx, a timeout, a dropped connection or a "
+        "reply that cannot be read (a body that is no chat completion, null choices).",
+    )
+    retry_base_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="Seconds before the first retry; each further retry waits twice as long "
+        "(with jitter), up to retry_max_s.",
+    )
+    retry_max_s: float = Field(
+        default=5.0, gt=0, description="Longest wait between two retries, in seconds."
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
     return_token_ids: bool = Field(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from ..envs.parsing import ToolCallParseError, parse_tool_calls
@@ -68,7 +69,8 @@ class EndpointPolicy:
     ``tools_in_request=False`` leaves ``tools`` out of the request, for servers
     started without a tool-call parser (vLLM refuses tools then); such a model
     writes ``<tool_call>`` blocks in its text, which are parsed from the content.
-    ``retry_base_s`` and ``retry_max_s`` shape the backoff between attempts.
+    ``retry_base_s`` and ``retry_max_s`` shape the backoff between attempts (None:
+    the endpoint's).
     """
 
     def __init__(
@@ -77,15 +79,15 @@ class EndpointPolicy:
         *,
         tools_in_request: bool = True,
         version: str | None = None,
-        retry_base_s: float = 0.2,
-        retry_max_s: float = 5.0,
+        retry_base_s: float | None = None,
+        retry_max_s: float | None = None,
     ):
         self.endpoint = endpoint
         self._base_endpoint = endpoint  # what the server serves without a loaded adapter
         self.tools_in_request = tools_in_request
         self.version = version or endpoint.model
-        self.retry_base_s = retry_base_s
-        self.retry_max_s = retry_max_s
+        self.retry_base_s = endpoint.retry_base_s if retry_base_s is None else retry_base_s
+        self.retry_max_s = endpoint.retry_max_s if retry_max_s is None else retry_max_s
         # Read the key now: a missing variable is a configuration error to report
         # before any rollout starts.
         self._api_key = endpoint.api_key()
@@ -237,7 +239,7 @@ class EndpointPolicy:
             reraise=True,
         )
         try:
-            body: dict[str, Any] = await retrying(self._attempt, state, payload)
+            message: AssistantMessage = await retrying(self._attempt, state, payload)
         except _Transient as err:
             return AssistantMessage(
                 error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
@@ -245,13 +247,18 @@ class EndpointPolicy:
             )
         except _Rejected as err:
             return AssistantMessage(error=f"{self._where()} rejected the request: {err}")
-        return _message_from_completion(body)
+        return message
 
-    async def _attempt(self, state: _LoopState, payload: bytes) -> dict[str, Any]:
+    async def _attempt(self, state: _LoopState, payload: bytes) -> AssistantMessage:
         # The backoff sleeps between attempts, outside the semaphore, so waiting never
         # holds a slot.
         async with state.semaphore:
-            return await self._post(state.pool, payload)
+            body = await self._post(state.pool, payload)
+        try:
+            return _message_from_completion(body)
+        except ValidationError as err:  # a field of a type the shape check let through
+            where = ".".join(str(part) for part in err.errors()[0]["loc"])
+            raise _Transient(f"malformed response ({where}: {err.errors()[0]['msg']})") from None
 
     async def _post(self, pool: Pool, payload: bytes) -> dict[str, Any]:
         """One attempt: the completion as a dict, or _Transient / _Rejected / PolicyError."""
@@ -423,7 +430,7 @@ def _message_from_completion(body: dict[str, Any]) -> AssistantMessage:
     common: dict[str, Any] = {
         "prompt_tokens": _count(usage.get("prompt_tokens")),
         "completion_tokens": _count(usage.get("completion_tokens")),
-        "finish_reason": choice.get("finish_reason"),
+        "finish_reason": _text_or_none(choice.get("finish_reason")),
     }
     if "token_ids" in choice or "prompt_token_ids" in body or choice.get("logprobs"):
         common.update(_token_fields(body, choice))
@@ -489,6 +496,10 @@ def _token_fields(body: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any
         "completion_token_ids": _ints(choice.get("token_ids")),
         "completion_logprobs": _floats(values),
     }
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _ints(value: Any) -> list[int] | None:

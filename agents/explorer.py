@@ -31,7 +31,7 @@ from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..memory.signals import FlaggedTrajectory
 from ..records import Observation, SynthesisContext, Task, ToolCall
 from .conversation import opening_messages
-from .llm import limited, model_label, request_errors
+from .llm import ReplyError, ask, model_label
 from .policy import Message, Policy, PolicyError, parse_assistant_text
 from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
 from .roles import EnvFactory, ExplorationRound, Interaction
@@ -385,11 +385,18 @@ class LLMExplorer:
     async def explore(
         self, item: FlaggedTrajectory, task: Task, context: SynthesisContext, make_env: EnvFactory
     ) -> list[ExplorationRound]:
-        return list(
-            await asyncio.gather(
-                *(self._round(item, task, context, make_env, i) for i in range(self.rounds))
-            )
+        outcomes = await asyncio.gather(
+            *(self._round(item, task, context, make_env, i) for i in range(self.rounds)),
+            return_exceptions=True,
         )
+        rounds = [outcome for outcome in outcomes if isinstance(outcome, ExplorationRound)]
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, ReplyError):
+                raise failure  # a bug, or a cancellation: not the endpoint's doing
+        if failures and not rounds:
+            raise failures[0]  # no round got a readable reply: the item fails with the reason
+        return rounds
 
     async def _round(
         self,
@@ -409,10 +416,13 @@ class LLMExplorer:
         made = 0
         while made < self.steps:
             try:
-                async with limited(self.limiter):
-                    reply = await bound.ainvoke(messages)
-            except request_errors() as err:  # keep what was explored so far
-                log.warning("explorer round %d of %s: request failed: %s", index, task.id, err)
+                reply = await ask(bound, messages, self.limiter, model=self.model)
+            except ReplyError as err:
+                if not interactions:  # nothing explored: the item is rejected with the reason
+                    raise
+                log.warning(
+                    "explorer round %d of %s: %s; keeps what it explored", index, task.id, err
+                )
                 break
             if not isinstance(reply, AIMessage):
                 break

@@ -25,21 +25,35 @@ is longer than ``EndpointConfig.reply_limit()`` with ``ReplyTooLongError``
 pass. JSON is extracted from a reply in linear time (``iter_json_values``):
 one scan finds the balanced ``{...}``/``[...]`` spans, and each is handed to
 ``json.loads`` once.
+
+Every request goes through one reply boundary, ``ask``: whatever fails between
+sending the request and holding a chat message (the connection, an error
+status, a body that is not a chat completion, the client library's own parsing
+of it: ``{"choices": null}`` makes the openai SDK raise TypeError) becomes a
+``ReplyError`` with its kind and reason. Failed attempts are retried under the
+endpoint's retry policy (``max_retries``, backoff from ``retry_base_s``; the
+SDK's own retries are off, so there is one policy), and counted where the
+caller asked (``counting_reply_errors``). An exception raised
+before any reply came back is ours (a bad argument, a bug) and is raised as it
+is, so a programming error still ends a pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
+import random
 import re
 import threading
 import weakref
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
@@ -60,13 +74,29 @@ SchemaT = TypeVar("SchemaT", bound=BaseModel)
 _RAW_QUOTE = 500
 
 
-class ReplyTooLongError(ValueError):
-    """A reply longer than the endpoint's limit; it is rejected unread."""
+ReplyKind = Literal["transport", "status", "body", "too_long"]
+
+
+class ReplyError(RuntimeError):
+    """An endpoint gave no readable reply. ``kind`` says where it failed: ``transport`` (no
+    answer: refused, dropped, timed out), ``status`` (an HTTP error status), ``body`` (an
+    answer that is no chat completion, the client library's parsing included) or
+    ``too_long``; the message says what happened, and ``cause`` is the original error."""
+
+    def __init__(self, kind: ReplyKind, reason: str, cause: BaseException | None = None):
+        super().__init__(reason)
+        self.kind: ReplyKind = kind
+        self.cause = cause
+
+
+class ReplyTooLongError(ReplyError):
+    """A reply longer than the endpoint's limit; it is rejected unread, and not asked again."""
 
     def __init__(self, length: int, limit: int, model: str):
         super().__init__(
+            "too_long",
             f"reply too long: {length} characters from {model}, limit {limit} "
-            "(raise endpoints.<name>.max_reply_chars or max_tokens if such replies are expected)"
+            "(raise endpoints.<name>.max_reply_chars or max_tokens if such replies are expected)",
         )
         self.length = length
         self.limit = limit
@@ -120,7 +150,11 @@ class _PerLoopTransport(httpx.AsyncBaseTransport):
         self._pools = PerLoop(lambda: httpx.AsyncHTTPTransport(**options))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._pools.get().handle_async_request(request)
+        response = await self._pools.get().handle_async_request(request)
+        attempt = _ATTEMPT.get()
+        if attempt is not None:  # from here on, a failure is about what the server sent
+            attempt.answered = True
+        return response
 
     async def aclose(self) -> None:
         pool = self._pools.pop()
@@ -140,6 +174,11 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
 
     class BoundedChatOpenAI(ChatOpenAI):
         max_reply_chars: int | None = None
+        # The endpoint's retry policy, applied by the reply boundary (``ask``) to every
+        # failed attempt; the SDK's own retries are off, so a request is retried once over.
+        reply_retries: int = 0
+        retry_base_s: float = 0.2
+        retry_max_s: float = 5.0
 
         def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
             check_reply_length(response, self.max_reply_chars, self.model_name)
@@ -162,11 +201,14 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
     chat_class: Any = _bounded_chat_class()
     return chat_class(
         max_reply_chars=endpoint.reply_limit(),
+        retry_base_s=endpoint.retry_base_s,
+        retry_max_s=endpoint.retry_max_s,
         base_url=endpoint.base_url,
         model=endpoint.model,
         api_key=SecretStr(endpoint.api_key()),
         timeout=endpoint.timeout_s,
-        max_retries=endpoint.max_retries,
+        max_retries=0,
+        reply_retries=endpoint.max_retries,
         max_completion_tokens=endpoint.max_tokens,
         temperature=endpoint.temperature if temperature is None else temperature,
         http_async_client=client,
@@ -181,6 +223,122 @@ def model_label(model: Any) -> str:
 def limited(limiter: asyncio.Semaphore | None) -> AbstractAsyncContextManager[Any]:
     """The limiter as a context manager; no limit when there is none."""
     return limiter if limiter is not None else nullcontext()
+
+
+# --------------------------------------------------------------------------- the reply boundary
+
+
+class _Attempt:
+    """One request in flight through ``ask``: whether any reply came back for it."""
+
+    answered = False
+
+
+# The attempt ``ask`` is making in this task; the chat models' transport marks it answered.
+_ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
+    "coevolve_reply_attempt", default=None
+)
+# Where reply errors are counted, by kind (``counting_reply_errors``); None: not counted.
+_REPLY_ERRORS: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar(
+    "coevolve_reply_errors", default=None
+)
+
+
+@contextmanager
+def counting_reply_errors() -> Iterator[Counter[str]]:
+    """Count the reply errors of every ``ask`` made inside the block (and in the tasks it
+    starts), by kind: each failed attempt once, retried or not."""
+    counter: Counter[str] = Counter()
+    token = _REPLY_ERRORS.set(counter)
+    try:
+        yield counter
+    finally:
+        _REPLY_ERRORS.reset(token)
+
+
+def _as_reply_error(err: Exception, answered: bool, model: str) -> ReplyError | None:
+    """The reply error ``err`` stands for, or None when it is not about a reply (a bug of
+    ours, or a request refused before it left)."""
+    import openai
+
+    if isinstance(err, ReplyError):
+        return err
+    if isinstance(err, openai.APIStatusError):
+        return ReplyError(
+            "status", f"HTTP {err.status_code} from {model}: {_describe_error(err)}", err
+        )
+    if isinstance(err, openai.APIConnectionError):  # timeouts included
+        return ReplyError("transport", f"no reply from {model}: {_describe_error(err)}", err)
+    if isinstance(err, openai.APIResponseValidationError) or answered:
+        # The server answered and reading the answer failed, wherever: the SDK's parser,
+        # langchain's message builder, our length check. That is the reply's fault.
+        return ReplyError("body", f"unreadable reply from {model}: {_describe_error(err)}", err)
+    return None
+
+
+def _worth_retrying(error: ReplyError) -> bool:
+    if error.kind == "too_long":
+        return False
+    status = getattr(error.cause, "status_code", None)
+    return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))
+
+
+def _retry_policy(model: Any) -> tuple[int, float, float]:
+    """(retries, base seconds, most seconds) of the endpoint behind a chat model."""
+    retries = getattr(model, "reply_retries", 0)
+    base = getattr(model, "retry_base_s", 0.2)
+    most = getattr(model, "retry_max_s", 5.0)
+    return (
+        retries if isinstance(retries, int) else 0,
+        base if isinstance(base, int | float) else 0.2,
+        most if isinstance(most, int | float) else 5.0,
+    )
+
+
+async def ask(
+    runnable: Any,
+    messages: Sequence[BaseMessage],
+    limiter: asyncio.Semaphore | None = None,
+    *,
+    model: Any = None,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """``runnable.ainvoke(messages)`` through the reply boundary; ``ReplyError`` when no
+    readable reply came.
+
+    ``model`` is the chat model behind ``runnable`` (default: ``runnable`` itself):
+    its endpoint's retry policy applies. A failed attempt is asked again up to
+    ``max_retries`` times with exponential backoff and jitter, unless retrying
+    cannot help: a reply too long (a server that ignores ``max_tokens``), or a 4xx
+    other than 408 and 429 (the request itself was refused). Exceptions of
+    ``passthrough`` types are raised as they are.
+    """
+    chat = runnable if model is None else model
+    label = model_label(chat)
+    retries, base_s, most_s = _retry_policy(chat)
+    for attempt_number in range(retries + 1):
+        attempt = _Attempt()
+        token = _ATTEMPT.set(attempt)
+        try:
+            async with limited(limiter):
+                return await runnable.ainvoke(list(messages))
+        except passthrough:
+            raise
+        except Exception as err:
+            error = _as_reply_error(err, attempt.answered, label)
+            if error is None:
+                raise
+        finally:
+            _ATTEMPT.reset(token)
+        counter = _REPLY_ERRORS.get()
+        if counter is not None:
+            counter[error.kind] += 1
+        if attempt_number == retries or not _worth_retrying(error):
+            raise error from error.cause
+        log.info("%s; asking again (%d of %d)", error, attempt_number + 1, retries)
+        delay = min(most_s, base_s * 2**attempt_number)
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 # --------------------------------------------------------------------------- endpoint capabilities
@@ -231,7 +389,7 @@ def _remember_no_response_format(model: Any, how: str, evidence: str) -> None:
     )
 
 
-def _is_refusal(err: BaseException) -> bool:
+def _is_refusal(err: BaseException | None) -> bool:
     """A request the server refused for what it asked (400, 422), not for who or when."""
     import openai
 
@@ -256,14 +414,6 @@ def _quote(text: str, limit: int = 80) -> str:
 # --------------------------------------------------------------------------- structured output
 
 
-def request_errors() -> tuple[type[Exception], ...]:
-    """What a chat request fails with: the server is unreachable or refuses it (the SDK's
-    errors), or its body is no chat completion (langchain's ValueError, KeyError)."""
-    import openai
-
-    return (openai.APIError, ValueError, KeyError)
-
-
 async def structured_call(
     model: Any,
     schema: type[SchemaT],
@@ -280,37 +430,42 @@ async def structured_call(
        tolerantly. A refusal followed by an answered plain request, or a reply
        that shows the schema was ignored, is remembered for the endpoint.
 
-    A reply longer than the model's limit (``ReplyTooLongError``) ends the call
-    at once with "reply too long": it is not parsed, and no second request is
-    made of a server that ignores ``max_tokens``.
+    Both requests go through ``ask``. A request that gets no readable reply
+    raises its ``ReplyError``: at once for a reply longer than the model's limit
+    ("reply too long": not parsed, and no second request of a server that
+    ignores ``max_tokens``) or a server that is not there; after the plain
+    request for an error status or a broken body. ``StructuredOutputError``
+    means replies came and none held a valid object.
     """
+    import openai
+
     problems: list[str] = []
     raw: str | None = None
     refusal: BaseException | None = None
     if response_format_support(model) is None:
-        import openai
-
         answered = True
         try:
-            runnable = _structured_runnable(model, schema)
-            async with limited(limiter):
-                result = await runnable.ainvoke(list(messages))
-        except ReplyTooLongError as err:
-            raise StructuredOutputError(str(err)) from None
+            result = await ask(
+                _structured_runnable(model, schema),
+                messages,
+                limiter,
+                model=model,
+                passthrough=(openai.LengthFinishReasonError,),
+            )
         except openai.LengthFinishReasonError as err:
             # With response_format the SDK refuses a reply cut off by max_tokens, before
             # the chat model's own length check: bound it here, then read it like any other.
             limit = getattr(model, "max_reply_chars", None)
-            try:
-                check_reply_length(
-                    err.completion, limit if isinstance(limit, int) else None, model_label(model)
-                )
-            except ReplyTooLongError as too_long:
-                raise StructuredOutputError(str(too_long)) from None
+            check_reply_length(
+                err.completion, limit if isinstance(limit, int) else None, model_label(model)
+            )
             result = _first_message(err.completion)
-        except request_errors() as err:  # the server refused response_format, or a broken body
-            problems.append(f"structured request failed: {_describe_error(err)}")
-            refusal = err if _is_refusal(err) else None
+        except ReplyError as err:
+            if err.kind in ("too_long", "transport"):
+                raise  # no second request of a server that runs long, or that is not there
+            # The server refused response_format, or its body was broken: ask plainly.
+            problems.append(f"structured request failed: {err}")
+            refusal = err.cause if _is_refusal(err.cause) else None
             answered = False
         if answered:
             raw = _content_text(result)
@@ -324,15 +479,7 @@ async def structured_call(
                     )
 
     fallback = [*messages, HumanMessage(content=json_instruction(schema))]
-    try:
-        async with limited(limiter):
-            reply = await model.ainvoke(fallback)
-    except ReplyTooLongError as err:
-        problems.append(str(err))
-        raise StructuredOutputError("; ".join(problems), raw) from None
-    except request_errors() as err:
-        problems.append(f"JSON request failed: {_describe_error(err)}")
-        raise StructuredOutputError("; ".join(problems), raw) from err
+    reply = await ask(model, fallback, limiter)
     if refusal is not None:  # refused with response_format, answered without it
         _remember_no_response_format(model, "refused", _describe_error(refusal))
     raw = _content_text(reply)

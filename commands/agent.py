@@ -8,7 +8,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, env_scopes, env_spec, err_console, fail, load_env_tasks, load_policy
+from .common import (
+    DebugOption,
+    console,
+    env_scopes,
+    env_spec,
+    err_console,
+    fail,
+    load_env_tasks,
+    load_policy,
+)
 
 
 def bootstrap_command(
@@ -34,6 +43,7 @@ def bootstrap_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the build's metadata as JSON.")
     ] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Build the bootstrap agent: SmolLM2-135M-Instruct after LoRA SFT on the seed split. Cached."""
     from ..config import ConfigError, load_config
@@ -100,6 +110,7 @@ def eval_command(
     report_path: Annotated[
         str | None, typer.Option("--report", help="Also write the JSON report to this file.")
     ] = None,
+    debug: DebugOption = False,
 ) -> None:
     """Roll out a policy on a task set and report success overall and per family/category."""
     from ..agents.evaluation import evaluate

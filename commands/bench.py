@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .common import PACKAGE_DIR, SetOption, console, display_path, fail
+from .common import PACKAGE_DIR, DebugOption, SetOption, console, display_path, fail
 
 bench_app = typer.Typer(help="Benchmarks of the method itself.", no_args_is_help=True)
 
@@ -50,6 +50,7 @@ def bench_learning(
         ),
     ] = False,
     overrides: SetOption = None,
+    debug: DebugOption = False,
 ) -> None:
     """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
     from pathlib import Path

@@ -34,6 +34,14 @@ SetOption = Annotated[
 ]
 
 
+# Every command that can fail on a known error (errors.KNOWN_ERRORS) takes --debug; cli.main
+# prints such an error on one line unless it is given.
+DebugOption = Annotated[
+    bool,
+    typer.Option("--debug", help="On an error that stops the command, show the full traceback."),
+]
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` on one line (not wrapped, not read as markup); the exit to raise."""
     from rich.markup import escape

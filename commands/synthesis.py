@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, err_console, fail
+from .common import DebugOption, console, err_console, fail
 
 
 def _read_trajectories(path: str) -> list[Any]:
@@ -52,6 +52,7 @@ def synthesize_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print counts and roles as JSON.")
     ] = False,
+    debug: DebugOption = False,
 ) -> None:
     """One synthesis pass from saved trajectories: signals, the synthesis graph, dedup."""
     import asyncio
@@ -118,6 +119,13 @@ def synthesize_command(
     target.write_text(
         "".join(task.model_dump_json() + "\n" for task in result.accepted), encoding="utf-8"
     )
+    # Every rejection with its stage and reason, as a run's cycle keeps them.
+    rejected = target.with_name(
+        target.name.removesuffix(".synthesized.jsonl") + ".rejections.jsonl"
+    )
+    rejected.write_text(
+        "".join(r.model_dump_json() + "\n" for r in result.rejections), encoding="utf-8"
+    )
     if as_json:
         print(
             json.dumps(
@@ -126,6 +134,7 @@ def synthesize_command(
                     "signals": dict(kinds),
                     "roles": result.roles,
                     "out": str(target),
+                    "rejections": str(rejected),
                 }
             )
         )
@@ -140,6 +149,7 @@ def synthesize_command(
     reasons = Counter(f"{r.stage}: {r.reason.split(' (')[0][:70]}" for r in result.rejections)
     for reason, count in reasons.most_common(5):
         console.print(f"  [dim]{count:4d} × {reason}[/dim]")
+    console.print(f"rejections with their reasons → {rejected}")
     console.print(
         f"accepted tasks → {target}  (store: {store_path if not config.synthesis.store_url else config.synthesis.store_url})"
     )

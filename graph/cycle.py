@@ -68,7 +68,7 @@ from ..summary import (
 )
 from ..tracking import log_cycle
 from .runtime import CycleRuntime, seed_everything
-from .synthesis import Rejection, SynthesisResult
+from .synthesis import REPLY_ERRORS, Rejection, SynthesisResult
 from .synthesis import graph as synthesis
 
 
@@ -391,7 +391,9 @@ async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str
     # Every rejection with its stage and reason, not only the most common ones.
     dump_jsonl(rt.cycle_dir(cycle) / "rejections.jsonl", result.rejections)
     reasons = Counter(r.reason for r in result.rejections)
-    stage_counts = {k: v for k, v in result.counts.items() if not k.startswith("kind:")}
+    stage_counts = {
+        k: v for k, v in result.counts.items() if not k.startswith(("kind:", REPLY_ERRORS))
+    }
     figures = SynthesisFigures.model_validate(
         {
             **stage_counts,
@@ -403,6 +405,11 @@ async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str
                 for key, value in result.counts.items()
                 if key.startswith("kind:")
             },
+            "reply_errors": {
+                key.removeprefix(REPLY_ERRORS): value
+                for key, value in result.counts.items()
+                if key.startswith(REPLY_ERRORS)
+            },
             "top_rejections": dict(reasons.most_common(3)),
             "rejections": len(result.rejections),
             "roles": result.roles,
@@ -413,8 +420,13 @@ async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str
     )
     rt.say(
         f"cycle {cycle} · synthesize: {figures.candidates} candidates, "
-        f"{figures.duplicates} duplicates, {figures.accepted} accepted "
-        f"[{figures.time_s:.0f} s]"
+        f"{figures.duplicates} duplicates, {figures.accepted} accepted"
+        + (
+            f", {sum(figures.reply_errors.values())} unreadable endpoint replies"
+            if figures.reply_errors
+            else ""
+        )
+        + f" [{figures.time_s:.0f} s]"
     )
     return {
         "current": {**state.get("current", {}), "synthesize": figures.model_dump()},

@@ -31,6 +31,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from pydantic import BaseModel
 
+from ..agents.llm import counting_reply_errors
 from ..agents.roles import ExplorationRound, candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
 from ..errors import PROGRAMMING_ERRORS
@@ -66,6 +67,7 @@ class JudgedCandidate(BaseModel):
     verdict: Verdict
     parent_id: str
     signal: str | None = None
+    trajectory_id: str | None = None  # the flagged trajectory it came from
 
 
 @runtime_checkable
@@ -260,6 +262,20 @@ class SynthesisError(RuntimeError):
     """Every flagged item of a pass failed with an exception: the pass did not run."""
 
 
+# Counts of endpoint replies that could not be read, by kind: "reply_errors:<kind>".
+REPLY_ERRORS = "reply_errors:"
+
+
+def _with_reply_errors(update: dict[str, Any], errors: Mapping[str, int]) -> dict[str, Any]:
+    """A node's update with the reply errors its role met added to its counts."""
+    if not errors:
+        return update
+    counts = dict(update.get("counts") or {})
+    for kind, n in errors.items():
+        counts[REPLY_ERRORS + kind] = counts.get(REPLY_ERRORS + kind, 0) + n
+    return {**update, "counts": counts}
+
+
 def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, Any]:
     """A role's failure on one item: re-raised if it is a bug (a programming error in our
     code or a role's ends the pass), else a rejection and a count."""
@@ -273,24 +289,27 @@ def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, A
 
 async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt, item = _runtime(runtime), state["item"]
-    try:
-        context = await rt.roles.summarizer.summarize(item, state["parent"])
-    except Exception as err:  # boundary: one unreachable endpoint or bad reply, not the pass
-        return {"context": None, **_crashed("summarize", item, err)}
-    return {"context": context}
+    with counting_reply_errors() as errors:
+        try:
+            context = await rt.roles.summarizer.summarize(item, state["parent"])
+        except Exception as err:  # boundary: one unreachable endpoint or bad reply, not the pass
+            return _with_reply_errors({"context": None, **_crashed("summarize", item, err)}, errors)
+    return _with_reply_errors({"context": context}, errors)
 
 
 async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt, item, context = _runtime(runtime), state["item"], state.get("context")
     if context is None:
         return {"rounds": []}
-    try:
-        rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
-    except Exception as err:  # boundary: the explorer's endpoint and environment, as summarize
-        return {"rounds": [], **_crashed("explore", item, err)}
+    with counting_reply_errors() as errors:
+        try:
+            rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
+        except Exception as err:  # boundary: the explorer's endpoint and environment
+            return _with_reply_errors({"rounds": [], **_crashed("explore", item, err)}, errors)
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
-    return {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
+    update = {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
+    return _with_reply_errors(update, errors)
 
 
 async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -300,12 +319,13 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
         return {"proposals": []}
     parent = state["parent"]
     neighbours = state.get("parent_neighbours", [])
-    try:
-        abstraction = await rt.roles.abstractor.abstract(
-            item, parent, context, rounds, neighbours, rt.make_env
-        )
-    except Exception as err:  # boundary: the abstractor's endpoint, as summarize
-        return {"proposals": [], **_crashed("abstract", item, err)}
+    with counting_reply_errors() as errors:
+        try:
+            abstraction = await rt.roles.abstractor.abstract(
+                item, parent, context, rounds, neighbours, rt.make_env
+            )
+        except Exception as err:  # boundary: the abstractor's endpoint
+            return _with_reply_errors({"proposals": [], **_crashed("abstract", item, err)}, errors)
     proposals = abstraction.candidates
     rejections = [
         _reject("abstract", item, d.reason, d.description) for d in abstraction.rejections
@@ -317,20 +337,18 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     for proposal in proposals:
         key = f"kind:{signal}:{proposal.kind}"
         counts[key] = counts.get(key, 0) + 1
-    return {"proposals": proposals, "counts": counts, "rejections": rejections}
+    return _with_reply_errors(
+        {"proposals": proposals, "counts": counts, "rejections": rejections}, errors
+    )
 
 
 async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt, item = _runtime(runtime), state["item"]
     judged, rejections = [], []
     signal = primary_signal(item)
-    for candidate in state.get("proposals", []):
-        try:
-            verdict = await rt.roles.judge.judge(candidate, rt.make_env)
-        except PROGRAMMING_ERRORS:
-            raise
-        except Exception as err:  # boundary: the judge's endpoint fails one candidate, not all
-            verdict = Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
+    with counting_reply_errors() as errors:
+        verdicts = [await _verdict(rt, candidate) for candidate in state.get("proposals", [])]
+    for candidate, verdict in zip(state.get("proposals", []), verdicts, strict=True):
         if verdict.is_accepted(rt.judge_veto):
             judged.append(
                 JudgedCandidate(
@@ -338,11 +356,22 @@ async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
                     verdict=verdict,
                     parent_id=state["parent"].id,
                     signal=signal,
+                    trajectory_id=item.trajectory.id,
                 )
             )
         else:
             rejections.append(_reject("judge", item, verdict.reason, candidate.query))
-    return {"judged": judged, "counts": {"judged_ok": len(judged)}, "rejections": rejections}
+    update = {"judged": judged, "counts": {"judged_ok": len(judged)}, "rejections": rejections}
+    return _with_reply_errors(update, errors)
+
+
+async def _verdict(rt: SynthesisRuntime, candidate: CandidateTask) -> Verdict:
+    try:
+        return await rt.roles.judge.judge(candidate, rt.make_env)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as err:  # boundary: the judge's endpoint fails one candidate, not all
+        return Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
 
 
 async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
@@ -365,21 +394,23 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
     env = rt.make_env()
     structure_key = env.structure_key if isinstance(env, SupportsVariants) else None
     tasks = []
+    came_from: dict[str, str | None] = {}  # task id -> the flagged trajectory behind it
     for judged in state.get("judged", []):
         candidate = judged.candidate
         if candidate.signal is None and judged.signal is not None:
             candidate = candidate.model_copy(update={"signal": judged.signal})
-        tasks.append(
-            candidate_to_task(
-                candidate, parents[judged.parent_id], state.get("cycle", 0), structure_key
-            )
+        task = candidate_to_task(
+            candidate, parents[judged.parent_id], state.get("cycle", 0), structure_key
         )
+        tasks.append(task)
+        came_from.setdefault(task.id, judged.trajectory_id)
     if not tasks:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0, "removed": removed}}
     result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted, rt.dedup_where)
     rejections = [
         Rejection(
             stage="dedup",
+            trajectory_id=came_from.get(d.task.id),
             candidate=d.task.instruction,
             reason=f"duplicate of {d.matched_id} ({d.against}, similarity {d.similarity:.2f})",
         )
@@ -445,7 +476,8 @@ graph = builder.compile()
 
 class SynthesisResult(BaseModel):
     accepted: list[Task]
-    counts: dict[str, int]  # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>
+    # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>, reply_errors:<kind>
+    counts: dict[str, int]
     rejections: list[Rejection]
     roles: dict[str, str]
 
@@ -455,8 +487,11 @@ class SynthesisResult(BaseModel):
         found = out.get("counts") or {}
         counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}
         counts["crashed"] = found.get("crashed", 0)
-        # candidates by "kind:<signal>:<kind>" (what the abstractor made for each signal)
-        counts.update({key: n for key, n in found.items() if key.startswith("kind:")})
+        # candidates by "kind:<signal>:<kind>" (what the abstractor made for each signal), and
+        # unreadable endpoint replies by "reply_errors:<kind>"
+        counts.update(
+            {key: n for key, n in found.items() if key.startswith(("kind:", REPLY_ERRORS))}
+        )
         return cls(
             accepted=out.get("accepted") or [],
             counts=counts,

@@ -19,8 +19,9 @@ class Reply:
     """What the server answers to one chat completion. Build one with the class helpers.
 
     A reply is either a completion (``content`` and/or ``calls``), an HTTP error
-    (``status_code`` other than 200), a 200 with a broken body (``raw_body``) or
-    a dropped connection; ``delay_s`` waits before any of them.
+    (``status_code`` other than 200), a body sent verbatim (``raw_body``, with
+    ``status_code`` and ``content_type``: a broken completion, a proxy's HTML
+    page) or a dropped connection; ``delay_s`` waits before any of them.
     """
 
     content: str | None = None
@@ -31,6 +32,7 @@ class Reply:
     error_message: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     raw_body: str | None = None
+    content_type: str = "application/json"
     drop_connection: bool = False
     delay_s: float = 0.0
 
@@ -63,9 +65,11 @@ class Reply:
         return cls(status_code=code, error_message=message, headers=tuple((headers or {}).items()))
 
     @classmethod
-    def malformed(cls, body: str = "not json") -> Reply:
-        """A 200 whose body is not a chat completion."""
-        return cls(raw_body=body)
+    def malformed(
+        cls, body: str = "not json", status: int = 200, content_type: str = "application/json"
+    ) -> Reply:
+        """A body sent as it is: by default a 200 whose body is not a chat completion."""
+        return cls(raw_body=body, status_code=status, content_type=content_type)
 
     @classmethod
     def drop(cls) -> Reply:

@@ -323,12 +323,14 @@ class ScriptedOpenAIServer:
         if reply.drop_connection:
             record.note = "dropped the connection"
             handler.close_connection = True
+        elif reply.raw_body is not None:
+            record.note = "malformed body"
+            raw = reply.raw_body.encode("utf-8", "surrogatepass")
+            code, kind = reply.status_code, reply.content_type
+            self._send(handler, record, code, raw, kind, headers=reply.headers)
         elif reply.status_code != 200:
             message = reply.error_message or f"scripted error {reply.status_code}"
             self._error(handler, record, reply.status_code, message, headers=reply.headers)
-        elif reply.raw_body is not None:
-            record.note = "malformed body"
-            self._send(handler, record, 200, reply.raw_body.encode(), "application/json")
         else:
             self._send_json(handler, record, 200, self._completion(body, reply))
 

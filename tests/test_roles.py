@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from coevolve.agents.abstractor import LLMAbstractor, OfflineAbstractor, text_similarity
 from coevolve.agents.explorer import LLMExplorer, OfflineExplorer
 from coevolve.agents.judge import ExecutableJudge, LLMJudge
-from coevolve.agents.llm import StructuredOutputError, chat_model, structured_call
+from coevolve.agents.llm import ReplyError, StructuredOutputError, chat_model, structured_call
 from coevolve.agents.policy import AssistantMessage
 from coevolve.agents.prompts import (
     ABSTRACTOR_PROMPT,
@@ -432,9 +432,11 @@ def test_structured_call_failure_is_a_clear_error(scripted_server):
     with pytest.raises(StructuredOutputError, match="does not fit Pair") as info:
         run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
     assert info.value.raw == '{"b": "missing a"}'
+    # No readable reply at all is not a content problem: it is the endpoint's ReplyError.
     server = scripted_server([Reply.malformed(), Reply.malformed()])
-    with pytest.raises(StructuredOutputError, match="JSON request failed"):
+    with pytest.raises(ReplyError, match="unreadable reply from scripted-model") as failed:
         run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
+    assert failed.value.kind == "body"
 
 
 CONTEXT = {
