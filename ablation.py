@@ -46,6 +46,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .paired_stats import (
+    MAX_SEEDS,
+    TARGET_POWER,
+    mean_interval,
+    paired_power,
+    sample_sd,
+    seeds_for_power,
+)
+
 
 def _seal(reweight: bool, adaptation: bool) -> dict[str, Any]:
     """training.seal of a SEAL arm: the released code's full setting, less what it drops."""
@@ -120,18 +129,12 @@ REFERENCE_PAIRS = (
     ("own-negatives", "coevolve"),
 )
 
-# The paper's effects (points of success), for the power of the differences that test them.
+# The paper's effects (points of success), for the power of the differences that test them;
+# a difference that tests none is stated at REFERENCE_EFFECT.
 PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
-MAX_SEEDS = 200  # "more than this many seeds" is all a report needs to say
+REFERENCE_EFFECT = 0.05
 NO_SPREAD = 1e-9  # a paired SD below this is no measured spread (floating-point noise)
 MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
-
-# Two-sided 95% quantiles of Student's t by degrees of freedom (normal beyond 30).
-_T95 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
-    16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
-}  # fmt: skip
 
 
 class ArmRun(BaseModel):
@@ -155,26 +158,22 @@ class Interval(BaseModel):
 
 
 class Power(BaseModel):
-    """How many paired seeds a difference needs for its 95% interval to exclude 0."""
+    """The power of a paired difference (paired_stats: a paired t-test, from scipy)."""
 
     sd: float  # standard deviation of the per-seed paired differences
     n: int  # seeds it was measured on
-    # seeds for t(n-1) * sd / sqrt(n) < |mean|: the observed mean, if it held (None: more
+    # seeds for TARGET_POWER (80%) if the observed mean were the true difference (None: more
     # than MAX_SEEDS, or no spread measured)
     seeds_for_observed: int | None
-    # the same for the paper's effect, where the difference tests one (PAPER_EFFECTS)
+    # the paper's effect, where the difference tests one (PAPER_EFFECTS), and the seeds for
+    # 80% power at it
     paper_effect: float | None = None
     seeds_for_paper_effect: int | None = None
-
-
-def seeds_needed(sd: float, effect: float) -> int | None:
-    """The fewest seeds whose paired 95% interval, of this spread, excludes 0 at this mean."""
-    if not sd > 0 or effect == 0:
-        return None
-    for n in range(2, MAX_SEEDS + 1):
-        if t95(n - 1) * sd / math.sqrt(n) < abs(effect):
-            return n
-    return None
+    # the effect this difference's power is stated for (the paper's, else REFERENCE_EFFECT),
+    # the power the n seeds have to find it, and the seeds 80% power needs
+    effect: float | None = None
+    power: float | None = None
+    seeds_for_effect: int | None = None
 
 
 class AblationReport(BaseModel):
@@ -193,32 +192,10 @@ class AblationReport(BaseModel):
     plot: str | None = None
 
 
-def t95(df: int) -> float:
-    if df <= 0:
-        return math.nan
-    if df in _T95:
-        return _T95[df]
-    known = [d for d in _T95 if d < df]
-    return _T95[max(known)] if df <= 30 else 1.96
-
-
-def sample_sd(values: list[float]) -> float:
-    """The sample standard deviation (n - 1 in the denominator; nan below two values)."""
-    n = len(values)
-    if n < 2:
-        return math.nan
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-
-
 def interval(values: list[float]) -> Interval:
     """Mean and 95% t-interval (a single value has an unbounded interval: nan)."""
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return Interval(mean=mean, low=math.nan, high=math.nan, n=n)
-    half = t95(n - 1) * sample_sd(values) / math.sqrt(n)
-    return Interval(mean=mean, low=mean - half, high=mean + half, n=n)
+    mean, low, high = mean_interval(values)
+    return Interval(mean=mean, low=low, high=high, n=len(values))
 
 
 def paired_interval(differences: list[float]) -> Interval:
@@ -295,13 +272,17 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
             paired[name] = paired_interval(differences)
             sd = sample_sd(differences) if len(differences) >= 2 else 0.0
             if sd >= NO_SPREAD:  # without a measured spread there is no power to work out
-                effect = PAPER_EFFECTS.get(name)
+                paper = PAPER_EFFECTS.get(name)
+                effect = paper or REFERENCE_EFFECT
                 power[name] = Power(
                     sd=sd,
                     n=len(differences),
-                    seeds_for_observed=seeds_needed(sd, paired[name].mean),
-                    paper_effect=effect,
-                    seeds_for_paper_effect=seeds_needed(sd, effect) if effect else None,
+                    seeds_for_observed=seeds_for_power(sd, paired[name].mean),
+                    paper_effect=paper,
+                    seeds_for_paper_effect=seeds_for_power(sd, paper) if paper else None,
+                    effect=effect,
+                    power=paired_power(sd, effect, len(differences)),
+                    seeds_for_effect=seeds_for_power(sd, effect),
                 )
             paired_by_family[name] = {
                 family: paired_interval(
@@ -657,19 +638,26 @@ def print_report(console: Any, report: AblationReport) -> None:
         paired.add_row(name, _points(value))
     console.print(paired)
     if report.power:
-        table = Table(title="seeds for a paired 95% interval that excludes 0")
+        table = Table(
+            title=f"power of each paired difference (paired t-test, 95%; seeds for "
+            f"{TARGET_POWER:.0%} power)"
+        )
         table.add_column("difference")
         table.add_column("SD (points)", justify="right")
+        table.add_column("effect", justify="right")
+        table.add_column("power at n", justify="right")
+        table.add_column(f"seeds for {TARGET_POWER:.0%}", justify="right")
         table.add_column("seeds, if the mean holds", justify="right")
-        table.add_column("seeds, at the paper's effect", justify="right")
         for name, power in report.power.items():
-            paper = (
-                f"{_seeds_text(power.seeds_for_paper_effect)} (+{100 * power.paper_effect:.0f})"
-                if power.paper_effect
-                else ""
-            )
+            effect = power.effect or REFERENCE_EFFECT
+            source = "paper" if power.paper_effect else "reference"
             table.add_row(
-                name, f"{100 * power.sd:.1f}", _seeds_text(power.seeds_for_observed), paper
+                name,
+                f"{100 * power.sd:.1f}",
+                f"+{100 * effect:.0f} ({source})",
+                f"{power.power:.0%} (n={power.n})" if power.power is not None else "",
+                _seeds_text(power.seeds_for_effect),
+                _seeds_text(power.seeds_for_observed),
             )
         console.print(table)
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})

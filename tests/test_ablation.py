@@ -13,6 +13,7 @@ import pytest
 
 from coevolve.ablation import (
     ARMS,
+    REFERENCE_EFFECT,
     ArmRun,
     arm_config,
     family_pairs,
@@ -69,26 +70,38 @@ def test_paired_differences_pair_by_seed():
     assert family.low == pytest.approx(report.paired["coevolve - static"].low)
 
 
-def test_power_says_how_many_seeds_a_difference_needs():
-    from coevolve.ablation import seeds_needed, t95
+def test_power_is_a_paired_t_tests_from_scipy():
+    from coevolve.paired_stats import paired_power, seeds_for_power, t_quantile
 
-    # sd 4 points: the interval half-width t(n-1) * 4 / sqrt(n) drops below 6 at n = 5
-    assert seeds_needed(0.04, 0.06) == 5
-    assert t95(4) * 0.04 / math.sqrt(5) < 0.06 <= t95(3) * 0.04 / math.sqrt(4)
-    assert seeds_needed(0.04, -0.06) == 5  # the sign does not matter
-    assert seeds_needed(0.04, 0.0) is None and seeds_needed(0.0, 0.05) is None
-    assert seeds_needed(0.5, 0.001) is None  # more than MAX_SEEDS
+    # G*Power's one-sample t-test, d = 1, two-sided alpha 0.05, n = 10: power 0.8031.
+    assert paired_power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=1e-4)
+    assert seeds_for_power(1.0, 1.0) == 10 and paired_power(1.0, 1.0, 9) < 0.8
+    assert t_quantile(4) == pytest.approx(2.776, abs=1e-3)
+    # The bench's measured spreads (6.7 and 3.0 points) at the paper's +6 and +4: 80% power
+    # needs 12 and 7 seeds; 8 and 5, where the interval would only just exclude 0 if the
+    # mean came out exactly at the effect, have about 60%.
+    assert seeds_for_power(0.067, 0.06) == 12 and seeds_for_power(0.03, 0.04) == 7
+    assert 0.55 < paired_power(0.067, 0.06, 8) < 0.65
+    assert seeds_for_power(0.04, -0.06) == seeds_for_power(0.04, 0.06)  # the sign does not matter
+    assert seeds_for_power(0.04, 0.0) is None and seeds_for_power(0.0, 0.05) is None
+    assert seeds_for_power(0.5, 0.001) is None  # more than MAX_SEEDS
 
     runs = [_run("static", s, 0.3) for s in range(4)]
     runs += [_run("coevolve", s, 0.3 + d) for s, d in enumerate([0.05, 0.01, -0.01, 0.08])]
-    report = summarize(runs, ["static", "coevolve"], [0, 1, 2, 3], "test")
+    runs += [_run("random", s, 0.3 + d) for s, d in enumerate([0.02, 0.0, -0.02, 0.01])]
+    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2, 3], "test")
     power = report.power["coevolve - static"]
     differences = [0.05, 0.01, -0.01, 0.08]
     mean = sum(differences) / 4
     sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / 3)
     assert power.n == 4 and power.sd == pytest.approx(sd)
-    assert power.seeds_for_observed == seeds_needed(sd, mean)
-    assert power.paper_effect == 0.06 and power.seeds_for_paper_effect == seeds_needed(sd, 0.06)
+    assert power.seeds_for_observed == seeds_for_power(sd, mean)
+    assert power.paper_effect == 0.06 and power.seeds_for_paper_effect == seeds_for_power(sd, 0.06)
+    assert power.effect == 0.06 and power.power == pytest.approx(paired_power(sd, 0.06, 4))
+    # a difference no paper effect is about is stated at the reference effect
+    other = report.power["random - static"]
+    assert other.paper_effect is None and other.effect == REFERENCE_EFFECT
+    assert other.power == pytest.approx(paired_power(other.sd, REFERENCE_EFFECT, 4))
 
 
 def test_equal_paired_differences_give_no_interval():
