@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,9 @@ class ArmRun(BaseModel):
     # held-out success per family, cycle 0 first (empty in units saved before it was kept)
     family_curves: dict[str, list[float]] = {}
     accepted_by_cycle: list[int]
+    # synthesized tasks accepted over the run, by the family of their own calls: where the
+    # synthesis budget went (empty in units saved before it was kept)
+    accepted_by_family: dict[str, int] = {}
     run_dir: str
     elapsed_s: float  # of the last process only, when the run was resumed
     resumed: bool = False  # continued from a killed run's last finished stage
@@ -189,6 +193,9 @@ class AblationReport(BaseModel):
     # "coevolve - static" -> family -> paired difference of the family's final success
     paired_by_family: dict[str, dict[str, Interval]] = {}
     power: dict[str, Power] = {}  # "coevolve - static" -> the seeds it needs
+    # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
+    # could learn from demonstrations, and which it meets only through synthesis
+    seed_families: dict[str, int] = {}
     plot: str | None = None
 
 
@@ -306,6 +313,18 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         paired_by_family=paired_by_family,
         power=power,
     )
+
+
+def seed_families(config: Any) -> dict[str, int]:
+    """The seed set's tasks per family: the first ``pool.seed_tasks`` of the training split."""
+    from .envs.catalog import load_tasks
+
+    seeds = load_tasks(
+        config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
+    )
+    if config.pool.seed_tasks is not None:
+        seeds = seeds[: config.pool.seed_tasks]
+    return dict(sorted(Counter(task.family for task in seeds).items()))
 
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
@@ -435,10 +454,14 @@ def run_ablation(
                 console.print(
                     f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}{again}"
                 )
+            # The arms of a seed start from the same agent: cycle 0 is evaluated once.
+            shared = out_dir / "baselines"
             if killed:
-                result = resume(config.run_dir, progress=False, console=None)
+                result = resume(config.run_dir, progress=False, console=None, baseline_cache=shared)
             else:
-                result = run(config, overwrite=True, progress=False, console=None)
+                result = run(
+                    config, overwrite=True, progress=False, console=None, baseline_cache=shared
+                )
             last = result.cycles[-1].evaluate
             runs.append(
                 ArmRun(
@@ -453,6 +476,16 @@ def run_ablation(
                     accepted_by_cycle=[
                         c.synthesize.accepted if c.synthesize else 0 for c in result.cycles[1:]
                     ],
+                    accepted_by_family=dict(
+                        sum(
+                            (
+                                Counter(c.synthesize.by_family)
+                                for c in result.cycles
+                                if c.synthesize
+                            ),
+                            Counter(),
+                        )
+                    ),
                     run_dir=result.run_dir,
                     elapsed_s=result.elapsed_s,
                     resumed=result.resumed,
@@ -475,6 +508,7 @@ def run_ablation(
         )
         raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
     report = summarize(runs, arms, seeds, config_name)
+    report.seed_families = seed_families(load_config(base))
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:
         plot_family_curves(report, out_dir / "family_curves.png")
@@ -662,14 +696,25 @@ def print_report(console: Any, report: AblationReport) -> None:
         console.print(table)
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})
     if families:
-        table = Table(title="final held-out success per family (mean over seeds)")
+        table = Table(
+            title="final held-out success per family (mean over seeds); seed tasks of the "
+            "family; synthesized tasks accepted (mean per run)"
+        )
         table.add_column("family")
+        table.add_column("seed tasks", justify="right")
         for arm in report.arms:
             table.add_column(arm, justify="right")
         for family in families:
-            table.add_row(
-                family, *(f"{100 * report.by_family[arm][family].mean:.0f}%" for arm in report.arms)
-            )
+            cells = []
+            for arm in report.arms:
+                runs = [r for r in report.runs if r.arm == arm]
+                accepted = sum(r.accepted_by_family.get(family, 0) for r in runs) / max(
+                    len(runs), 1
+                )
+                extra = f" (+{accepted:.0f})" if accepted >= 0.5 else ""
+                cells.append(f"{100 * report.by_family[arm][family].mean:.0f}%{extra}")
+            seeds = str(report.seed_families.get(family, 0)) if report.seed_families else ""
+            table.add_row(family, seeds, *cells)
         console.print(table)
     against = family_pairs(report)
     if families and against:

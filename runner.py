@@ -100,6 +100,7 @@ def run(
     console: Any = None,
     overrides: Sequence[str] = (),
     verbose: bool = False,
+    baseline_cache: str | Path | None = None,
 ) -> RunResult:
     """Run the closed loop from a config (a CoevolveConfig, a YAML path, a dict or None).
 
@@ -107,6 +108,8 @@ def run(
     ``resume(run_dir)`` to continue one. ``overrides`` (``--set`` settings already
     applied to ``config``) are listed at the top of the saved config.yaml. What the
     trainers log goes to ``run_dir/run.log``; ``verbose`` shows it on stderr too.
+    ``baseline_cache``: a directory where runs of the same local agent share their
+    cycle-0 evaluation (the learning bench's arms of one seed).
     """
     from .config import CoevolveConfig, load_config
 
@@ -130,11 +133,23 @@ def run(
     run_dir.mkdir(parents=True, exist_ok=True)
     header = "".join(f"# --set {item}\n" for item in overrides)
     (run_dir / "config.yaml").write_text(header + _yaml(config))
-    return _execute(config, resuming=False, progress=progress, console=console, verbose=verbose)
+    return _execute(
+        config,
+        resuming=False,
+        progress=progress,
+        console=console,
+        verbose=verbose,
+        baseline_cache=baseline_cache,
+    )
 
 
 def resume(
-    run_dir: str | Path, *, progress: bool = True, console: Any = None, verbose: bool = False
+    run_dir: str | Path,
+    *,
+    progress: bool = True,
+    console: Any = None,
+    verbose: bool = False,
+    baseline_cache: str | Path | None = None,
 ) -> RunResult:
     """Continue a killed run from its last finished node, with the config saved in ``run_dir``."""
     from .config import load_config
@@ -146,7 +161,14 @@ def resume(
     config = load_config(saved)
     if Path(config.run_dir).resolve() != run_dir.resolve():
         config = config.model_copy(update={"run_dir": str(run_dir)})
-    return _execute(config, resuming=True, progress=progress, console=console, verbose=verbose)
+    return _execute(
+        config,
+        resuming=True,
+        progress=progress,
+        console=console,
+        verbose=verbose,
+        baseline_cache=baseline_cache,
+    )
 
 
 def _yaml(config: CoevolveConfig) -> str:
@@ -156,13 +178,20 @@ def _yaml(config: CoevolveConfig) -> str:
 
 
 def _execute(
-    config: CoevolveConfig, *, resuming: bool, progress: bool, console: Any, verbose: bool
+    config: CoevolveConfig,
+    *,
+    resuming: bool,
+    progress: bool,
+    console: Any,
+    verbose: bool,
+    baseline_cache: str | Path | None,
 ) -> RunResult:
     from .run_log import run_log
 
     started = time.perf_counter()
     with run_log(config.run_dir, verbose=verbose):
         rt = build_runtime(config, console=console, progress=progress)
+        rt.baseline_cache = Path(baseline_cache) if baseline_cache is not None else None
         try:
             summaries, adapter = asyncio.run(_drive(rt, resuming))
         finally:

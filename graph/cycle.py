@@ -46,6 +46,8 @@ runtime from the config it names.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import operator
 import time
 from collections import Counter
@@ -210,10 +212,61 @@ async def _validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float
 # --------------------------------------------------------------------------- nodes
 
 
+def _baseline_key(rt: CycleRuntime) -> str | None:
+    """What makes two runs' cycle-0 evaluations the same, hashed; None when it cannot be
+    known (an endpoint serves whatever it serves)."""
+    config = rt.config
+    if config.policy.kind != "local":
+        return None
+    identity = {
+        "policy": rt.policy.version,
+        "model": config.policy.model,
+        "adapter": config.policy.adapter,
+        "max_new_tokens": config.policy.max_new_tokens,
+        "system_prompt": config.policy.system_prompt,
+        "tasks": [task.id for task in rt.eval_tasks],
+        "env": config.env.model_dump(mode="json"),
+        "temperature": config.rollout.eval_temperature,
+        "max_steps": config.rollout.max_steps,
+        "seed": config.seed,
+    }
+    text = json.dumps(identity, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+async def _shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
+    """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
+    it already (its trajectories copied into this run), else made now and shared."""
+    import shutil
+
+    from ..files import write_atomically
+
+    key = _baseline_key(rt) if rt.baseline_cache is not None else None
+    if key is None or rt.baseline_cache is None:
+        return await _evaluate(rt, 0)
+    shared = rt.baseline_cache / key
+    figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
+    if figures.is_file() and trajectories.is_file():
+        evaluation = EvaluationFigures.model_validate_json(figures.read_text())
+        rt.cycle_dir(0).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
+        rt.say(
+            f"cycle 0 · evaluate: held-out success {evaluation.success:.1%}, the same agent's "
+            f"evaluation shared by an earlier run ({shared})"
+        )
+        return evaluation
+    evaluation = await _evaluate(rt, 0)
+    shared.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(rt.cycle_dir(0) / "eval.jsonl", trajectories.with_suffix(".tmp"))
+    trajectories.with_suffix(".tmp").replace(trajectories)
+    write_atomically(figures, evaluation.model_dump_json(indent=2))
+    return evaluation
+
+
 async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     started = time.perf_counter()
-    evaluation = await _evaluate(rt, 0)
+    evaluation = await _shared_baseline(rt)
     summary = CycleSummary(cycle=0, evaluate=evaluation, time_s=time.perf_counter() - started)
     log_cycle(rt.config, rt.run_dir, summary)
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}

@@ -67,6 +67,9 @@ class CycleRuntime:
     model_dir: Path | None  # the local base model, for training
     console: Any = None  # rich Console, or None for silence
     progress: bool = True
+    # Where runs that start from the same local agent share their cycle-0 evaluation (the
+    # bench's arms of one seed: the same model, tasks, seed and sampling); None: evaluate.
+    baseline_cache: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def say(self, text: str) -> None:

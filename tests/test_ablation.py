@@ -277,6 +277,9 @@ def test_quick_bench_runs_end_to_end(tmp_path):
             assert run["accepted_by_cycle"] == [0]
         else:
             assert run["accepted_by_cycle"][0] <= 2  # synthesis.max_accepted of --quick
+        assert sum(run["accepted_by_family"].values()) == sum(run["accepted_by_cycle"])
+    # the seed set the runs learned from: the first pool.seed_tasks (60) training tasks
+    assert sum(report["seed_families"].values()) == 60
     assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
     assert (tmp_path / "family_differences.png").stat().st_size > 10_000
@@ -284,6 +287,15 @@ def test_quick_bench_runs_end_to_end(tmp_path):
         report["by_family"]["static"]
     )
     assert "paired differences" in out.stderr and "paired differences per family" in out.stderr
+    # The arms of a seed start from one agent: its cycle-0 evaluation ran once per seed.
+    assert len(list((tmp_path / "baselines").iterdir())) == 2
+    for seed in (0, 1):
+        assert len({r["success_by_cycle"][0] for r in report["runs"] if r["seed"] == seed}) == 1
+        evaluated = {
+            (tmp_path / f"{arm}-seed{seed}" / "cycles" / "000" / "eval.jsonl").read_bytes()
+            for arm in ("static", "random", "coevolve")
+        }
+        assert len(evaluated) == 1
 
     # --report-only runs nothing: seed 2 is listed as not run, the report keeps the six units
     out = quick_bench(tmp_path, "static,random,coevolve", 3, "--report-only")
