@@ -707,9 +707,9 @@ def print_report(console: Any, report: AblationReport) -> None:
         for family in families:
             cells = []
             for arm in report.arms:
-                runs = [r for r in report.runs if r.arm == arm]
-                accepted = sum(r.accepted_by_family.get(family, 0) for r in runs) / max(
-                    len(runs), 1
+                arm_runs = [r for r in report.runs if r.arm == arm]
+                accepted = sum(r.accepted_by_family.get(family, 0) for r in arm_runs) / max(
+                    len(arm_runs), 1
                 )
                 extra = f" (+{accepted:.0f})" if accepted >= 0.5 else ""
                 cells.append(f"{100 * report.by_family[arm][family].mean:.0f}%{extra}")
