@@ -71,7 +71,7 @@ def test_paired_differences_pair_by_seed():
 
 
 def test_power_is_a_paired_t_tests_from_scipy():
-    from coevolve.paired_stats import paired_power, seeds_for_power, t_quantile
+    from coevolve.ablation.stats import paired_power, seeds_for_power, t_quantile
 
     # G*Power's one-sample t-test, d = 1, two-sided alpha 0.05, n = 10: power 0.8031.
     assert paired_power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=1e-4)

@@ -194,7 +194,7 @@ CONFIG_ROOT = f"{PACKAGE}.config"
 CONFIG_ENTRY_POINTS = frozenset(
     {
         f"{PACKAGE}.runner",  # coevolve.run / resume: a path, a dict or a CoevolveConfig
-        f"{PACKAGE}.ablation",  # coevolve bench learning: one whole config per arm
+        f"{PACKAGE}.ablation.units",  # coevolve bench learning: one whole config per arm
         # The composition: the policy, roles, store and evaluation tasks of a run from a
         # whole CoevolveConfig, and LangGraph Studio's runtime from a YAML path.
         f"{PACKAGE}.graph.runtime_factory",

@@ -1,0 +1,339 @@
+"""The bench's report: per-arm intervals, paired differences with their power, and the
+tables a person reads (``print_report``)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel
+
+from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
+
+# Differences a reader asks about first: each arm against static and random,
+BASELINES = ("static", "random")
+# and the pairs each method's question is about, when both arms ran.
+REFERENCE_PAIRS = (
+    ("coevolve", "coevolve-paper"),  # does the unsolved signal + failure-rate budget help?
+    ("oracle-targeted", "coevolve"),  # how far the detectors stay from the ceiling
+    ("oracle-targeted", "coevolve-paper"),
+    ("coevolve", "no-forgetting"),
+    ("coevolve", "no-boundary"),
+    ("coevolve", "no-rare"),
+    ("coevolve", "no-unsolved"),
+    ("seal", "grpo"),
+    ("seal", "seal-no-reweighting"),
+    ("seal", "seal-no-adaptation"),
+    ("hard-negatives", "own-negatives"),
+    # The two methods' arms against the loop's own SFT training at the same compute.
+    ("seal", "coevolve"),
+    ("grpo", "coevolve"),
+    ("hard-negatives", "coevolve"),
+    ("own-negatives", "coevolve"),
+)
+
+# The paper's effects (points of success), for the power of the differences that test them;
+# a difference that tests none is stated at REFERENCE_EFFECT.
+PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
+REFERENCE_EFFECT = 0.05
+NO_SPREAD = 1e-9  # a paired SD below this is no measured spread (floating-point noise)
+MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
+
+
+class ArmRun(BaseModel):
+    arm: str
+    seed: int
+    success_by_cycle: list[float]  # held-out success, cycle 0 first
+    by_family: dict[str, float]  # held-out success per family after the last cycle
+    # held-out success per family, cycle 0 first (empty in units saved before it was kept)
+    family_curves: dict[str, list[float]] = {}
+    accepted_by_cycle: list[int]
+    # synthesized tasks accepted over the run, by the family of their own calls: where the
+    # synthesis budget went (empty in units saved before it was kept)
+    accepted_by_family: dict[str, int] = {}
+    run_dir: str
+    elapsed_s: float  # of the last process only, when the run was resumed
+    resumed: bool = False  # continued from a killed run's last finished stage
+
+
+class Interval(BaseModel):
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+class Power(BaseModel):
+    """The power of a paired difference (paired_stats: a paired t-test, from scipy)."""
+
+    sd: float  # standard deviation of the per-seed paired differences
+    n: int  # seeds it was measured on
+    # seeds for TARGET_POWER (80%) if the observed mean were the true difference (None: more
+    # than MAX_SEEDS, or no spread measured)
+    seeds_for_observed: int | None
+    # the paper's effect, where the difference tests one (PAPER_EFFECTS), and the seeds for
+    # 80% power at it
+    paper_effect: float | None = None
+    seeds_for_paper_effect: int | None = None
+    # the effect this difference's power is stated for (the paper's, else REFERENCE_EFFECT),
+    # the power the n seeds have to find it, and the seeds 80% power needs
+    effect: float | None = None
+    power: float | None = None
+    seeds_for_effect: int | None = None
+
+
+class AblationReport(BaseModel):
+    config: str
+    seeds: list[int]
+    arms: list[str]
+    runs: list[ArmRun]
+    final: dict[str, Interval]  # arm -> final held-out success
+    by_family: dict[str, dict[str, Interval]]  # arm -> family -> success
+    curves: dict[str, list[Interval]]  # arm -> success per cycle
+    family_curves: dict[str, dict[str, list[Interval]]] = {}  # arm -> family -> per cycle
+    paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
+    # "coevolve - static" -> family -> paired difference of the family's final success
+    paired_by_family: dict[str, dict[str, Interval]] = {}
+    power: dict[str, Power] = {}  # "coevolve - static" -> the seeds it needs
+    # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
+    # could learn from demonstrations, and which it meets only through synthesis
+    seed_families: dict[str, int] = {}
+    plot: str | None = None
+
+
+def interval(values: list[float]) -> Interval:
+    """Mean and 95% t-interval (a single value has an unbounded interval: nan)."""
+    mean, low, high = mean_interval(values)
+    return Interval(mean=mean, low=low, high=high, n=len(values))
+
+
+def paired_interval(differences: list[float]) -> Interval:
+    """``interval`` of paired differences, except that equal non-zero differences (two seeds
+    that moved by the same number of held-out tasks) give no interval (nan): their spread of
+    0 is the scores' coarseness, not a measured certainty, and a zero-width interval would
+    read as an effect that excludes 0."""
+    if (
+        len(differences) >= 2
+        and sample_sd(differences) < NO_SPREAD
+        and abs(differences[0]) > NO_SPREAD
+    ):
+        return Interval(mean=differences[0], low=math.nan, high=math.nan, n=len(differences))
+    return interval(differences)
+
+
+def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str) -> AblationReport:
+    by_arm = {arm: {run.seed: run for run in runs if run.arm == arm} for arm in arms}
+    final = {arm: interval([r.success_by_cycle[-1] for r in by_arm[arm].values()]) for arm in arms}
+    families = sorted({f for run in runs for f in run.by_family})
+    by_family = {
+        arm: {
+            family: interval([r.by_family.get(family, 0.0) for r in by_arm[arm].values()])
+            for family in families
+        }
+        for arm in arms
+    }
+    cycles = max((len(run.success_by_cycle) for run in runs), default=0)
+    curves = {
+        arm: [
+            interval(
+                [r.success_by_cycle[c] for r in by_arm[arm].values() if c < len(r.success_by_cycle)]
+            )
+            for c in range(cycles)
+        ]
+        for arm in arms
+    }
+    family_curves = {
+        arm: {
+            family: [
+                interval(
+                    [
+                        r.family_curves[family][c]
+                        for r in by_arm[arm].values()
+                        if c < len(r.family_curves.get(family, []))
+                    ]
+                )
+                for c in range(cycles)
+            ]
+            for family in families
+        }
+        for arm in arms
+        if any(r.family_curves for r in by_arm[arm].values())
+    }
+    pairs = [
+        (arm, base)
+        for arm in arms
+        for base in BASELINES
+        if base != arm and arm != "static" and base in by_arm
+    ]
+    pairs += [pair for pair in REFERENCE_PAIRS if set(pair) <= set(by_arm) and pair not in pairs]
+    paired: dict[str, Interval] = {}
+    paired_by_family: dict[str, dict[str, Interval]] = {}
+    power: dict[str, Power] = {}
+    for arm, base in pairs:
+        common = sorted(set(by_arm[arm]) & set(by_arm[base]))
+        if common:
+            name = f"{arm} - {base}"
+            ours, theirs = [by_arm[arm][s] for s in common], [by_arm[base][s] for s in common]
+            differences = [
+                a.success_by_cycle[-1] - b.success_by_cycle[-1]
+                for a, b in zip(ours, theirs, strict=True)
+            ]
+            paired[name] = paired_interval(differences)
+            sd = sample_sd(differences) if len(differences) >= 2 else 0.0
+            if sd >= NO_SPREAD:  # without a measured spread there is no power to work out
+                paper = PAPER_EFFECTS.get(name)
+                effect = paper or REFERENCE_EFFECT
+                power[name] = Power(
+                    sd=sd,
+                    n=len(differences),
+                    seeds_for_observed=seeds_for_power(sd, paired[name].mean),
+                    paper_effect=paper,
+                    seeds_for_paper_effect=seeds_for_power(sd, paper) if paper else None,
+                    effect=effect,
+                    power=paired_power(sd, effect, len(differences)),
+                    seeds_for_effect=seeds_for_power(sd, effect),
+                )
+            paired_by_family[name] = {
+                family: paired_interval(
+                    [
+                        a.by_family.get(family, 0.0) - b.by_family.get(family, 0.0)
+                        for a, b in zip(ours, theirs, strict=True)
+                    ]
+                )
+                for family in families
+            }
+    return AblationReport(
+        config=config,
+        seeds=seeds,
+        arms=arms,
+        runs=runs,
+        final=final,
+        by_family=by_family,
+        curves=curves,
+        family_curves=family_curves,
+        paired=paired,
+        paired_by_family=paired_by_family,
+        power=power,
+    )
+
+
+def seed_families(config: Any) -> dict[str, int]:
+    """The seed set's tasks per family: the first ``pool.seed_tasks`` of the training split."""
+    from ..envs.catalog import load_tasks
+
+    seeds = load_tasks(
+        config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
+    )
+    if config.pool.seed_tasks is not None:
+        seeds = seeds[: config.pool.seed_tasks]
+    return dict(sorted(Counter(task.family for task in seeds).items()))
+
+
+def family_pairs(report: AblationReport) -> list[str]:
+    """The paired differences the per-family table and figure show: coevolve's against
+    static and random when coevolve ran (the reader's first question), else every arm's
+    against them. report.json keeps every pair."""
+    against = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
+    product = [name for name in against if name.split(" - ")[0] == "coevolve"]
+    return product or against
+
+
+def print_report(console: Any, report: AblationReport) -> None:
+    from rich.table import Table
+
+    def fmt(i: Interval) -> str:
+        if math.isnan(i.low):
+            return f"{100 * i.mean:.1f}%"
+        return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
+
+    table = Table(title=f"final held-out success, mean [95% CI] over seeds {report.seeds}")
+    table.add_column("arm")
+    table.add_column("final", justify="right")
+    table.add_column("by cycle (means)", justify="right")
+    for seed in report.seeds:
+        table.add_column(f"seed {seed}", justify="right")
+    for arm in report.arms:
+        runs = {r.seed: r for r in report.runs if r.arm == arm}
+        table.add_row(
+            arm,
+            fmt(report.final[arm]),
+            " → ".join(f"{100 * p.mean:.1f}" for p in report.curves[arm]),
+            *(
+                f"{100 * runs[s].success_by_cycle[-1]:.1f}%" if s in runs else ""
+                for s in report.seeds
+            ),
+        )
+    console.print(table)
+    paired = Table(title="paired differences (arm - baseline), points of held-out success")
+    paired.add_column("difference")
+    paired.add_column("mean [95% CI]", justify="right")
+    for name, value in report.paired.items():
+        paired.add_row(name, _points(value))
+    console.print(paired)
+    if report.power:
+        table = Table(
+            title=f"power of each paired difference (paired t-test, 95%; seeds for "
+            f"{TARGET_POWER:.0%} power)"
+        )
+        table.add_column("difference")
+        table.add_column("SD (points)", justify="right")
+        table.add_column("effect", justify="right")
+        table.add_column("power at n", justify="right")
+        table.add_column(f"seeds for {TARGET_POWER:.0%}", justify="right")
+        table.add_column("seeds, if the mean holds", justify="right")
+        for name, power in report.power.items():
+            effect = power.effect or REFERENCE_EFFECT
+            source = "paper" if power.paper_effect else "reference"
+            table.add_row(
+                name,
+                f"{100 * power.sd:.1f}",
+                f"+{100 * effect:.0f} ({source})",
+                f"{power.power:.0%} (n={power.n})" if power.power is not None else "",
+                _seeds_text(power.seeds_for_effect),
+                _seeds_text(power.seeds_for_observed),
+            )
+        console.print(table)
+    families = sorted({f for arm in report.arms for f in report.by_family[arm]})
+    if families:
+        table = Table(
+            title="final held-out success per family (mean over seeds); seed tasks of the "
+            "family; synthesized tasks accepted (mean per run)"
+        )
+        table.add_column("family")
+        table.add_column("seed tasks", justify="right")
+        for arm in report.arms:
+            table.add_column(arm, justify="right")
+        for family in families:
+            cells = []
+            for arm in report.arms:
+                arm_runs = [r for r in report.runs if r.arm == arm]
+                accepted = sum(r.accepted_by_family.get(family, 0) for r in arm_runs) / max(
+                    len(arm_runs), 1
+                )
+                extra = f" (+{accepted:.0f})" if accepted >= 0.5 else ""
+                cells.append(f"{100 * report.by_family[arm][family].mean:.0f}%{extra}")
+            seeds = str(report.seed_families.get(family, 0)) if report.seed_families else ""
+            table.add_row(family, seeds, *cells)
+        console.print(table)
+    against = family_pairs(report)
+    if families and against:
+        table = Table(title="paired differences per family, points [95% CI]")
+        table.add_column("family")
+        for name in against:
+            table.add_column(name, justify="right")
+        for family in families:
+            table.add_row(
+                family, *(_points(report.paired_by_family[name][family]) for name in against)
+            )
+        console.print(table)
+
+
+def _seeds_text(seeds: int | None) -> str:
+    return f"> {MAX_SEEDS}" if seeds is None else str(seeds)
+
+
+def _points(value: Interval) -> str:
+    if math.isnan(value.low):
+        return f"{100 * value.mean:+.1f}"
+    return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"

@@ -1,0 +1,192 @@
+"""Running the bench in units: one (arm, seed) run each, saved when it ends, skipped on a
+rerun with the same config, and resumed when it was killed part-way."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .arms import ARMS, arm_config
+from .figures import plot_curves, plot_family_curves, plot_family_differences
+from .report import AblationReport, ArmRun, family_pairs, seed_families, summarize
+
+
+def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
+    """Held-out success per family, cycle 0 first, from a run's metrics.jsonl ({} if missing)."""
+    from ..files import read_jsonl
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.exists():
+        return {}
+    rows = sorted(read_jsonl(metrics), key=lambda row: row.get("cycle", 0))
+    families = sorted({f for row in rows for f in row.get("heldout_by_family") or {}})
+    return {f: [(row.get("heldout_by_family") or {}).get(f, 0.0) for row in rows] for f in families}
+
+
+def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
+    """Whether a finished unit was run with the config the bench would run now.
+
+    The saved config is read again under today's config model: a field added
+    since, at its default, then reads back as today's config and the unit still
+    counts; any changed value (or a config that no longer parses) makes it stale.
+    Where the run directory is does not count (it changes no result), so units
+    copied to another ``--out`` still count there.
+    """
+    from pydantic import ValidationError
+
+    from ..config import CoevolveConfig
+
+    if saved_config is None:
+        return False
+    if saved_config == fingerprint:
+        return True
+    try:
+        saved = json.loads(CoevolveConfig.model_validate_json(saved_config).model_dump_json())
+    except ValidationError:
+        return False
+    today = json.loads(fingerprint)
+    saved.pop("run_dir", None)
+    today.pop("run_dir", None)
+    return saved == today
+
+
+def was_killed(run_dir: Path, fingerprint: str) -> bool:
+    """Whether ``run_dir`` holds a run of this unit's config that ended before its unit was saved.
+
+    Such a run (killed by the OOM killer, a closed session) continues from its last
+    finished stage instead of starting over: a GRPO unit costs half an hour here.
+    """
+    from ..config import ConfigError, load_config
+    from ..runner import CHECKPOINTS
+
+    saved = run_dir / "config.yaml"
+    if not ((run_dir / CHECKPOINTS).exists() and saved.is_file()):
+        return False
+    try:
+        saved_config = load_config(saved).model_dump_json()
+    except ConfigError:
+        return False
+    return unit_still_counts(saved_config, fingerprint)
+
+
+def run_ablation(
+    base: dict[str, Any],
+    *,
+    seeds: list[int],
+    arms: list[str],
+    out_dir: Path,
+    config_name: str,
+    console: Any = None,
+    run_missing: bool = True,
+) -> AblationReport:
+    """Run every (arm, seed) unit not finished before, then write the report.
+
+    ``run_missing=False`` runs nothing: the report covers the finished units only
+    (a bench run in pieces, read between them).
+    """
+    from ..config import load_config
+    from ..runner import resume, run
+
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    runs: list[ArmRun] = []
+    stale: list[str] = []  # units of these arms and seeds run with another config
+    total = len(arms) * len(seeds)
+    units = out_dir / "units"
+    for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
+        for arm in arms:
+            config = load_config(arm_config(base, arm, seed, out_dir))
+            unit = units / f"{arm}-seed{seed}.json"
+            fingerprint = config.model_dump_json()
+            if unit.exists():
+                saved = json.loads(unit.read_text())
+                if unit_still_counts(saved.get("config"), fingerprint):
+                    run_record = ArmRun.model_validate(saved["run"])
+                    if not run_record.family_curves:  # a unit saved before they were kept
+                        run_record.family_curves = family_curves_of(run_record.run_dir)
+                    runs.append(run_record)
+                    if console is not None:
+                        console.print(
+                            f"[bold]bench learning[/bold] {len(runs)}/{total}: {arm}, seed "
+                            f"{seed} finished before, skipped ({unit.name})"
+                        )
+                    continue
+                stale.append(unit.name)
+            if not run_missing:
+                if console is not None:
+                    why = " (its unit was run with another config)" if unit.exists() else ""
+                    console.print(
+                        f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet{why}"
+                    )
+                continue
+            killed = was_killed(Path(config.run_dir), fingerprint)
+            if console is not None:
+                again = " (resuming its killed run)" if killed else ""
+                console.print(
+                    f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}{again}"
+                )
+            # The arms of a seed start from the same agent: cycle 0 is evaluated once.
+            shared = out_dir / "baselines"
+            if killed:
+                result = resume(config.run_dir, progress=False, console=None, baseline_cache=shared)
+            else:
+                result = run(
+                    config, overwrite=True, progress=False, console=None, baseline_cache=shared
+                )
+            last = result.cycles[-1].evaluate
+            runs.append(
+                ArmRun(
+                    arm=arm,
+                    seed=seed,
+                    success_by_cycle=result.success_by_cycle(),
+                    by_family=last.by_family,
+                    family_curves={
+                        family: [c.evaluate.by_family.get(family, 0.0) for c in result.cycles]
+                        for family in sorted(last.by_family)
+                    },
+                    accepted_by_cycle=[
+                        c.synthesize.accepted if c.synthesize else 0 for c in result.cycles[1:]
+                    ],
+                    accepted_by_family=dict(
+                        sum(
+                            (
+                                Counter(c.synthesize.by_family)
+                                for c in result.cycles
+                                if c.synthesize
+                            ),
+                            Counter(),
+                        )
+                    ),
+                    run_dir=result.run_dir,
+                    elapsed_s=result.elapsed_s,
+                    resumed=result.resumed,
+                )
+            )
+            units.mkdir(parents=True, exist_ok=True)
+            unit.write_text(
+                json.dumps({"config": fingerprint, "run": runs[-1].model_dump()}, indent=2)
+            )
+            if console is not None:
+                curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
+                console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
+    if not runs:
+        note = (
+            f"; {len(stale)} unit(s) there ({', '.join(stale[:3])}"
+            f"{', ...' if len(stale) > 3 else ''}) were run with another config: "
+            "pass the --config and --set of the bench that made them"
+            if stale
+            else ""
+        )
+        raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
+    report = summarize(runs, arms, seeds, config_name)
+    report.seed_families = seed_families(load_config(base))
+    report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
+    if report.family_curves:
+        plot_family_curves(report, out_dir / "family_curves.png")
+    if family_pairs(report):
+        plot_family_differences(report, out_dir / "family_differences.png")
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2))
+    return report
