@@ -118,3 +118,48 @@ def plot_family_differences(report: AblationReport, path: Path) -> Path:
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
+
+
+# The differences the low-resource verdict is about.
+VERDICT_PAIRS = ("coevolve - static", "coevolve - random")
+
+
+def plot_by_seed_tasks(reports: dict[int, AblationReport], path: Path) -> Path:
+    """coevolve − static and coevolve − random against the number of seed tasks N: the mean
+    paired difference with its 95% interval, one report (one N) per point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(reports)
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for offset, name in enumerate(VERDICT_PAIRS):
+        xs, means, below, above, labels = [], [], [], [], []
+        for size in sizes:
+            value = reports[size].paired.get(name)
+            if value is None:
+                continue
+            # side by side on the log axis, so the two intervals at one N do not overlap
+            xs.append(size * (1.06 if offset else 1 / 1.06))
+            means.append(100 * value.mean)
+            known = not math.isnan(value.low)
+            below.append(100 * (value.mean - value.low) if known else 0.0)
+            above.append(100 * (value.high - value.mean) if known else 0.0)
+            labels.append(f"n={value.n}")
+        if not xs:
+            continue
+        axis.errorbar(xs, means, yerr=[below, above], fmt="o-", capsize=3, label=name)
+        for x, y, label in zip(xs, means, labels, strict=True):
+            axis.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xticks(sizes, [str(size) for size in sizes])
+    axis.set_xlabel("seed tasks N (log scale)")
+    axis.set_ylabel("paired difference of final held-out success (points)")
+    axis.set_title("the verdict against the number of seed tasks (95% CI over seeds)", fontsize=10)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
 
@@ -57,10 +57,14 @@ class ArmRun(BaseModel):
     resumed: bool = False  # continued from a killed run's last finished stage
 
 
+# JSON has no NaN: a report writes an unbounded interval's ends as null; read them back as nan.
+MaybeNan = Annotated[float, BeforeValidator(lambda value: math.nan if value is None else value)]
+
+
 class Interval(BaseModel):
-    mean: float
-    low: float
-    high: float
+    mean: MaybeNan
+    low: MaybeNan
+    high: MaybeNan
     n: int
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -104,3 +104,70 @@ def bench_learning(
     quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")
     if as_json:
         print(report.model_dump_json(indent=2))
+
+
+@bench_app.command("by-seed-tasks")
+def bench_by_seed_tasks(
+    reports: Annotated[
+        list[str],
+        typer.Argument(
+            help="N=REPORT pairs: the seed tasks of a bench and its report.json, e.g. "
+            "100=runs/bench-lowresource-n100/report.json",
+            metavar="N=REPORT...",
+        ),
+    ],
+    out: Annotated[
+        str, typer.Option(help="Where to write the figure.")
+    ] = "runs/bench-by-seed-tasks.png",
+) -> None:
+    """coevolve − static and coevolve − random against the number of seed tasks, one
+    finished bench report per N: the low-resource verdict in one figure and one table."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+    from rich.table import Table
+
+    from ..ablation import AblationReport
+    from ..ablation.figures import VERDICT_PAIRS, plot_by_seed_tasks
+
+    by_size: dict[int, AblationReport] = {}
+    for item in reports:
+        size, _, path = item.partition("=")
+        if not size.isdigit() or not path:
+            raise fail(
+                f"{item!r} is not N=REPORT (e.g. 100=runs/bench-lowresource-n100/report.json)"
+            )
+        try:
+            by_size[int(size)] = AblationReport.model_validate_json(Path(path).read_text())
+        except (OSError, ValidationError) as err:
+            raise fail(f"{path}: not a bench report ({type(err).__name__}: {err})") from None
+    table = Table(
+        title="paired differences by seed tasks N (points, 95% CI; power at the paper's effect)"
+    )
+    table.add_column("N", justify="right")
+    for name in VERDICT_PAIRS:
+        table.add_column(name, justify="right")
+    for size in sorted(by_size):
+        report = by_size[size]
+        cells = []
+        for name in VERDICT_PAIRS:
+            value, power = report.paired.get(name), report.power.get(name)
+            if value is None:
+                cells.append("")
+                continue
+            text = _interval_text(value)
+            if power is not None and power.power is not None:
+                text += f", power {power.power:.0%}"
+            cells.append(f"{text} (n={value.n})")
+        table.add_row(str(size), *cells)
+    console.print(table)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"figure: {plot_by_seed_tasks(by_size, Path(out))}")
+
+
+def _interval_text(value: Any) -> str:
+    import math
+
+    if math.isnan(value.low):
+        return f"{100 * value.mean:+.1f}"
+    return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"

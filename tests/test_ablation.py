@@ -415,3 +415,34 @@ def test_the_help_names_every_arm():
     )
     text = " ".join(out.stdout.split())
     assert [arm for arm in ARMS if arm not in text] == []
+
+
+def test_the_verdict_by_seed_tasks_reads_reports_back_and_draws_one_figure(tmp_path):
+    """`coevolve bench by-seed-tasks N=REPORT ...`: a table and a figure of coevolve − static
+    and − random against N, from report.json files as the bench writes them (NaN as null)."""
+    paths = []
+    for size, gain in ((100, 0.08), (400, 0.02)):
+        runs = [_run("static", s, 0.3) for s in range(3)]
+        runs += [_run("random", s, 0.3) for s in range(2)]  # two equal differences: no interval
+        runs += [_run("coevolve", s, 0.3 + gain + 0.01 * s) for s in range(3)]
+        report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2], f"n{size}")
+        path = tmp_path / f"n{size}.json"
+        path.write_text(report.model_dump_json())
+        paths.append(f"{size}={path}")
+    figure = tmp_path / "by-n.png"
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "by-seed-tasks", *paths, "--out", str(figure)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "+9.0 [" in out.stdout and "power" in out.stdout  # N = 100: +8, +9, +10
+    assert figure.stat().st_size > 10_000
+    bad = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "by-seed-tasks", "lots=x.json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "is not N=REPORT" in bad.stderr
