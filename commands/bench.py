@@ -132,13 +132,13 @@ def bench_by_seed_tasks(
 
     by_size: dict[int, AblationReport] = {}
     for item in reports:
-        size, _, path = item.partition("=")
-        if not size.isdigit() or not path:
+        label, _, path = item.partition("=")
+        if not label.isdigit() or not path:
             raise fail(
                 f"{item!r} is not N=REPORT (e.g. 100=runs/bench-lowresource-n100/report.json)"
             )
         try:
-            by_size[int(size)] = AblationReport.model_validate_json(Path(path).read_text())
+            by_size[int(label)] = AblationReport.model_validate_json(Path(path).read_text())
         except (OSError, ValidationError) as err:
             raise fail(f"{path}: not a bench report ({type(err).__name__}: {err})") from None
     table = Table(
