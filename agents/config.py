@@ -28,6 +28,13 @@ class EndpointConfig(Section):
     )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature.")
     max_tokens: int = Field(default=512, gt=0, description="Most tokens per reply.")
+    length_field: Literal["max_tokens", "max_completion_tokens"] = Field(
+        default="max_tokens",
+        description="The request field the synthesis roles send max_tokens under. max_tokens: "
+        "what OpenAI-compatible servers honour (vLLM, SGLang, llama.cpp, transformers serve; "
+        "some ignore max_completion_tokens and run on). max_completion_tokens: OpenAI's "
+        "reasoning models, which refuse max_tokens. Never both: several servers refuse that.",
+    )
     timeout_s: float = Field(
         default=60.0, gt=0, description="Seconds before one request is abandoned."
     )

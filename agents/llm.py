@@ -179,6 +179,15 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
         reply_retries: int = 0
         retry_base_s: float = 0.2
         retry_max_s: float = 5.0
+        # The name the length limit is sent under (EndpointConfig.length_field): langchain
+        # sends max_completion_tokens, which many OpenAI-compatible servers ignore.
+        length_field: str = "max_tokens"
+
+        def _get_request_payload(self, input_: Any, *, stop: Any = None, **kwargs: Any) -> dict:
+            payload = super()._get_request_payload(input_, stop=stop, **kwargs)
+            if self.length_field != "max_completion_tokens" and "max_completion_tokens" in payload:
+                payload[self.length_field] = payload.pop("max_completion_tokens")
+            return payload
 
         def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
             check_reply_length(response, self.max_reply_chars, self.model_name)
@@ -203,6 +212,7 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
         max_reply_chars=endpoint.reply_limit(),
         retry_base_s=endpoint.retry_base_s,
         retry_max_s=endpoint.retry_max_s,
+        length_field=endpoint.length_field,
         base_url=endpoint.base_url,
         model=endpoint.model,
         api_key=SecretStr(endpoint.api_key()),
@@ -277,7 +287,7 @@ def _as_reply_error(err: Exception, answered: bool, model: str) -> ReplyError | 
 
 
 def _worth_retrying(error: ReplyError) -> bool:
-    if error.kind == "too_long":
+    if error.kind == "too_long" or _names_response_format(error.cause):
         return False
     status = getattr(error.cause, "status_code", None)
     return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))
@@ -390,10 +400,24 @@ def _remember_no_response_format(model: Any, how: str, evidence: str) -> None:
 
 
 def _is_refusal(err: BaseException | None) -> bool:
-    """A request the server refused for what it asked (400, 422), not for who or when."""
+    """A request the server refused for what it asked (400, 422, or a 5xx whose message
+    names response_format: a server that does not know json_schema), not for who or when."""
     import openai
 
-    return isinstance(err, openai.BadRequestError | openai.UnprocessableEntityError)
+    return isinstance(err, openai.BadRequestError | openai.UnprocessableEntityError) or (
+        _names_response_format(err)
+    )
+
+
+def _names_response_format(err: BaseException | None) -> bool:
+    """A server error about the request's response_format (a server answered json_schema
+    with HTTP 500): asking again cannot help."""
+    import openai
+
+    if not isinstance(err, openai.InternalServerError):
+        return False
+    text = str(err).lower()
+    return "response_format" in text or "json_schema" in text
 
 
 def _ignores_schema(raw: str) -> bool:

@@ -209,3 +209,38 @@ def test_a_reply_cut_off_by_max_tokens_is_read_not_raised(scripted_server):
     with pytest.raises(ReplyTooLongError, match="reply too long: 100 characters"):
         ask(chat_model(short))
     assert len(server.chat_bodies()) == 1  # no second request of a server that runs long
+
+
+def test_a_server_that_honours_only_max_tokens_and_refuses_json_schema_with_a_500(
+    scripted_server, caplog
+):
+    """What a real server did: replies ran to thousands of tokens because the limit came as
+    max_completion_tokens, and json_schema got HTTP 500 on every call. The limit now goes
+    as max_tokens, and the 500 naming response_format is learnt once, without retries."""
+
+    def script(body):
+        if (body.get("response_format") or {}).get("type") == "json_schema":
+            return Reply.status(500, "Unknown response_format type: json_schema")
+        limit = body.get("max_tokens")  # max_completion_tokens means nothing to this server
+        return Reply.text('{"a": 7}' if limit is not None else '{"a": 7, "b": "' + "x" * 5000)
+
+    server = scripted_server(script)
+    model = chat_model(
+        EndpointConfig(base_url=server.base_url, model=server.model, timeout_s=10, max_retries=3)
+    )
+    with caplog.at_level(logging.WARNING, logger=LLM_LOGGER):
+        assert [ask(model).a for _ in range(3)] == [7, 7, 7]
+    bodies = server.chat_bodies()
+    assert len(bodies) == 4  # one refused structured request, then plain requests only
+    assert sum("response_format" in body for body in bodies) == 1
+    assert all(body["max_tokens"] == 512 and "max_completion_tokens" not in body for body in bodies)
+    assert response_format_support(model) == "refused" and len(capability_warnings(caplog)) == 1
+
+    # OpenAI's reasoning models refuse max_tokens: the other name, never both.
+    server = scripted_server([Reply.json_content({"a": 1})])
+    other = EndpointConfig(
+        base_url=server.base_url, model=server.model, length_field="max_completion_tokens"
+    )
+    assert ask(chat_model(other)).a == 1
+    [body] = server.chat_bodies()
+    assert body["max_completion_tokens"] == 512 and "max_tokens" not in body

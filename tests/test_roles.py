@@ -401,7 +401,9 @@ def test_structured_call_json_schema_path(scripted_server):
     result = run(structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")]))
     assert result == Pair(a=1, b="x")
     [body] = server.chat_bodies()
-    assert body["max_completion_tokens"] == 512 and body["temperature"] == 0.7
+    # the length limit under the name OpenAI-compatible servers honour (length_field), once
+    assert body["max_tokens"] == 512 and body["temperature"] == 0.7
+    assert "max_completion_tokens" not in body
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["name"] == "Pair"
 
