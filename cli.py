@@ -17,6 +17,7 @@ from .commands.common import err_console
 from .commands.config import config_app
 from .commands.env import env_app
 from .commands.run import export_command, run_command
+from .commands.serve import serve_command
 from .commands.studio import studio
 from .commands.synthesis import synthesize_command
 from .errors import is_known_error
@@ -36,6 +37,7 @@ app.command("synthesize")(synthesize_command)
 app.command("run")(run_command)
 app.command("export")(export_command)
 app.command("studio")(studio)
+app.command("serve")(serve_command)
 
 
 def main() -> None:

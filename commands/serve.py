@@ -1,0 +1,146 @@
+"""``coevolve serve``: the ``vllm serve`` command a config expects, printed or run.
+
+A run's endpoint and training settings decide the server's flags: the model and
+the port come from the endpoint, LoRA hot-loading needs ``--enable-lora`` with a
+``--max-lora-rank`` at least the adapters' rank and vLLM's runtime-LoRA variable,
+and tools in the request need vLLM's tool-call parser for the model's family.
+Writing them by hand let a rank above ``--max-lora-rank`` or a missing variable
+surface only mid-run, when the first adapter failed to load.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from typing import Annotated, Any
+from urllib.parse import urlparse
+
+import typer
+
+from .common import SetOption, console, fail
+
+# vLLM's accepted --max-lora-rank values.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's tool-call parser by model family (a substring of the model name, lowercased).
+TOOL_CALL_PARSERS = (
+    ("qwen3-coder", "qwen3_coder"),
+    ("qwen", "hermes"),
+    ("hermes", "hermes"),
+    ("llama-3", "llama3_json"),
+    ("llama3", "llama3_json"),
+    ("mistral", "mistral"),
+    ("granite", "granite"),
+)
+RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+class ServeError(ValueError):
+    """A config the server command cannot be derived from; the message says what to set."""
+
+
+def vllm_command(
+    config: Any, endpoint: str | None = None, tool_call_parser: str | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, argv) of the ``vllm serve`` that serves ``endpoint`` of
+    ``config`` (default: the policy's)."""
+    name = endpoint
+    if name is None:
+        if not isinstance(config.policy.endpoint, str):
+            raise ServeError(
+                "the policy is not on a named endpoint: pass --endpoint NAME (one of: "
+                f"{', '.join(config.endpoints) or 'none defined'})"
+            )
+        name = config.policy.endpoint
+    if name not in config.endpoints:
+        raise ServeError(
+            f"no endpoint {name!r} in the config; defined: {', '.join(config.endpoints) or 'none'}"
+        )
+    served = config.endpoints[name]
+    url = urlparse(served.base_url)
+    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1") or url.port is None:
+        raise ServeError(
+            f"endpoint {name!r} is at {served.base_url}: serve it on this machine with a port "
+            "in base_url (e.g. http://127.0.0.1:8000/v1)"
+        )
+    argv = ["vllm", "serve", served.model, "--host", url.hostname, "--port", str(url.port)]
+    environment: dict[str, str] = {}
+    serves_policy = config.policy.kind == "endpoint" and config.policy.endpoint == name
+    if serves_policy and config.policy.renders_tools:
+        parser = tool_call_parser or _parser_for(served.model)
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if serves_policy and config.policy.hot_load != "off":
+        rank = config.training.lora.r
+        fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+        if not fitting:
+            raise ServeError(
+                f"training.lora.r {rank} is above vLLM's largest --max-lora-rank "
+                f"({VLLM_LORA_RANKS[-1]}): lower it"
+            )
+        # The cycle's new adapter is loaded before the old one is unloaded: two at once.
+        argv += ["--enable-lora", "--max-lora-rank", str(fitting[0]), "--max-loras", "2"]
+        environment[RUNTIME_LORA] = "True"
+    return environment, argv
+
+
+def _parser_for(model: str) -> str:
+    lowered = model.lower()
+    for family, parser in TOOL_CALL_PARSERS:
+        if family in lowered:
+            return parser
+    raise ServeError(
+        f"no known vLLM tool-call parser for {model!r}: pass --tool-call-parser (see vLLM's "
+        "tool calling docs), or set policy.tools_in_prompt: false"
+    )
+
+
+def shell_line(environment: dict[str, str], argv: list[str]) -> str:
+    """The command as one shell line, variables first."""
+    return " ".join(
+        [*(f"{k}={shlex.quote(v)}" for k, v in environment.items()), *map(shlex.quote, argv)]
+    )
+
+
+def serve_command(
+    config_path: Annotated[str, typer.Argument(help="The run's YAML config.")],
+    endpoint: Annotated[
+        str | None,
+        typer.Option(help="The entry of `endpoints` to serve (default: the policy's)."),
+    ] = None,
+    tool_call_parser: Annotated[
+        str | None,
+        typer.Option(help="vLLM's --tool-call-parser (default: from the model's family)."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the command instead of running it.")
+    ] = False,
+    extra: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vllm-arg",
+            help="One more argument for vllm serve, repeatable (e.g. --vllm-arg=--max-model-len "
+            "--vllm-arg=16384).",
+        ),
+    ] = None,
+    overrides: SetOption = None,
+) -> None:
+    """Serve a config's endpoint with vLLM: the model, its port, LoRA hot-loading at the
+    adapters' rank, and tool calling, derived from the config."""
+    from ..config import ConfigError, load_config
+
+    try:
+        config = load_config(config_path, overrides or [])
+        environment, argv = vllm_command(config, endpoint, tool_call_parser)
+    except (ConfigError, ServeError) as err:
+        raise fail(str(err)) from None
+    argv += list(extra or [])
+    if dry_run:
+        console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
+        return
+    if shutil.which("vllm") is None:
+        raise fail(
+            "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a GPU "
+            "(--dry-run prints the command)"
+        )
+    console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
+    os.execvpe(argv[0], argv, {**os.environ, **environment})

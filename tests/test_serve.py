@@ -1,0 +1,78 @@
+"""`coevolve serve`: the vllm serve command derived from a config, for the shipped configs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coevolve.commands.serve import ServeError, vllm_command
+from coevolve.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = "Qwen/Qwen2.5-7B-Instruct --host 127.0.0.1 --port 8000"
+TOOLS = "--enable-auto-tool-choice --tool-call-parser hermes"
+
+
+def dry_run(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coevolve", "serve", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "config, rank",
+    [("vllm.yaml", 16), ("bfcl.yaml", 16), ("seal-bfcl-gpu.yaml", 64)],
+)
+def test_the_shipped_gpu_configs_get_a_runnable_command(config, rank):
+    out = dry_run(str(ROOT / "configs" / config), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {QWEN} {TOOLS} "
+        f"--enable-lora --max-lora-rank {rank} --max-loras 2"
+    )
+    # every comment in the config that shows a vllm serve command agrees on the rank
+    text = (ROOT / "configs" / config).read_text()
+    assert f"coevolve serve configs/{config}" in text
+
+
+def test_the_lora_rank_fits_and_a_rank_vllm_cannot_serve_is_refused():
+    config = load_config(ROOT / "configs" / "vllm.yaml", ["training.lora.r=20"])
+    environment, argv = vllm_command(config)
+    assert argv[argv.index("--max-lora-rank") + 1] == "32"
+    assert environment == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    with pytest.raises(ServeError, match="above vLLM's largest --max-lora-rank"):
+        vllm_command(load_config(ROOT / "configs" / "vllm.yaml", ["training.lora.r=600"]))
+    # no hot-loading: no LoRA flags and no variable; no tools in the prompt: no parser
+    config = load_config(
+        ROOT / "configs" / "vllm.yaml", ["policy.hot_load='off'", "policy.tools_in_prompt=false"]
+    )
+    assert vllm_command(config) == ({}, ["vllm", "serve", *QWEN.split()])
+
+
+def test_what_cannot_be_served_here_says_what_to_set(tmp_path):
+    remote = load_config(
+        ROOT / "configs" / "vllm.yaml", ["endpoints.qwen.base_url=https://api.example.com/v1"]
+    )
+    with pytest.raises(ServeError, match="serve it on this machine with a port"):
+        vllm_command(remote)
+    unknown = load_config(ROOT / "configs" / "vllm.yaml", ["endpoints.qwen.model=acme/widget-7b"])
+    with pytest.raises(ServeError, match="pass --tool-call-parser"):
+        vllm_command(unknown)
+    assert "--tool-call-parser pythonic" in " ".join(vllm_command(unknown, None, "pythonic")[1])
+    out = dry_run(str(ROOT / "configs" / "quickstart.yaml"), "--dry-run")
+    assert out.returncode == 2 and "pass --endpoint NAME" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("vllm") is not None, reason="vLLM is installed here")
+def test_without_vllm_it_says_so_in_one_line():
+    out = dry_run(str(ROOT / "configs" / "vllm.yaml"), "--vllm-arg=--max-model-len")
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: vLLM is not installed here: pip install 'coevolve[vllm]'")
