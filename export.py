@@ -6,13 +6,18 @@ Three tables, each written only when the run has rows for it:
   separate fields (``source``, ``parent_task_id``, ``signal``, ``cycle``);
   nested parts (turns with reference calls, the initial state) are JSON strings,
   so every row has the same columns;
-- ``sft``: each cycle's SFT conversations (OpenAI messages, tool-call arguments
-  as JSON strings), with the ``cycle``;
+- ``sft``: each cycle's SFT conversations as TRL's SFTTrainer reads them:
+  ``messages`` (OpenAI messages, tool-call arguments as JSON strings) and
+  ``tools`` (the tool schemas the prompt carried, as a JSON string, or null),
+  with the example's ``weight`` and its ``cycle``;
 - ``dpo``: each cycle's preference pairs (``prompt``, ``chosen``, ``rejected``
   messages of one ``task_id``), with the ``cycle``.
 
-``jsonl`` writes ``OUT/<table>.jsonl``; ``hf`` writes a ``datasets.DatasetDict``
-with one split per table (``load_from_disk(OUT)``).
+Tables with different columns are different datasets, so each is its own
+configuration (the Hub's convention): ``OUT/README.md`` declares them, and
+``datasets.load_dataset(OUT, "sft", split="train")`` loads one. ``jsonl``
+writes ``OUT/<table>.jsonl``; ``hf`` writes ``OUT/<table>.parquet``. Either
+directory can be pushed to the Hub as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from .files import dump_jsonl, load_jsonl, read_jsonl
+from .files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
 from .records import Task
 
 ExportFormat = Literal["jsonl", "hf"]
@@ -61,7 +66,17 @@ def export_tables(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         cycle = int(cycle_dir.name)
         for row in read_jsonl(data):
             if "messages" in row:
-                sft.append({"cycle": cycle, "messages": row["messages"]})
+                tools = row.get("tools")
+                sft.append(
+                    {
+                        "messages": row["messages"],
+                        # a JSON string: tool schemas differ in their keys, and Arrow would
+                        # merge them into one struct with nulls (TRL reads the string)
+                        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+                        "weight": float(row.get("weight", 1.0)),
+                        "cycle": cycle,
+                    }
+                )
             else:
                 dpo.append({"cycle": cycle, **row})
     tables = {"tasks": [task_row(task) for task in tasks], "sft": sft, "dpo": dpo}
@@ -75,16 +90,31 @@ def export_run(
     tables = export_tables(run_dir)
     if not tables:
         raise ValueError(f"{run_dir} has no synthesized tasks or training examples to export")
-    out = Path(out)
-    if format == "jsonl":
-        for name, rows in tables.items():
-            dump_jsonl(out / f"{name}.jsonl", rows)
-    elif format == "hf":
-        from datasets import Dataset, DatasetDict
-
-        DatasetDict({name: Dataset.from_list(rows) for name, rows in tables.items()}).save_to_disk(
-            str(out)
-        )
-    else:
+    if format not in ("jsonl", "hf"):
         raise ValueError(f"unknown export format {format!r}; allowed: jsonl, hf")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "jsonl" if format == "jsonl" else "parquet"
+    for name, rows in tables.items():
+        if format == "jsonl":
+            dump_jsonl(out / f"{name}.jsonl", rows)
+        else:
+            from datasets import Dataset
+
+            Dataset.from_list(rows).to_parquet(str(out / f"{name}.parquet"))
+    write_atomically(out / "README.md", dataset_card(run_dir, list(tables), suffix))
     return {name: len(rows) for name, rows in tables.items()}
+
+
+def dataset_card(run_dir: str | Path, tables: list[str], suffix: str) -> str:
+    """README.md with one configuration per table, as the Hub and load_dataset read it."""
+    configs = "".join(
+        f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {name}.{suffix}\n"
+        for name in tables
+    )
+    return (
+        f"---\nconfigs:\n{configs}---\n\n# coevolve export of {Path(run_dir).name}\n\n"
+        'One configuration per table (`load_dataset(DIR, NAME, split="train")`): '
+        + ", ".join(f"`{name}`" for name in tables)
+        + ". See coevolve's export.py for the columns.\n"
+    )

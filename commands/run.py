@@ -157,8 +157,9 @@ def export_command(
         str,
         typer.Option(
             "--format",
-            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl; hf: a datasets "
-            "DatasetDict with those splits (datasets.load_from_disk(OUT)).",
+            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl; hf: the same tables as "
+            "parquet. Either way one configuration per table in OUT/README.md: "
+            "datasets.load_dataset(OUT, 'sft', split='train').",
         ),
     ] = "jsonl",
     as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,

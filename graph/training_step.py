@@ -159,7 +159,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             dump_jsonl(
                 cycle_dir / TRAIN_DATA_FILE,
                 [
-                    {"messages": c.messages, "weight": w}
+                    {"messages": c.messages, "tools": c.tools, "weight": w}
                     for c, w in zip(
                         conversations, example_weights or [1.0] * len(conversations), strict=True
                     )

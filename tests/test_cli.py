@@ -134,3 +134,57 @@ def test_export_refuses_what_is_not_a_run(tmp_path):
     assert empty.returncode == 2 and "no synthesized tasks or training examples" in empty.stderr
     bad = coevolve("export", str(tmp_path), str(tmp_path / "out"), "--format", "csv", check=False)
     assert bad.returncode == 2 and "allowed: jsonl, hf" in bad.stderr
+
+
+def test_exported_sft_rows_load_as_one_configuration_and_train_one_trl_step(tmp_path, tiny_build):
+    """The sft table keeps each example's tools (a JSON string, as TRL reads them) and weight,
+    loads by its configuration name, and TRL's SFTTrainer takes one step on it as it is."""
+    import json
+
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.tokenization import load_tokenizer
+    from coevolve.training.datasets import demonstrations_by_task
+
+    run_dir = tmp_path / "run"
+    (run_dir / "cycles" / "001").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("run_dir: run\n")
+    tasks = load_split("train", size=4)
+    tools = WorldEnvironment().tools()[:2]
+    rows = [
+        {"messages": messages, "tools": tools if index % 2 else None, "weight": 1.0 + index}
+        for index, (_, messages) in enumerate(demonstrations_by_task(tasks, WorldEnvironment, ""))
+    ]
+    (run_dir / "cycles" / "001" / "train_data.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in rows)
+    )
+    for format in ("jsonl", "hf"):
+        out = tmp_path / f"export-{format}"
+        assert coevolve("export", str(run_dir), str(out), "--format", format, "--json")
+        sft = load_dataset(str(out), "sft", split="train")
+        assert sft.num_rows == len(rows) and sft["weight"] == [1.0, 2.0, 3.0, 4.0]
+        assert json.loads(sft[1]["tools"]) == tools and sft[0]["tools"] is None
+        assert sft[0]["messages"][-1]["role"] == "assistant"
+
+    tokenizer = load_tokenizer(tiny_build)
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(str(tiny_build)),
+        processing_class=tokenizer,
+        train_dataset=sft.remove_columns(["weight", "cycle"]),
+        peft_config=LoraConfig(r=4, target_modules="all-linear"),
+        args=SFTConfig(
+            output_dir=str(tmp_path / "trl"),
+            max_steps=1,
+            per_device_train_batch_size=2,
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            save_strategy="no",
+            max_length=512,
+        ),
+    )
+    assert trainer.train().global_step == 1

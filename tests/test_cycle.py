@@ -145,12 +145,14 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
         assert miss["task_id"] == own["task_id"] and miss["score"] < 1.0
         assert miss["progress"] > own["progress"]
     # coevolve export: the synthesized tasks with provenance, and the cycle's SFT examples.
-    from datasets import load_from_disk
+    from datasets import load_dataset
 
     from coevolve.export import export_run
 
     counts = export_run(run_dir, tmp_path / "export-hf", "hf")
-    exported = load_from_disk(str(tmp_path / "export-hf"))
+    exported = {
+        name: load_dataset(str(tmp_path / "export-hf"), name, split="train") for name in counts
+    }
     assert counts["sft"] == exported["sft"].num_rows == first.train.examples
     assert set(exported["sft"]["cycle"]) == {1}
     assert exported["sft"][0]["messages"][0]["role"] == "system"
