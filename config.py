@@ -37,7 +37,7 @@ from .graph.synthesis_config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .tracking import TrackingConfig
-from .training.bootstrap_config import BootstrapConfig
+from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negative_settings import HardNegativeSettings
 
@@ -167,7 +167,12 @@ class CoevolveConfig(Section):
         # pool.seed_tasks is the low-resource regime's one setting: a bootstrap agent that
         # had seen more demonstrations than the pool holds would not be low-resource.
         limit = self.pool.seed_tasks
-        if limit is None or self.env.name != "world" or self.policy.model != "bootstrap":
+        learns_from_pool = (
+            self.env.name == BOOTSTRAP_ENVIRONMENT
+            and self.env.split == self.bootstrap.train_split
+            and self.policy.model == "bootstrap"
+        )
+        if limit is None or not learns_from_pool:
             return self
         built_from = self.bootstrap.num_train_tasks
         if built_from is None:

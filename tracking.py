@@ -201,6 +201,10 @@ def cycle_metrics(summary: CycleSummary) -> dict[str, float]:
         metrics["train/cycle_steps"] = float(train.steps)
         if train.final_loss is not None:
             metrics["train/cycle_final_loss"] = train.final_loss
+        if train.groups is not None:  # GRPO: how many groups had reward spread
+            for name, value in train.groups.model_dump().items():
+                if value is not None:
+                    metrics[f"train/groups/{name}"] = value
     for stage, seconds in summary.stage_seconds().items():
         metrics[f"time/{stage}_s"] = seconds
     return metrics

@@ -33,6 +33,10 @@ ARMS: dict[str, dict[str, Any]] = {
     # SEAL (training/seal.py, envs/adaptation.py): GRPO with the same optimisation steps;
     # grpo is the vanilla-RL baseline SEAL is compared with.
     "grpo": {"training": {"algorithm": "grpo"}},
+    # GRPO where the gradient is: boundary tasks first, groups without spread refilled.
+    "grpo-spread": {
+        "training": {"algorithm": "grpo", "grpo_prompts": "spread", "grpo_dynamic_sampling": True}
+    },
     "seal": {"training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=True)}},
     "seal-no-reweighting": {
         "training": {"algorithm": "grpo", "seal": _seal(reweight=False, adaptation=True)}

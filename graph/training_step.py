@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +150,18 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             )
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
+        if training.algorithm == "grpo":
+            if training.grpo_demonstration_steps:
+                # The tasks no rollout solved get their reference solution (SFT), not a group.
+                failed = all_failed(tasks, trajectories)
+                conversations = [
+                    TrainingConversation(messages=messages, tools=tools_of(task.id))
+                    for task, messages in demonstrations_by_task(
+                        failed, rt.make_env, config.policy.system_prompt
+                    )
+                ]
+            if training.grpo_prompts == "spread":
+                tasks = tasks_by_spread(tasks, trajectories, training.grpo_prompts_per_step)
         pairs = [
             pair.model_copy(update={"tools": tools_of(pair.task_id)})
             for pair in preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
@@ -201,6 +213,50 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         write_atomically(record, result.model_dump_json(indent=2))
     await use_adapter(rt, result.adapter_dir)
     return result
+
+
+def all_failed(tasks: Sequence[Any], trajectories: Sequence[Any]) -> list[Any]:
+    """The tasks every rollout of which failed this cycle (binary success)."""
+    from ..records import is_success
+
+    outcomes: dict[str, list[bool]] = {}
+    for trajectory in trajectories:
+        outcomes.setdefault(trajectory.task_id, []).append(is_success(trajectory.score))
+    return [task for task in tasks if outcomes.get(task.id) and not any(outcomes[task.id])]
+
+
+def tasks_by_spread(tasks: Sequence[Any], trajectories: Sequence[Any], minimum: int) -> list[Any]:
+    """GRPO's tasks where the gradient is (``training.grpo_prompts: spread``): those whose
+    rollouts this cycle both succeeded and failed (binary success), then those without
+    rollouts (synthesized this cycle); tasks whose rollouts all failed, then all succeeded,
+    only as many as it takes to reach ``minimum``."""
+    from ..records import is_success
+
+    outcomes: dict[str, list[bool]] = {}
+    for trajectory in trajectories:
+        outcomes.setdefault(trajectory.task_id, []).append(is_success(trajectory.score))
+    mixed, unknown, failed, solved = [], [], [], []
+    for task in tasks:
+        seen = outcomes.get(task.id)
+        if not seen:
+            unknown.append(task)
+        elif any(seen) and not all(seen):
+            mixed.append(task)
+        elif any(seen):
+            solved.append(task)
+        else:
+            failed.append(task)
+    chosen = mixed + unknown
+    filler = (failed + solved)[: max(0, minimum - len(chosen))]
+    log.info(
+        "GRPO tasks by spread: %d with mixed outcomes, %d new, %d of %d all-fail and all-success "
+        "to fill the round",
+        len(mixed),
+        len(unknown),
+        len(filler),
+        len(failed) + len(solved),
+    )
+    return chosen + filler
 
 
 def prompt_tools(

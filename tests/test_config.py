@@ -212,3 +212,33 @@ def test_test_presets_load_and_the_quick_bench_is_a_valid_config():
     quick = load_config({**base.model_dump(mode="json"), **quick_bench()})
     assert quick.bootstrap == tiny_bootstrap()
     assert (quick.cycles, quick.training.max_steps, quick.policy.max_new_tokens) == (1, 1, 16)
+
+
+def test_pool_seed_tasks_bounds_the_bootstrap_and_its_cache_key():
+    """The low-resource regime's one setting: the bootstrap learns from the same first N
+    training tasks the pool starts from, and its cache key says so."""
+    from pathlib import Path
+
+    from coevolve.ablation import seed_families
+    from coevolve.training.bootstrap_corpus import build_corpus
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(root / "configs" / "bench-lowresource-n100.yaml")
+    assert config.pool.seed_tasks == config.bootstrap.num_train_tasks == 100
+    assert config.bootstrap.cache_key() != load_config({}).bootstrap.cache_key()
+    families = seed_families(config)
+    assert sum(families.values()) == 100
+    # the world's uneven mix, kept: two families absent, five with one or two tasks
+    assert "remind_event" not in families and "reschedule_and_notify" not in families
+    assert sum(1 for count in families.values() if count <= 2) == 5
+    assert len(build_corpus(config.bootstrap)) <= 100
+    with pytest.raises(
+        ConfigError, match=r"bootstrap\.num_train_tasks 200 is above pool\.seed_tasks"
+    ):
+        load_config({"pool": {"seed_tasks": 100}, "bootstrap": {"num_train_tasks": 200}})
+    # a smaller bootstrap than the pool is allowed; a run of another environment is untouched
+    assert load_config({"pool": {"seed_tasks": 100}, "bootstrap": {"num_train_tasks": 50}})
+    other = load_config(
+        {"env": {"name": "bfcl", "category": "multi_turn_base"}, "pool": {"seed_tasks": 10}}
+    )
+    assert other.bootstrap.num_train_tasks is None

@@ -369,3 +369,93 @@ def test_grpo_vllm_settings_are_checked():
             "vllm_gpu_memory_utilization": 0.3,
             "vllm_max_model_length": 4096,
         }
+
+
+def test_dynamic_sampling_refills_groups_without_spread(tiny_build, tmp_path):
+    """A group whose episodes all fail (the tiny model never solves a real BFCL task) is
+    dropped and refilled with a group of another task; the trained round keeps the
+    prompts count and TRL's tensors line up (training/dynamic_sampling.py)."""
+    bfcl = _bfcl_tasks()
+    tasks = [bfcl[0]] + [_abstention_task(task) for task in bfcl[1:6]]
+    settings = {**MULTI_TURN, "grpo_dynamic_sampling": True, "grpo_max_refills": 2}
+    config = tiny_training(**settings)
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    assert type(trainer).__name__ == "DynamicSamplingTrainer"
+    size = config.grpo_num_generations
+    rows = {row["task"]: row for row in trainer.train_dataset}
+    hopeless = next(key for key in rows if "_abstain" not in key)
+    others = [key for key in rows if key != hopeless][:2]
+    batch = [dict(rows[key]) for key in [hopeless, *others] for _ in range(size)]
+
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(batch)
+    assert output["completion_ids"].shape[0] == len(batch) == output["advantages"].shape[0]
+    assert output["prompt_ids"].shape[0] == len(batch) == output["tool_mask"].shape[0]
+    assert output["num_items_in_batch"] == output["completion_mask"].sum()
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items() if values}
+    assert metrics["dynamic/dropped"] >= 1  # at least the hopeless task's group
+    assert metrics["dynamic/refilled"] >= metrics["dynamic/dropped"] - 0.5
+    groups = output["advantages"].view(-1, size)
+    with_gradient = sum(bool(group.abs().sum() > 0) for group in groups)
+    assert with_gradient == round(metrics["dynamic/final_with_spread"] * len(groups))
+    assert metrics["dynamic/final_with_spread"] > metrics["dynamic/groups_with_spread"] or (
+        metrics["dynamic/groups_with_spread"] == 1.0
+    )
+
+
+def test_groups_with_spread_and_merging_rounds():
+    from coevolve.training.dynamic_sampling import (
+        groups_with_spread,
+        merge_generation_outputs,
+        select_rows,
+    )
+
+    assert groups_with_spread([True, False, True, True, False, False], 2) == [True, False, False]
+    first = {
+        "prompt_ids": torch.tensor([[5, 6], [5, 6]]),
+        "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+        "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+        "advantages": torch.tensor([0.5, -0.5]),
+        "num_items_in_batch": torch.tensor(4),
+    }
+    second = {
+        "prompt_ids": torch.tensor([[7, 8, 9], [7, 8, 9]]),
+        "prompt_mask": torch.ones(2, 3, dtype=torch.long),
+        "completion_ids": torch.tensor([[1], [2]]),
+        "completion_mask": torch.tensor([[1], [1]]),
+        "advantages": torch.tensor([0.0, 0.0]),
+        "num_items_in_batch": torch.tensor(2),
+    }
+    merged = merge_generation_outputs([first, second], pad_id=0)
+    assert merged["prompt_ids"].tolist() == [[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]]
+    assert merged["prompt_mask"].tolist()[0] == [0, 1, 1]  # prompts padded on the left
+    assert merged["completion_ids"].tolist()[2] == [1, 0, 0]  # completions on the right
+    assert int(merged["num_items_in_batch"]) == 6
+    picked = select_rows(merged, [2, 3, 0, 1])
+    assert picked["advantages"].tolist() == [0.0, 0.0, 0.5, -0.5]
+    assert int(picked["num_items_in_batch"]) == 6
+    assert int(select_rows(merged, [1])["num_items_in_batch"]) == 1
+
+
+def test_grpo_tasks_by_spread_put_the_boundary_first():
+    from coevolve.envs.world import load_split
+    from coevolve.graph.training_step import tasks_by_spread
+    from coevolve.records import Trajectory
+
+    tasks = load_split("train", size=5)
+
+    def ran(task, score):
+        return Trajectory(
+            id=f"{task.id}-{score}", task_id=task.id, env="world", family="f", score=score
+        )
+
+    trajectories = [ran(tasks[0], 0.0), ran(tasks[0], 0.0)]  # all fail
+    trajectories += [ran(tasks[1], 1.0), ran(tasks[1], 0.0)]  # spread
+    trajectories += [ran(tasks[2], 1.0), ran(tasks[2], 1.0)]  # all succeed
+    trajectories += [ran(tasks[3], 0.5), ran(tasks[3], 1.0)]  # spread (0.5 is a failure)
+    # tasks[4] has no rollouts: synthesized this cycle
+    chosen = tasks_by_spread(tasks, trajectories, minimum=2)
+    assert [t.id for t in chosen] == [tasks[1].id, tasks[3].id, tasks[4].id]
+    filled = tasks_by_spread(tasks, trajectories, minimum=5)
+    assert [t.id for t in filled][3:] == [tasks[0].id, tasks[2].id]  # all-fail before solved

@@ -39,6 +39,8 @@ TRAIN_RESULT: dict[str, Any] = {
     "final_loss": 0.75,
     "mean_loss": 0.9,
     "mean_reward": None,
+    "groups": None,
+    "demonstration_steps": None,
     "train_time_s": 30.0,
     "steps_per_s": 0.33,
     "device": "cpu",

@@ -438,6 +438,35 @@ def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
     assert skipped.skipped
 
 
+def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path):
+    """grpo_demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
+    solved), then GRPO from that adapter for the rest of max_steps; one result."""
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.training.datasets import demonstrations
+
+    tasks = [
+        Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
+    ]
+    world = load_split("train", size=2)
+    output = tmp_path / "grpo"
+    result = train_adapter(
+        tiny_training(algorithm="grpo", max_steps=3, grpo_demonstration_steps=1),
+        model_dir=tiny_build,
+        output_dir=output,
+        tasks=tasks,
+        conversations=demonstrations(world, WorldEnvironment),
+        make_env=LengthEnvironment,
+        progress=False,
+    )
+    assert result.steps == 3 and result.demonstration_steps == 1
+    assert result.mean_reward is not None and result.groups is not None
+    assert is_adapter_complete(output) and load_train_result(output).steps == 2  # GRPO's own
+    first = load_train_result(tmp_path / "grpo-demonstrations")
+    assert first.algorithm == "sft" and first.steps == 1
+    with pytest.raises(ValueError, match="leaves no GRPO step"):
+        tiny_training(algorithm="grpo", max_steps=2, grpo_demonstration_steps=2)
+
+
 def test_grpo_environment_wraps_the_world(tasks):
     """TRL's view of the world: one documented method per tool; the reference solution scores 1."""
     from transformers.utils import get_json_schema

@@ -18,6 +18,30 @@ if TYPE_CHECKING:  # pragma: no cover
 ADAPTER_MARKER = "training.json"
 
 
+class GroupFigures(BaseModel):
+    """GRPO: the reward spread of the generation rounds' groups (means over rounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    without_reward_spread: float | None = Field(
+        default=None, description="Share of groups whose rewards were all equal (TRL's count)."
+    )
+    with_spread: float | None = Field(
+        default=None,
+        description="Dynamic sampling: share of a round's first groups with both successes and "
+        "failures.",
+    )
+    dropped: float | None = Field(
+        default=None, description="Dynamic sampling: groups without spread dropped per round."
+    )
+    refilled: float | None = Field(
+        default=None, description="Dynamic sampling: groups of further prompts drawn per round."
+    )
+    final_with_spread: float | None = Field(
+        default=None, description="Dynamic sampling: share of the trained groups with spread."
+    )
+
+
 class TrainResult(BaseModel):
     """What one training step did; also stored as ``training.json`` in the adapter directory."""
 
@@ -35,6 +59,13 @@ class TrainResult(BaseModel):
     final_loss: float | None = None
     mean_loss: float | None = None
     mean_reward: float | None = Field(default=None, description="GRPO: mean episode reward.")
+    groups: GroupFigures | None = Field(
+        default=None, description="GRPO: the reward spread of its groups."
+    )
+    demonstration_steps: int | None = Field(
+        default=None,
+        description="GRPO: of steps, SFT steps on the demonstrations of tasks no rollout solved.",
+    )
     train_time_s: float = 0.0
     steps_per_s: float | None = None
     device: str | None = None

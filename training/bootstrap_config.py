@@ -15,6 +15,9 @@ from ..envs.world.families import SPLITS as WORLD_SPLITS
 from .chat_template import SPECIAL_TOKENS, TAG_TOKENS
 from .tiny_tokenizer import phrase_tokens
 
+# The environment whose training split the bootstrap agent learns from.
+BOOTSTRAP_ENVIRONMENT = "world"
+
 # Bump when the recipe changes in a way the config does not capture: old caches are rebuilt.
 RECIPE_VERSION = 3  # 3: shuffled SFT batches (was group_by_length)
 METADATA_FILE = "bootstrap.json"

@@ -231,6 +231,39 @@ class TrainingConfig(BaseModel):
     grpo_temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
     )
+    grpo_prompts: Literal["all", "spread"] = Field(
+        default="all",
+        description="Which tasks GRPO plays. all: the cycle's rolled-out and synthesized tasks. "
+        "spread: where the gradient is: first the tasks whose rollouts this cycle both "
+        "succeeded and failed (the boundary set), then new tasks without rollouts; tasks "
+        "whose rollouts all failed or all succeeded only to fill grpo_prompts_per_step.",
+    )
+    grpo_dynamic_sampling: bool = Field(
+        default=False,
+        description="Drop the groups whose episodes all succeeded or all failed (binary success) "
+        "and refill the round with groups of further tasks (DAPO's dynamic sampling; "
+        "training/dynamic_sampling.py). One training process only.",
+    )
+    grpo_demonstration_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Of max_steps, optimisation steps of SFT on the reference solutions of the "
+        "tasks whose rollouts this cycle all failed, taken before the GRPO steps: such tasks "
+        "get demonstrations instead of groups without reward spread (small models collapse "
+        "on those). 0: off.",
+    )
+    grpo_demonstration_learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Learning rate of those SFT steps (None: learning_rate; GRPO's rate is "
+        "often far below what SFT needs).",
+    )
+    grpo_max_refills: int = Field(
+        default=2,
+        ge=0,
+        description="grpo_dynamic_sampling: most extra generation rounds per step to refill "
+        "dropped groups; the rest of the round is then filled with groups without spread.",
+    )
     # ------------------------------------------------------------------ launching
     launcher: Launcher = Field(
         default="inprocess",
@@ -306,6 +339,17 @@ class TrainingConfig(BaseModel):
             problems.append(
                 f"grpo_epsilon_high ({self.grpo_epsilon_high}) is below grpo_epsilon "
                 f"({self.grpo_epsilon}); set grpo_epsilon_high >= grpo_epsilon (equal: symmetric clipping)"
+            )
+        if self.algorithm == "grpo" and self.grpo_demonstration_steps >= self.max_steps:
+            problems.append(
+                f"grpo_demonstration_steps ({self.grpo_demonstration_steps}) leaves no GRPO step "
+                f"of max_steps ({self.max_steps}): lower it or raise max_steps"
+            )
+        if self.grpo_dynamic_sampling and self.launcher == "accelerate":
+            problems.append(
+                "grpo_dynamic_sampling refills one process's groups and would break the others' "
+                "share of the round: set launcher: inprocess or subprocess, or "
+                "grpo_dynamic_sampling: false"
             )
         if self.seal.reweight.enable and self.algorithm == "dpo":
             problems.append(

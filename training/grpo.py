@@ -420,6 +420,11 @@ def make_grpo_trainer(
         trainer_class = seal_grpo_trainer_class(multi_turn)
         trainer_arguments["seal_settings"] = seal.reweight
         trainer_arguments["capability_state"] = capability_state or CapabilityState()
+    if config.grpo_dynamic_sampling:
+        from .dynamic_sampling import dynamic_sampling_trainer_class
+
+        trainer_class = dynamic_sampling_trainer_class(trainer_class)
+        trainer_arguments["max_refills"] = config.grpo_max_refills
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
         trainer = trainer_class(

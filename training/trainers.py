@@ -42,6 +42,7 @@ from ..records import Task
 from ..tokenization import load_tokenizer
 from .adapters import (
     ADAPTER_MARKER,
+    GroupFigures,
     TrainResult,
     is_adapter_complete,
     load_train_result,
@@ -149,6 +150,21 @@ def train_adapter(
             )
         if not tasks:
             return skipped("no tasks to roll out")
+        if config.grpo_demonstration_steps and conversations:
+            return _demonstrations_then_grpo(
+                config,
+                model_dir=model_dir,
+                output_dir=output,
+                previous_adapter=previous_adapter,
+                conversations=conversations,
+                tasks=tasks,
+                make_env=make_env,
+                system_prompt=system_prompt,
+                progress=progress,
+                tracking=tracking,
+                capability_state_path=capability_state_path,
+                tools_in_prompt=tools_in_prompt,
+            )
 
     device = resolve_device(config)
     # transformers 5 warns about its own renamed attribute inside Trainer: not the user's concern.
@@ -220,6 +236,7 @@ def train_adapter(
             final_loss=final_loss,
             mean_loss=mean_loss,
             mean_reward=metrics.get("reward") if config.algorithm == "grpo" else None,
+            groups=group_figures(metrics) if config.algorithm == "grpo" else None,
             train_time_s=round(elapsed, 3),
             steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
             device=device,
@@ -241,6 +258,63 @@ def train_adapter(
         shutil.rmtree(work, ignore_errors=True)
         trainer = None  # the model, optimizer and data go with it
         release_memory()
+
+
+def _demonstrations_then_grpo(
+    config: TrainingConfig,
+    *,
+    output_dir: Path,
+    previous_adapter: str | Path | None,
+    conversations: Sequence[list[Message] | TrainingConversation],
+    **step: Any,
+) -> TrainResult:
+    """``grpo_demonstration_steps`` SFT steps on the all-fail tasks' demonstrations, then
+    GRPO from that adapter for the rest of ``max_steps``: one result, both steps counted."""
+    sft = config.model_copy(
+        update={
+            "algorithm": "sft",
+            "max_steps": config.grpo_demonstration_steps,
+            "learning_rate": config.grpo_demonstration_learning_rate or config.learning_rate,
+            "seal": config.seal.model_copy(
+                update={"reweight": config.seal.reweight.model_copy(update={"enable": False})}
+            ),
+        }
+    )
+    grpo = config.model_copy(
+        update={"max_steps": config.max_steps - config.grpo_demonstration_steps}
+    )
+    demonstrated = train_adapter(
+        sft,
+        output_dir=output_dir.with_name(output_dir.name + "-demonstrations"),
+        previous_adapter=previous_adapter,
+        conversations=conversations,
+        **{key: value for key, value in step.items() if key != "tasks"},
+    )
+    trained = train_adapter(
+        grpo,
+        output_dir=output_dir,
+        previous_adapter=demonstrated.adapter_dir,
+        **step,
+    )
+    return trained.model_copy(
+        update={
+            "previous_adapter": str(previous_adapter) if previous_adapter is not None else None,
+            "steps": demonstrated.steps + trained.steps,
+            "train_time_s": round(demonstrated.train_time_s + trained.train_time_s, 3),
+            "demonstration_steps": demonstrated.steps,
+        }
+    )
+
+
+def group_figures(metrics: dict[str, float]) -> GroupFigures:
+    """The GRPO groups' spread from the trainer's logged means."""
+    return GroupFigures(
+        without_reward_spread=metrics.get("frac_reward_zero_std"),
+        with_spread=metrics.get("dynamic/groups_with_spread"),
+        dropped=metrics.get("dynamic/dropped"),
+        refilled=metrics.get("dynamic/refilled"),
+        final_with_spread=metrics.get("dynamic/final_with_spread"),
+    )
 
 
 def _sft_trainer(
