@@ -12,8 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.world.families import SPLITS as WORLD_SPLITS
-from .chat_template import SPECIAL_TOKENS, TAG_TOKENS
-from .tiny_tokenizer import phrase_tokens
+from .chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
 
 # The environment whose training split the bootstrap agent learns from.
 BOOTSTRAP_ENVIRONMENT = "world"

@@ -160,3 +160,26 @@ def observation_mask(tokenizer: PreTrainedTokenizerBase, input_ids: Sequence[int
         if token == closing:
             inside = False
     return mask
+
+
+# Pieces of the tool-call JSON the chat template writes ('{"name": "find_contact", "arguments":
+# {"name": "Ana"}}'), longest first where one starts another.
+_JSON_FRAME = (
+    '{"name": "',
+    '", "arguments": {}}',
+    '", "arguments": {"',
+    '": "',
+    '", "',
+    '"}}',
+    '": ',
+    ', "',
+)
+
+
+def phrase_tokens() -> list[str]:
+    """Fixed phrases that become one token each (``phrase_tokens``): the policy's system
+    prompt, the world's tool names and the tool-call JSON frame."""
+    from ..agents.prompts import POLICY_SYSTEM_PROMPT
+    from ..envs.world.apps import TOOL_NAMES
+
+    return [POLICY_SYSTEM_PROMPT, *TOOL_NAMES, *_JSON_FRAME]

@@ -304,9 +304,8 @@ def resolve_accelerate_config(name_or_path: str | None, num_processes: int | Non
 def child_environment() -> dict[str, str]:
     """The child's environment: this process's, with the coevolve this process imported
     first on the path (a checkout not installed in the venv runs as itself)."""
-    import coevolve
-
-    root = str(Path(coevolve.__file__).resolve().parent.parent)
+    # The directory that holds the package (this file is <package>/training/launch.py).
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(part for part in (root, env.get("PYTHONPATH", "")) if part)
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the log as they happen

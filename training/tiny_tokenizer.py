@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .chat_template import IM_END, PAD_TOKEN, SPECIAL_TOKENS, TAG_TOKENS, chat_template
+from .chat_template import (
+    IM_END,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    TAG_TOKENS,
+    chat_template,
+    phrase_tokens,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
@@ -39,29 +46,6 @@ def _without_values(texts: list[str], split: str) -> list[str]:
     )
     pattern = re.compile(r"\b(?:" + "|".join(re.escape(value) for value in values) + r")\b")
     return [pattern.sub("", text) for text in texts]
-
-
-# Pieces of the tool-call JSON the chat template writes ('{"name": "find_contact", "arguments":
-# {"name": "Ana"}}'), longest first where one starts another.
-_JSON_FRAME = (
-    '{"name": "',
-    '", "arguments": {}}',
-    '", "arguments": {"',
-    '": "',
-    '", "',
-    '"}}',
-    '": ',
-    ', "',
-)
-
-
-def phrase_tokens() -> list[str]:
-    """Fixed phrases that become one token each (``phrase_tokens``): the policy's system
-    prompt, the world's tool names and the tool-call JSON frame."""
-    from ..agents.prompts import POLICY_SYSTEM_PROMPT
-    from ..envs.world.apps import TOOL_NAMES
-
-    return [POLICY_SYSTEM_PROMPT, *TOOL_NAMES, *_JSON_FRAME]
 
 
 def train_tokenizer(texts: list[str], config: BootstrapConfig) -> PreTrainedTokenizerFast:
