@@ -111,6 +111,29 @@ class TrainTracking(BaseModel):
     config: TrackingConfig
     run_dir: str
     step_offset: int = Field(default=0, ge=0, description="Training steps of earlier cycles.")
+    wandb_run_id: str | None = Field(
+        default=None, description="The loop's W&B run, which a launched step logs into."
+    )
+    mlflow_run_id: str | None = Field(
+        default=None, description="The loop's MLflow run, which a launched step logs into."
+    )
+
+    def environment(self) -> dict[str, str]:
+        """What a launched training process sets so that transformers' W&B and MLflow
+        callbacks log into the loop's own runs instead of opening new ones."""
+        variables: dict[str, str] = {}
+        if self.wandb_run_id is not None:
+            variables |= {
+                "WANDB_RUN_ID": self.wandb_run_id,
+                "WANDB_RESUME": "allow",
+                "WANDB_PROJECT": self.config.project,
+            }
+        if self.mlflow_run_id is not None:
+            variables |= {
+                "MLFLOW_RUN_ID": self.mlflow_run_id,
+                "MLFLOW_EXPERIMENT_NAME": self.config.project,
+            }
+        return variables
 
     def arguments(self) -> dict[str, Any]:
         """TRL/transformers arguments: report_to, run_name, project (Trackio stays local)."""
@@ -160,10 +183,54 @@ def steps_before(run_dir: str | Path, cycle: int) -> int:
 
 
 def for_training(config: Any, run_dir: str | Path, cycle: int) -> TrainTracking:
-    """The ``TrainTracking`` of cycle ``cycle`` of a run with CoevolveConfig ``config``."""
+    """The ``TrainTracking`` of cycle ``cycle`` of a run with CoevolveConfig ``config``: its
+    step offset, and the loop's W&B and MLflow runs (made now if the run has none yet)."""
+    backends = config.tracking.backends()
+    mlflow_run = None
+    if "mlflow" in backends:
+        try:
+            mlflow_run = mlflow_run_id(config.tracking, run_dir)
+        except PROGRAMMING_ERRORS:
+            raise
+        except Exception as err:  # boundary: the tracker's store, not the run
+            log.warning("tracking: no MLflow run to share with the training step: %s", err)
     return TrainTracking(
-        config=config.tracking, run_dir=str(run_dir), step_offset=steps_before(run_dir, cycle)
+        config=config.tracking,
+        run_dir=str(run_dir),
+        step_offset=steps_before(run_dir, cycle),
+        wandb_run_id=wandb_run_id(run_dir) if "wandb" in backends else None,
+        mlflow_run_id=mlflow_run,
     )
+
+
+# The run directory's record of its tracker runs, so a resumed run logs into the same ones.
+TRACKER_RUNS = "tracker_runs.json"
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The run's W&B run id: fixed by its run directory, so the loop, every launched step and
+    a resumed run all log into one W&B run."""
+    import hashlib
+
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()
+    return f"coevolve-{digest[:12]}"
+
+
+def mlflow_run_id(tracking: TrackingConfig, run_dir: str | Path) -> str:
+    """The run's MLflow run id (MLflow assigns it): made on first use, then kept in
+    ``<run_dir>/tracker_runs.json``."""
+    from .files import write_atomically
+
+    record = Path(run_dir) / TRACKER_RUNS
+    runs: dict[str, str] = json.loads(record.read_text()) if record.exists() else {}
+    if "mlflow" not in runs:
+        import mlflow
+
+        mlflow.set_experiment(tracking.project)
+        with mlflow.start_run(run_name=tracking.name_for(run_dir)) as started:
+            runs["mlflow"] = started.info.run_id
+        write_atomically(record, json.dumps(runs, indent=2))
+    return runs["mlflow"]
 
 
 # --------------------------------------------------------------------------- loop figures
@@ -286,7 +353,12 @@ def _wandb(
     import wandb
 
     if wandb.run is None:
-        wandb.init(project=tracking.project, name=tracking.name_for(run_dir), resume="allow")
+        wandb.init(
+            id=wandb_run_id(run_dir),
+            project=tracking.project,
+            name=tracking.name_for(run_dir),
+            resume="allow",
+        )
     wandb.log({**metrics, "train/global_step": step})
 
 
@@ -301,8 +373,27 @@ def _mlflow(
 
     if mlflow.active_run() is None:
         mlflow.set_experiment(tracking.project)
-        mlflow.start_run(run_name=tracking.name_for(run_dir))
-    mlflow.log_metrics(metrics, step=step)
+        mlflow.start_run(run_id=mlflow_run_id(tracking, run_dir))
+    mlflow.log_metrics(path_safe(metrics), step=step)
+
+
+def path_safe(metrics: dict[str, float]) -> dict[str, float]:
+    """Metric names that a store keeping one file per name can hold: a name that is also the
+    folder of others (heldout/success beside heldout/success/<family>) becomes NAME/all."""
+    return {
+        (f"{name}/all" if any(other.startswith(name + "/") for other in metrics) else name): value
+        for name, value in metrics.items()
+    }
+
+
+def release_shared_runs() -> None:
+    """End this process's W&B run before a training step of its own process logs into it
+    (W&B refuses a run id that another process holds); the loop's next figures resume it."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
 
 
 _LOGGERS = {"tensorboard": _tensorboard, "trackio": _trackio, "wandb": _wandb, "mlflow": _mlflow}

@@ -199,7 +199,10 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             result = await asyncio.to_thread(train_adapter, training, **step)
         else:  # a process of its own (training/launch.py); its output goes to run.log
             from ..run_log import LOG_FILE
+            from ..tracking import release_shared_runs
             from ..training.launch import launch_train_adapter
+
+            release_shared_runs()  # the child logs into the loop's W&B run
 
             result = await asyncio.to_thread(
                 launch_train_adapter,

@@ -183,6 +183,54 @@ def test_optional_backends_say_how_to_install(backend):
 
 
 @pytest.mark.slow
+def test_a_launched_step_logs_into_the_loops_wandb_and_mlflow_runs(
+    tmp_path, agent_server, tiny_build
+):
+    """launcher: subprocess: the training child reports into the loop's own W&B run
+    (offline) and MLflow run (a local file store), not into new runs of its own."""
+    pytest.importorskip("wandb")
+    mlflow = pytest.importorskip("mlflow")
+    config = config_file(tmp_path, agent_server, tiny_build, cycles=1)
+    store = tmp_path / "mlruns"
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_SILENT": "true",
+        "MLFLOW_TRACKING_URI": store.as_uri(),
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 wants a database; a file store is asked for
+        "PYTHONUNBUFFERED": "1",
+    }
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "coevolve", "run", str(config)),
+            *("--set", "tracking.report_to=[wandb,mlflow]"),
+            *("--set", "training.launcher=subprocess"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    assert "training step launched (subprocess)" in (run_dir / "run.log").read_text()
+
+    # MLflow: one run holds the trainer's loss (the child) and the held-out figures (the loop).
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    mlflow.set_tracking_uri(store.as_uri())
+    [experiment] = [e for e in mlflow.search_experiments() if e.name == "coevolve"]
+    runs = mlflow.search_runs([experiment.experiment_id], output_format="list")
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    assert {"loss", "heldout/success/all", "heldout/success/buy_item"} <= set(runs[0].data.metrics)
+
+    # W&B offline: the loop's and the child's records carry the one run id.
+    records = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    ids = {record.name.rsplit("-", 1)[-1] for record in records}
+    assert len(records) >= 2 and len(ids) == 1, [record.name for record in records]
+
+
+@pytest.mark.slow
 def test_two_cycles_write_tensorboard_scalars_on_one_step_axis(tmp_path, agent_server, tiny_build):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

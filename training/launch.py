@@ -125,6 +125,8 @@ def run_spec(spec: TrainingStepSpec) -> TrainResult:
 
     if spec.seed is not None:
         seed_all(spec.seed)
+    if spec.tracking is not None:  # log into the loop's W&B / MLflow runs, not new ones
+        os.environ.update(spec.tracking.environment())
     result = train_adapter(
         spec.config,
         model_dir=spec.model_dir,
