@@ -8,7 +8,10 @@ module sits below all of them, so a section never imports the composition.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import warnings
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class ConfigError(ValueError):
@@ -17,3 +20,27 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # Old key -> new key of a renamed field: the old one still works for one release, with a
+    # FutureWarning that says how to migrate.
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if not cls.renamed or not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in cls.renamed.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old!r} is the old name of {new!r}: give {new!r} only")
+            warnings.warn(
+                f"config key {old!r} of {cls.__name__} is now {new!r}: rename it (the old name "
+                "still works for one release)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            data[new] = data.pop(old)
+        return data

@@ -4,6 +4,7 @@ rerun with the same config, and resumed when it was killed part-way."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     if saved_config == fingerprint:
         return True
     try:
-        saved = json.loads(CoevolveConfig.model_validate_json(saved_config).model_dump_json())
+        with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            saved = json.loads(CoevolveConfig.model_validate_json(saved_config).model_dump_json())
     except ValidationError:
         return False
     today = json.loads(fingerprint)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -165,11 +165,13 @@ class RolloutConfig(Section):
     eval_temperature: float = Field(
         default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
     )
-    max_steps: int = Field(
+    renamed: ClassVar[dict[str, str]] = {"max_steps": "max_tool_calls"}
+
+    max_tool_calls: int = Field(
         default=12,
         gt=0,
-        description="Most steps (assistant messages with tool calls) per user turn before the "
-        "episode is cut off.",
+        description="Most assistant messages that call tools per user turn before the episode "
+        "is cut off (was max_steps: training.max_steps counts optimisation steps).",
     )
 
 

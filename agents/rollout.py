@@ -59,7 +59,7 @@ def _record_ids(episode: _Episode, reply: AssistantMessage) -> None:
     episode.last_ids = reply.prompt_token_ids + reply.completion_token_ids
 
 
-def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
+def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> None:
     """Advance one episode by one assistant message."""
     episode.prompt_tokens += reply.prompt_tokens
     episode.completion_tokens += reply.completion_tokens
@@ -82,7 +82,7 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_steps: int) -> None:
     episode.steps.extend(steps)
     episode.messages.extend(results)
     episode.calls += 1  # one step, however many calls it makes (BFCL's counting)
-    if episode.calls >= max_steps:
+    if episode.calls >= max_tool_calls:
         episode.finished, episode.done = False, True
 
 
@@ -143,7 +143,7 @@ async def rollout(
     tasks: Sequence[Task],
     k: int = 1,
     temperature: float | None = None,
-    max_steps: int = 12,
+    max_tool_calls: int = 12,
     system_prompt: str | None = POLICY_SYSTEM_PROMPT,
     progress: bool = True,
     cycle: int = 0,
@@ -151,13 +151,13 @@ async def rollout(
 ) -> list[Trajectory]:
     """Run ``k`` episodes of every task; return their trajectories in task order.
 
-    ``max_steps`` bounds the steps (assistant messages that call tools, each with
-    one or more calls) in one user turn; BFCL allows 20.
+    ``max_tool_calls`` bounds the assistant messages that call tools (each with one
+    or more calls) in one user turn; BFCL allows 20.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if max_tool_calls < 1:
+        raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
     episodes = [
         _Episode(task=task, env=make_env(), rollout_index=i) for task in tasks for i in range(k)
     ]
@@ -178,7 +178,7 @@ async def rollout(
                     f"policy returned {len(replies)} messages for {len(live)} conversations"
                 )
             for episode, reply in zip(live, replies, strict=True):
-                _apply(episode, reply, max_steps)
+                _apply(episode, reply, max_tool_calls)
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
             live = still_live

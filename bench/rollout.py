@@ -88,13 +88,13 @@ def bench_endpoint(
             WorldEnvironment,
             tasks[:concurrency],
             progress=False,
-            max_steps=replies,
+            max_tool_calls=replies,
         )
         policy = EndpointPolicy(endpoint)
         client_cpu = time.process_time()
         started = time.perf_counter()
         trajectories = run_rollouts(
-            policy, WorldEnvironment, tasks, progress=False, max_steps=replies
+            policy, WorldEnvironment, tasks, progress=False, max_tool_calls=replies
         )
         wall = time.perf_counter() - started
         client_cpu = time.process_time() - client_cpu
@@ -169,9 +169,9 @@ def bench_inprocess(
     plain_tokens = int(sum(_until_eos(row, tokenizer.eos_token_id) for row in new))
     plain_rate = plain_tokens / plain_s
 
-    # The rollout engine's first step on the same tasks (max_steps=1: one generate per episode).
+    # The rollout engine's first step on the same tasks (max_tool_calls=1: one generate per episode).
     started = time.perf_counter()
-    trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False, max_steps=1)
+    trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False, max_tool_calls=1)
     engine_s = time.perf_counter() - started
     engine_tokens = sum(t.completion_tokens for t in trajectories)
     engine_rate = engine_tokens / engine_s
@@ -208,7 +208,7 @@ def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
         policy = LocalPolicy(str(model_dir), max_new_tokens=64, kv_reuse=kv_reuse)
         started = time.perf_counter()
         trajectories = run_rollouts(
-            policy, WorldEnvironment, tasks, k=1, temperature=0.0, max_steps=8, progress=False
+            policy, WorldEnvironment, tasks, k=1, temperature=0.0, max_tool_calls=8, progress=False
         )
         elapsed = time.perf_counter() - started
         success = sum(is_success(t.score) for t in trajectories) / len(trajectories)

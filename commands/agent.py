@@ -99,8 +99,12 @@ def eval_command(
     ] = "bootstrap",
     k: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
+    max_tool_calls: Annotated[
+        int | None,
+        typer.Option(help="Tool-calling replies per user turn (world 12, bfcl 20 as BFCL)."),
+    ] = None,
     max_steps: Annotated[
-        int | None, typer.Option(help="Steps per user turn (world 12, bfcl 20 as BFCL).")
+        int | None, typer.Option("--max-steps", hidden=True, help="Old name of --max-tool-calls.")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks of each set.")] = None,
     save: Annotated[
@@ -118,6 +122,9 @@ def eval_command(
     from ..agents.rollout import run_rollouts
     from ..config import ConfigError
 
+    if max_steps is not None:
+        err_console.print("--max-steps is now --max-tool-calls (the old name goes in a release)")
+        max_tool_calls = max_tool_calls or max_steps
     spec = env_spec(env)
     scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
     tasks = []
@@ -139,7 +146,7 @@ def eval_command(
             tasks,
             k=k,
             temperature=temperature,
-            max_steps=max_steps or spec.max_steps,
+            max_tool_calls=max_tool_calls or spec.max_tool_calls,
             progress=not as_json,
             description=f"eval {env} {','.join(scopes)}",
         )

@@ -55,7 +55,7 @@ class EnvironmentSpec:
     task_sets: tuple[str, ...]
     eval_task_sets: tuple[str, ...]  # what `coevolve eval` scores when the option is left out
     family_label: str  # what a task's family is called in reports: "family", "category"
-    max_steps: int  # policy steps per user turn in `coevolve eval`
+    max_tool_calls: int  # tool-calling replies per user turn in `coevolve eval`
     # (split, category, seed) -> the tasks the loop trains or evaluates on.
     load_tasks: Callable[[str, str, int], list[Task]]
     load_task_set: Callable[[str], list[Task]]  # one of ``task_sets``, as the CLI reads it
@@ -134,7 +134,7 @@ WORLD = EnvironmentSpec(
     task_sets=WORLD_SPLITS,
     eval_task_sets=("heldout",),
     family_label="family",
-    max_steps=12,
+    max_tool_calls=12,
     load_tasks=_world_tasks,
     load_task_set=load_split,
     seed_tasks=_world_seed_tasks,
@@ -205,7 +205,7 @@ BFCL = EnvironmentSpec(
     task_sets=BFCL_CATEGORIES,
     eval_task_sets=BFCL_CATEGORIES,
     family_label="category",
-    max_steps=20,  # as BFCL's own runs
+    max_tool_calls=20,  # as BFCL's own runs
     load_tasks=_bfcl_tasks,
     load_task_set=_bfcl_task_set,
     seed_tasks=_bfcl_seed_tasks,

@@ -139,7 +139,7 @@ async def train_with_hard_negatives(
                         if settings.failure_temperature is not None
                         else config.rollout.temperature
                     ),
-                    max_steps=config.rollout.max_steps,
+                    max_tool_calls=config.rollout.max_tool_calls,
                     system_prompt=config.policy.system_prompt,
                     progress=rt.progress,
                     cycle=cycle,

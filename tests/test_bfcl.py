@@ -407,7 +407,7 @@ def test_oracle_fits_long_turns_into_the_step_limit(tasks: dict[str, list[Task]]
     ]
     assert long_turns, "BFCL's long-context category has turns of more than 20 calls"
     trajectories = run_rollouts(
-        OraclePolicy(), BfclEnvironment, long_turns, max_steps=20, progress=False
+        OraclePolicy(), BfclEnvironment, long_turns, max_tool_calls=20, progress=False
     )
     assert [t.score for t in trajectories] == [1.0] * len(long_turns)
     assert all(t.finished for t in trajectories)

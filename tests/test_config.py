@@ -118,7 +118,7 @@ def test_every_field_of_every_config_model_has_help_text(model):
             "env:\n  name: bfcl\n  category: simple\n",
             ["'simple' is not a BFCL category", "multi_turn_base"],
         ),
-        ("rollout:\n  max_steps: 0\n", ["rollout.max_steps", "greater than 0"]),
+        ("rollout:\n  max_tool_calls: 0\n", ["rollout.max_tool_calls", "greater than 0"]),
         ("policy:\n  kind: endpoint\n", ["needs `endpoint:`"]),
         (
             "policy:\n  kind: endpoint\n  endpoint: vllm\n",
@@ -242,3 +242,13 @@ def test_pool_seed_tasks_bounds_the_bootstrap_and_its_cache_key():
         {"env": {"name": "bfcl", "category": "multi_turn_base"}, "pool": {"seed_tasks": 10}}
     )
     assert other.bootstrap.num_train_tasks is None
+
+
+def test_an_old_key_still_loads_and_says_how_to_migrate():
+    """rollout.max_steps (tool calls per turn) is now max_tool_calls: training.max_steps keeps
+    the name for optimisation steps."""
+    with pytest.warns(FutureWarning, match="'max_steps' of RolloutConfig is now 'max_tool_calls'"):
+        config = load_config({"rollout": {"max_steps": 5}})
+    assert config.rollout.max_tool_calls == 5
+    with pytest.raises(ConfigError, match="give 'max_tool_calls' only"):
+        load_config({"rollout": {"max_steps": 5, "max_tool_calls": 6}})

@@ -227,7 +227,9 @@ def test_rollouts_run_with_the_tiny_model(tiny_build):
 
     policy = LocalPolicy(tiny_build, max_new_tokens=8)
     tasks = load_split("validation")[:3]
-    trajectories = run_rollouts(policy, WorldEnvironment, tasks, k=2, max_steps=2, progress=False)
+    trajectories = run_rollouts(
+        policy, WorldEnvironment, tasks, k=2, max_tool_calls=2, progress=False
+    )
     assert len(trajectories) == 6
     assert {t.policy_version for t in trajectories} == {policy.version}
     assert all(0.0 <= t.score <= 1.0 for t in trajectories)

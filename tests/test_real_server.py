@@ -150,7 +150,7 @@ def test_real_server_answers_endpoint_rollouts(real_server):
     policy = EndpointPolicy(endpoint)
     tasks = load_split("heldout")[:3]
     trajectories = run_rollouts(
-        policy, WorldEnvironment, tasks, k=1, max_steps=2, progress=False, cycle=0
+        policy, WorldEnvironment, tasks, k=1, max_tool_calls=2, progress=False, cycle=0
     )
     assert [t.task_id for t in trajectories] == [t.id for t in tasks]
     for trajectory in trajectories:
@@ -224,7 +224,7 @@ def real_flagged(real_server):
     tasks = load_split("validation", size=18)[:2]
     policy = EndpointPolicy(real_server.endpoint())
     trajectories = run_rollouts(
-        policy, WorldEnvironment, tasks, k=1, max_steps=1, progress=False, cycle=0
+        policy, WorldEnvironment, tasks, k=1, max_tool_calls=1, progress=False, cycle=0
     )
     items = [
         FlaggedTrajectory(

@@ -158,7 +158,7 @@ def test_token_sequences_chain_turns_and_split_where_a_prompt_does_not_continue(
 def test_token_exact_rollout_records_what_the_model_read_and_wrote(tiny_build):
     policy = LocalPolicy(tiny_build, max_new_tokens=24, temperature=0.0)
     tasks = load_split("validation")[:3]
-    trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False, max_steps=3)
+    trajectories = run_rollouts(policy, WorldEnvironment, tasks, progress=False, max_tool_calls=3)
     checked = [t for t in trajectories if t.error is None]
     assert checked  # (the chaining of several turns: test_token_sequences_chain_turns...)
     for trajectory in checked:

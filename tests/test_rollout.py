@@ -51,7 +51,9 @@ def test_episodes_are_batched_in_lockstep():
 def test_step_limit_cuts_an_episode_off():
     call = ToolCall(name="get_balance", id="c")
     policy = ScriptedPolicy(lambda i, c: AssistantMessage(tool_calls=[call], completion_tokens=3))
-    [trajectory] = run_rollouts(policy, WorldEnvironment, TASKS[:1], max_steps=4, progress=False)
+    [trajectory] = run_rollouts(
+        policy, WorldEnvironment, TASKS[:1], max_tool_calls=4, progress=False
+    )
     assert not trajectory.finished and trajectory.error is None
     assert len(trajectory.steps) == 4 and trajectory.completion_tokens == 12
 

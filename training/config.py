@@ -226,7 +226,7 @@ class TrainingConfig(BaseModel):
         default=12,
         gt=0,
         description="Most tool-calling replies per episode (tool_loop), or per user turn "
-        "(multi_turn, as the rollout engine's max_steps; the episode ends unfinished beyond it).",
+        "(multi_turn, as rollout.max_tool_calls; the episode ends unfinished beyond it).",
     )
     grpo_temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."

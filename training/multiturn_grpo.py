@@ -31,7 +31,7 @@ scores as it stands: 0 on BFCL). Bounds: ``grpo_max_reply_tokens`` per reply (th
 in-process policy's ``max_new_tokens``: a reply cut there is parsed as it stands
 and closed by a masked end-of-turn token, as a rollout renders it),
 ``grpo_max_tool_calls`` tool-calling replies per user turn (the rollout engine's
-``max_steps``; the episode ends unfinished beyond it), and
+``max_tool_calls``; the episode ends unfinished beyond it), and
 ``grpo_max_completion_length`` tokens of completion, generated and environment
 ids together (the episode ends unfinished when the next delta would not leave
 room for a reply).
