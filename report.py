@@ -43,9 +43,10 @@ def metrics_rows(cycles: list[CycleSummary]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "cycle": summary.cycle,
-                "heldout_success": evaluation.success,
-                "heldout_tool_sequence": evaluation.tool_sequence,
-                "heldout_by_family": evaluation.by_family,
+                # None for a cycle not evaluated (evaluation.every)
+                "heldout_success": evaluation.success if evaluation else None,
+                "heldout_tool_sequence": evaluation.tool_sequence if evaluation else None,
+                "heldout_by_family": evaluation.by_family if evaluation else None,
                 "rollout_success": rollout.success if rollout else None,
                 "rollout_episodes": rollout.episodes if rollout else None,
                 "diagnosis": rollout.diagnosis if rollout else {},
@@ -103,17 +104,18 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     cycles = [row["cycle"] for row in rows]
     figure, axes = plt.subplots(2, 3, figsize=(18, 8))
     ax = axes[0][0]
+    evaluated = [row for row in rows if row["heldout_success"] is not None]
     families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
     for family in families:
         ax.plot(
-            cycles,
-            [100 * (row["heldout_by_family"] or {}).get(family, 0.0) for row in rows],
+            [row["cycle"] for row in evaluated],
+            [100 * (row["heldout_by_family"] or {}).get(family, 0.0) for row in evaluated],
             color="0.8",
             linewidth=0.8,
         )
     ax.plot(
-        cycles,
-        [100 * (row["heldout_success"] or 0.0) for row in rows],
+        [row["cycle"] for row in evaluated],
+        [100 * row["heldout_success"] for row in evaluated],
         marker="o",
         linewidth=2.5,
         label="overall",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,7 +84,7 @@ class RunResult(BaseModel):
     resumed: bool = False
 
     def success_by_cycle(self) -> list[float]:
-        return [c.evaluate.success for c in self.cycles]
+        return [c.evaluate.success if c.evaluate else math.nan for c in self.cycles]
 
 
 # --------------------------------------------------------------------------- building

@@ -165,7 +165,10 @@ class CycleSummary(BaseModel):
     synthesize: SynthesisFigures | None = None
     pool: PoolFigures | None = None
     train: TrainFigures | None = None
-    evaluate: EvaluationFigures
+    evaluate: EvaluationFigures | None = Field(
+        default=None,
+        description="Held-out figures; None for a cycle not evaluated (evaluation.every).",
+    )
     time_s: float | None = Field(default=None, description="The baseline's seconds (cycle 0).")
 
     @model_serializer(mode="wrap")
@@ -181,7 +184,7 @@ class CycleSummary(BaseModel):
             "synthesize": self.synthesize.time_s if self.synthesize else None,
             "pool": self.pool.time_s if self.pool else None,
             "train": self.train.stage_time_s if self.train else None,
-            "evaluate": self.evaluate.time_s,
+            "evaluate": self.evaluate.time_s if self.evaluate else None,
         }
         return {stage: value for stage, value in seconds.items() if value is not None}
 

@@ -240,10 +240,11 @@ def cycle_metrics(summary: CycleSummary) -> dict[str, float]:
     """The scalars of one cycle's summary (the figures metrics.jsonl holds), by tracker name."""
     metrics: dict[str, float] = {"cycle": float(summary.cycle)}
     evaluation = summary.evaluate
-    metrics["heldout/success"] = evaluation.success
-    metrics["heldout/tool_sequence"] = evaluation.tool_sequence
-    for family, rate in evaluation.by_family.items():
-        metrics[f"heldout/success/{family}"] = rate
+    if evaluation is not None:  # None: not evaluated this cycle (evaluation.every)
+        metrics["heldout/success"] = evaluation.success
+        metrics["heldout/tool_sequence"] = evaluation.tool_sequence
+        for family, rate in evaluation.by_family.items():
+            metrics[f"heldout/success/{family}"] = rate
     if summary.rollout is not None:
         metrics["rollout/success"] = summary.rollout.success
         metrics["rollout/episodes"] = float(summary.rollout.episodes)

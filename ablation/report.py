@@ -41,13 +41,18 @@ NO_SPREAD = 1e-9  # a paired SD below this is no measured spread (floating-point
 MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
 
 
+# JSON has no NaN: a report writes an unbounded interval's ends as null; read them back as nan.
+MaybeNan = Annotated[float, BeforeValidator(lambda value: math.nan if value is None else value)]
+
+
 class ArmRun(BaseModel):
     arm: str
     seed: int
-    success_by_cycle: list[float]  # held-out success, cycle 0 first
+    # held-out success, cycle 0 first (nan: a cycle not evaluated, evaluation.every)
+    success_by_cycle: list[MaybeNan]
     by_family: dict[str, float]  # held-out success per family after the last cycle
     # held-out success per family, cycle 0 first (empty in units saved before it was kept)
-    family_curves: dict[str, list[float]] = {}
+    family_curves: dict[str, list[MaybeNan]] = {}
     accepted_by_cycle: list[int]
     # synthesized tasks accepted over the run, by the family of their own calls: where the
     # synthesis budget went (empty in units saved before it was kept)
@@ -55,10 +60,6 @@ class ArmRun(BaseModel):
     run_dir: str
     elapsed_s: float  # of the last process only, when the run was resumed
     resumed: bool = False  # continued from a killed run's last finished stage
-
-
-# JSON has no NaN: a report writes an unbounded interval's ends as null; read them back as nan.
-MaybeNan = Annotated[float, BeforeValidator(lambda value: math.nan if value is None else value)]
 
 
 class Interval(BaseModel):

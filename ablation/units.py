@@ -4,6 +4,7 @@ rerun with the same config, and resumed when it was killed part-way."""
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -140,6 +141,7 @@ def run_ablation(
                     config, overwrite=True, progress=False, console=None, baseline_cache=shared
                 )
             last = result.cycles[-1].evaluate
+            assert last is not None, "the last cycle is always evaluated"
             runs.append(
                 ArmRun(
                     arm=arm,
@@ -147,7 +149,10 @@ def run_ablation(
                     success_by_cycle=result.success_by_cycle(),
                     by_family=last.by_family,
                     family_curves={
-                        family: [c.evaluate.by_family.get(family, 0.0) for c in result.cycles]
+                        family: [
+                            c.evaluate.by_family.get(family, 0.0) if c.evaluate else math.nan
+                            for c in result.cycles
+                        ]
                         for family in sorted(last.by_family)
                     },
                     accepted_by_cycle=[

@@ -189,6 +189,12 @@ class EvaluationConfig(Section):
         gt=0,
         description="Evaluate the first N tasks of every family (None: the whole split).",
     )
+    every: int = Field(
+        default=1,
+        gt=0,
+        description="Evaluate after every N-th cycle; cycle 0 and the last cycle always are "
+        "(a bench that compares the start and the end saves the evaluations between).",
+    )
 
     @model_validator(mode="after")
     def _known_split(self) -> EvaluationConfig:

@@ -22,6 +22,7 @@ else:
     result = coevolve.run(config, overwrite=True)
 
 for cycle in result.cycles:
-    print(f"cycle {cycle.cycle}: held-out success {cycle.evaluate.success:.1%}")
+    if cycle.evaluate is not None:  # every cycle unless evaluation.every says otherwise
+        print(f"cycle {cycle.cycle}: held-out success {cycle.evaluate.success:.1%}")
 print("pool:", result.pool)
 print("report:", result.report)

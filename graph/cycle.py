@@ -534,10 +534,13 @@ async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     cycle = state["cycle"]
-    evaluation = await _evaluate(rt, cycle)
-    summary = CycleSummary.model_validate(
-        {**state.get("current", {}), "evaluate": evaluation.model_dump()}
-    )
+    every = rt.config.evaluation.every
+    figures = None
+    if cycle % every == 0 or cycle >= rt.config.cycles:
+        figures = (await _evaluate(rt, cycle)).model_dump()
+    else:
+        rt.say(f"cycle {cycle} · evaluate: skipped (evaluation.every = {every})")
+    summary = CycleSummary.model_validate({**state.get("current", {}), "evaluate": figures})
     log_cycle(rt.config, rt.run_dir, summary)  # the trackers get the cycle's figures
     return {"current": {}, "finished": [summary.model_dump()]}
 

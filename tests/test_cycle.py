@@ -457,3 +457,26 @@ def test_the_cycle_graph_is_exported_for_studio():
     assert graph.checkpointer is None and builder.compile().checkpointer is None
     spec = json.loads((ROOT / "langgraph.json").read_text())
     assert spec["graphs"]["cycle"] == "coevolve.graph.cycle:graph"
+
+
+def test_evaluation_every_skips_the_cycles_between_and_keeps_the_last(
+    tmp_path, agent_server, tiny_build
+):
+    """evaluation.every = 2 over 2 cycles: cycle 0 and the last are evaluated, cycle 1 not;
+    the summary, metrics and report say so instead of showing a 0."""
+    import math
+
+    from coevolve.runner import run
+
+    config = endpoint_config(tmp_path / "run", agent_server, tiny_build)
+    config["evaluation"] = {**config["evaluation"], "every": 2}
+    config["synthesis"] = {**config["synthesis"], "enabled": False}
+    result = run(config, progress=False)
+    success = result.success_by_cycle()
+    assert len(success) == 3 and math.isnan(success[1]) and not math.isnan(success[2])
+    assert result.cycles[1].evaluate is None and result.cycles[2].evaluate is not None
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "evaluate" not in summary["cycles"][1] and "evaluate" in summary["cycles"][2]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert rows[1]["heldout_success"] is None and rows[2]["heldout_success"] is not None
+    assert Path(result.report).stat().st_size > 10_000
