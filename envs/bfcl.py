@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import hashlib
 import importlib
 import inspect
 import json
@@ -69,7 +68,7 @@ CATEGORIES = (
 )
 # The four together, as SEAL trains and tests (100 + 100 of each category).
 ALL_CATEGORIES = "multi_turn"
-# train and heldout: half of each category each (split_of); all: the whole category.
+# train and heldout: SEAL's halves of each category (split_of); all: the whole category.
 SPLITS = ("train", "heldout", "all")
 
 
@@ -177,23 +176,41 @@ def _additional_function_prompt() -> str:
 # --------------------------------------------------------------------------- tasks
 
 
-def split_of(entry_ids: Sequence[str]) -> dict[str, str]:
-    """ "train" or "heldout" for each of a category's entry ids: half each.
+# SEAL's published split (envs/data/README.md): its train and test halves of every category.
+SEAL_SPLIT_FILE = Path(__file__).resolve().parent / "data" / "bfcl_400_split.json"
 
-    SEAL trains on 100 and evaluates on the other 100 of each multi-turn
-    category (its ``data/bfcl_400_split.json``, which is not available offline).
-    This split has the same shape: the ids ranked by a fixed hash, the first
-    half trains. It depends only on the ids, so every machine and run agrees.
+
+@cache
+def _seal_split() -> dict[str, str]:
+    published = json.loads(SEAL_SPLIT_FILE.read_text())
+    return {
+        **{entry_id: "train" for entry_id in published["train"]},
+        **{entry_id: "heldout" for entry_id in published["test"]},
+    }
+
+
+def split_of(entry_ids: Sequence[str]) -> dict[str, str]:
+    """ "train" or "heldout" for each of a category's entry ids: SEAL's split.
+
+    SEAL trains on 100 and evaluates on the other 100 of each multi-turn category;
+    its published ``bfcl_400_split.json`` ships in ``envs/data`` (Apache-2.0), so
+    a run here trains and evaluates on exactly SEAL's tasks. An id the file does
+    not list (a newer bfcl-eval) is an error: it says which.
     """
-    ranked = sorted(entry_ids, key=lambda i: hashlib.sha256(f"bfcl-split:{i}".encode()).hexdigest())
-    half = len(ranked) // 2
-    return {entry_id: "train" if rank < half else "heldout" for rank, entry_id in enumerate(ranked)}
+    split = _seal_split()
+    unknown = [entry_id for entry_id in entry_ids if entry_id not in split]
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} BFCL ids are not in SEAL's split ({SEAL_SPLIT_FILE.name}), e.g. "
+            f"{unknown[0]!r}: this bfcl-eval has other tasks than SEAL's"
+        )
+    return {entry_id: split[entry_id] for entry_id in entry_ids}
 
 
 def load_tasks(category: str, limit: int | None = None, split: str = "all") -> list[Task]:
     """The category's BFCL entries as Tasks, reference calls parsed by our parser.
 
-    ``split``: "train" or "heldout" (half of the category each, ``split_of``), or
+    ``split``: "train" or "heldout" (SEAL's halves of the category, ``split_of``), or
     "all" (the whole category, as BFCL's own leaderboard scores it). ``setup``
     keeps everything reset and the checker need, including BFCL's ground-truth
     strings verbatim, so a task is replayable on its own. ``category``

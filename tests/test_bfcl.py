@@ -439,6 +439,14 @@ def test_all_four_categories_make_seals_400_and_400_split():
     heldout = load_tasks(ALL_CATEGORIES, split="heldout")
     assert len(train) == len(heldout) == 400
     assert {t.id for t in train}.isdisjoint(t.id for t in heldout)
+    # exactly the ids of SEAL's published split (envs/data/bfcl_400_split.json)
+    import json
+
+    from coevolve.envs.bfcl import SEAL_SPLIT_FILE
+
+    published = json.loads(SEAL_SPLIT_FILE.read_text())
+    assert {t.id for t in train} == set(published["train"])
+    assert {t.id for t in heldout} == set(published["test"])
     for category in CATEGORIES:
         assert [t.id for t in train if t.family == category] == [
             t.id for t in load_tasks(category, split="train")
