@@ -175,7 +175,7 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
     class BoundedChatOpenAI(ChatOpenAI):
         max_reply_chars: int | None = None
         # The endpoint's retry policy, applied by the reply boundary (``ask``) to every
-        # failed attempt; the SDK's own retries are off, so a request is retried once over.
+        # failed attempt; the SDK's own retries are off, so no request is retried twice over.
         reply_retries: int = 0
         retry_base_s: float = 0.2
         retry_max_s: float = 5.0
