@@ -11,12 +11,6 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 from coevolve.agents.policy import AssistantMessage
-from coevolve.agents.prompts import (
-    ABSTRACTOR_PROMPT,
-    EXPLORER_PROMPT,
-    JUDGE_PROMPT,
-    SUMMARIZER_PROMPT,
-)
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import RolesConfig
 from coevolve.agents.rollout import run_rollouts
@@ -32,6 +26,7 @@ from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.testing.openai_server import Reply
+from coevolve.testing.role_replies import role_of, role_reply
 
 TASKS = load_split("validation", size=18)
 
@@ -180,58 +175,13 @@ def test_dedup_run_again_replaces_what_its_cycle_stored(flagged, replace_cycle):
 
 
 def llm_script(body):
-    """Every role on one server, told apart by the system prompt; the abstractor's
-    reply is unreadable for one parent so that path is exercised too."""
+    """Every role on one server (testing/role_replies.py), but the abstractor's reply is
+    unreadable for one parent so that path is exercised too."""
     messages = body["messages"]
-    system = messages[0]["content"]
+    if role_of(body) == "abstractor" and "world-validation-0000" in json.dumps(messages):
+        return Reply.text("I cannot produce tasks today.")
     user = messages[-1]["content"] if isinstance(messages[-1].get("content"), str) else ""
-    if system == SUMMARIZER_PROMPT:
-        return Reply.json_content(
-            {
-                "summary": "stopped early",
-                "failure_cause": "missing call",
-                "focus_patterns": ["find_contact"],
-            }
-        )
-    if system == EXPLORER_PROMPT:
-        if not any(m["role"] == "tool" for m in messages):
-            return Reply.tool_calls([("list_contacts", {})])
-        return Reply.text("done exploring")
-    if system == ABSTRACTOR_PROMPT:
-        if "world-validation-0000" in json.dumps(messages):
-            return Reply.text("I cannot produce tasks today.")
-        contacts = [m for m in messages if m["role"] == "user"][-1]["content"]
-        name, phone = _first_contact(contacts)
-        return Reply.json_content(
-            [
-                {
-                    "description": "look up",
-                    "query": f"What is {name}'s phone number?",
-                    "minimal_actions": [{"name": "find_contact", "arguments": {"name": name}}],
-                    "reference_answer": phone,
-                }
-            ]
-        )
-    if system == JUDGE_PROMPT:
-        return Reply.json_content(
-            {
-                "success": True,
-                "reason": "replays cleanly",
-                "api_match": True,
-                "parameter_usage": True,
-                "logical_flow": True,
-                "final_result": True,
-                "failed_or_skipped_steps": [],
-            }
-        )
-    return Reply.status(400, f"unexpected request: {user[:40]}")
-
-
-def _first_contact(text: str) -> tuple[str, str | None]:
-    import re
-
-    match = re.search(r"name=(\w+) phone=(\S+)", text)
-    return (match.group(1), match.group(2)) if match else ("Nobody", None)
+    return role_reply(body) or Reply.status(400, f"unexpected request: {user[:40]}")
 
 
 def test_llm_pass_against_the_test_server(flagged, scripted_server):
