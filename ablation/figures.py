@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .report import MIN_SEEDS_FOR_BAND, AblationReport, family_pairs
+from .report import MIN_SEEDS_FOR_BAND, AblationReport, family_pairs, split_label
 
 
 def _seeds(count: int) -> str:
@@ -31,7 +31,7 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
         if report.final[arm].n >= MIN_SEEDS_FOR_BAND and not any(math.isnan(v) for v in lows):
             curves.fill_between(xs, lows, [100 * p.high for p in points], alpha=0.12, color=colour)
     curves.set_title(
-        f"held-out success by cycle (mean; 95% CI band for arms with "
+        f"{split_label(report.split)} success by cycle (mean; 95% CI band for arms with "
         f"≥ {MIN_SEEDS_FOR_BAND} of {_seeds(len(report.seeds))})",
         fontsize=10,
     )
@@ -49,7 +49,9 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
     ]
     bars.barh(names, means, xerr=errors, color="tab:blue", alpha=0.7)
     bars.axvline(0, color="black", linewidth=0.8)
-    bars.set_title("paired difference of final held-out success (points, 95% CI)")
+    bars.set_title(
+        f"paired difference of final {split_label(report.split)} success (points, 95% CI)"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -81,7 +83,8 @@ def plot_family_curves(report: AblationReport, path: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     figure.suptitle(
-        f"held-out success per family by cycle (mean over {_seeds(len(report.seeds))})",
+        f"{split_label(report.split)} success per family by cycle "
+        f"(mean over {_seeds(len(report.seeds))})",
         fontsize=11,
     )
     figure.tight_layout(rect=(0, 0.05, 1, 0.96))
@@ -111,7 +114,7 @@ def plot_family_differences(report: AblationReport, path: Path) -> Path:
     axis.axvline(0, color="black", linewidth=0.8)
     axis.set_yticks(range(len(families)), families, fontsize=8)
     axis.invert_yaxis()
-    axis.set_xlabel("paired difference of final held-out success (points)")
+    axis.set_xlabel(f"paired difference of final {split_label(report.split)} success (points)")
     axis.set_title(f"per family, 95% CI over {_seeds(len(report.seeds))}", fontsize=10)
     figure.legend(fontsize=8, loc="lower center", ncol=len(names))
     figure.tight_layout(rect=(0, 0.04, 1, 1))

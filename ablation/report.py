@@ -101,6 +101,8 @@ class AblationReport(BaseModel):
     # "coevolve - static" -> family -> paired difference of the family's final success
     paired_by_family: dict[str, dict[str, Interval]] = {}
     power: dict[str, Power] = {}  # "coevolve - static" -> the seeds it needs
+    # the split the runs were evaluated on (tuning runs: validation), which every title names
+    split: str = "heldout"
     # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
     # could learn from demonstrations, and which it meets only through synthesis
     seed_families: dict[str, int] = {}
@@ -252,7 +254,8 @@ def print_report(console: Any, report: AblationReport) -> None:
             return f"{100 * i.mean:.1f}%"
         return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
 
-    table = Table(title=f"final held-out success, mean [95% CI] over seeds {report.seeds}")
+    measure = split_label(report.split)
+    table = Table(title=f"final {measure} success, mean [95% CI] over seeds {report.seeds}")
     table.add_column("arm")
     table.add_column("final", justify="right")
     table.add_column("by cycle (means)", justify="right")
@@ -270,7 +273,7 @@ def print_report(console: Any, report: AblationReport) -> None:
             ),
         )
     console.print(table)
-    paired = Table(title="paired differences (arm - baseline), points of held-out success")
+    paired = Table(title=f"paired differences (arm - baseline), points of {measure} success")
     paired.add_column("difference")
     paired.add_column("mean [95% CI]", justify="right")
     for name, value in report.paired.items():
@@ -302,7 +305,7 @@ def print_report(console: Any, report: AblationReport) -> None:
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})
     if families:
         table = Table(
-            title="final held-out success per family (mean over seeds); seed tasks of the "
+            title=f"final {measure} success per family (mean over seeds); seed tasks of the "
             "family; synthesized tasks accepted (mean per run)"
         )
         table.add_column("family")
@@ -332,6 +335,11 @@ def print_report(console: Any, report: AblationReport) -> None:
                 family, *(_points(report.paired_by_family[name][family]) for name in against)
             )
         console.print(table)
+
+
+def split_label(split: str) -> str:
+    """How titles name the evaluated split: held-out, or validation for tuning runs."""
+    return "held-out" if split == "heldout" else split
 
 
 def _seeds_text(seeds: int | None) -> str:

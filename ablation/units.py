@@ -12,7 +12,7 @@ from typing import Any
 
 from .arms import ARMS, arm_config
 from .figures import plot_curves, plot_family_curves, plot_family_differences
-from .report import AblationReport, ArmRun, family_pairs, seed_families, summarize
+from .report import AblationReport, ArmRun, family_pairs, seed_families, split_label, summarize
 
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
@@ -179,7 +179,8 @@ def run_ablation(
             )
             if console is not None:
                 curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
-                console.print(f"  held-out success by cycle: {curve} [{result.elapsed_s:.0f} s]")
+                measure = split_label(config.evaluation.split)
+                console.print(f"  {measure} success by cycle: {curve} [{result.elapsed_s:.0f} s]")
     if not runs:
         note = (
             f"; {len(stale)} unit(s) there ({', '.join(stale[:3])}"
@@ -190,7 +191,9 @@ def run_ablation(
         )
         raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
     report = summarize(runs, arms, seeds, config_name)
-    report.seed_families = seed_families(load_config(base))
+    base_config = load_config(base)
+    report.seed_families = seed_families(base_config)
+    report.split = base_config.evaluation.split
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:
         plot_family_curves(report, out_dir / "family_curves.png")

@@ -446,3 +446,19 @@ def test_the_verdict_by_seed_tasks_reads_reports_back_and_draws_one_figure(tmp_p
         timeout=300,
     )
     assert bad.returncode == 2 and "is not N=REPORT" in bad.stderr
+
+
+def test_a_tuning_report_names_the_split_it_measured(tmp_path):
+    """Tuning runs evaluate validation: the tables and figures say validation, not held-out."""
+    from rich.console import Console
+
+    from coevolve.ablation import print_report, plot_curves
+
+    runs = [_run("static", 0, 0.3), _run("coevolve", 0, 0.35)]
+    report = summarize(runs, ["static", "coevolve"], [0], "test")
+    report.split = "validation"
+    console = Console(record=True, width=120)
+    print_report(console, report)
+    text = console.export_text()
+    assert "final validation success" in text and "held-out" not in text
+    assert plot_curves(report, tmp_path / "curves.png").stat().st_size > 10_000
