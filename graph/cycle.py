@@ -160,7 +160,7 @@ async def _evaluate(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         time_s=elapsed,
     )
     rt.say(
-        f"cycle {cycle} · evaluate: held-out success {result.success:.1%} "
+        f"cycle {cycle} · evaluate: {_measure(rt)} success {result.success:.1%} "
         f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
         f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
     )
@@ -212,6 +212,12 @@ async def _validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float
 # --------------------------------------------------------------------------- nodes
 
 
+def _measure(rt: CycleRuntime) -> str:
+    """What the evaluate stage measures, for its line: held-out (or validation, when tuning)."""
+    split = rt.config.evaluation.split
+    return "held-out" if split == "heldout" else split
+
+
 def _baseline_key(rt: CycleRuntime) -> str | None:
     """What makes two runs' cycle-0 evaluations the same, hashed; None when it cannot be
     known (an endpoint serves whatever it serves)."""
@@ -251,7 +257,7 @@ async def _shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
         rt.cycle_dir(0).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
         rt.say(
-            f"cycle 0 · evaluate: held-out success {evaluation.success:.1%}, the same agent's "
+            f"cycle 0 · evaluate: {_measure(rt)} success {evaluation.success:.1%}, the same agent's "
             f"evaluation shared by an earlier run ({shared})"
         )
         return evaluation
