@@ -452,7 +452,7 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
     """Tuning runs evaluate validation: the tables and figures say validation, not held-out."""
     from rich.console import Console
 
-    from coevolve.ablation import print_report, plot_curves
+    from coevolve.ablation import plot_curves, print_report
 
     runs = [_run("static", 0, 0.3), _run("coevolve", 0, 0.35)]
     report = summarize(runs, ["static", "coevolve"], [0], "test")
