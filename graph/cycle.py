@@ -46,8 +46,6 @@ runtime from the config it names.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import operator
 import time
 from collections import Counter
@@ -60,7 +58,6 @@ from langgraph.runtime import Runtime
 from ..records import Task, Trajectory, is_success
 from ..summary import (
     CycleSummary,
-    EvaluationFigures,
     FamilyFlags,
     PoolFigures,
     RolloutFigures,
@@ -69,6 +66,7 @@ from ..summary import (
     TrainFigures,
 )
 from ..tracking import log_cycle
+from .evaluation import evaluate_agent, shared_baseline, validation_by_family
 from .runtime import CycleRuntime, seed_everything
 from .synthesis import REPLY_ERRORS, Rejection, SynthesisResult
 from .synthesis import graph as synthesis
@@ -121,158 +119,13 @@ def _success_rate(trajectories: list[Trajectory]) -> float:
     return sum(is_success(t.score) for t in trajectories) / len(trajectories)
 
 
-async def _evaluate(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
-    from ..agents.evaluation import evaluate as summarize
-    from ..agents.rollout import rollout as run
-    from ..files import dump_jsonl
-
-    config = rt.config
-    seed_everything(config.seed, cycle, "evaluate")
-    started = time.perf_counter()
-    trajectories = await run(
-        rt.policy,
-        rt.make_env,
-        rt.eval_tasks,
-        k=1,
-        temperature=config.rollout.eval_temperature,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
-        cycle=cycle,
-        description=f"cycle {cycle} · evaluate",
-    )
-    elapsed = time.perf_counter() - started
-    dump_jsonl(rt.cycle_dir(cycle) / "eval.jsonl", trajectories)
-    report = summarize(
-        trajectories,
-        rt.eval_tasks,
-        env=config.env.name,
-        scope={"split": config.evaluation.split},
-        policy=rt.policy.version,
-    )
-    result = EvaluationFigures(
-        success=report.overall.success_rate,
-        tool_sequence=report.overall.tool_sequence_accuracy,
-        calls=report.overall.call_accuracy,
-        episodes=report.overall.episodes,
-        by_family={f: s.success_rate for f, s in report.by_family.items()},
-        tokens=sum(t.completion_tokens for t in trajectories),
-        time_s=elapsed,
-    )
-    rt.say(
-        f"cycle {cycle} · evaluate: {_measure(rt)} success {result.success:.1%} "
-        f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
-        f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
-    )
-    return result
-
-
-async def _validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
-    """The current agent's greedy success per family on the validation split (oracle
-    selection only: the ablation's reference arm may read validation, a product run never)."""
-    from ..agents.evaluation import evaluate as summarize
-    from ..agents.rollout import rollout as run
-    from ..envs.catalog import first_per_family, load_tasks
-
-    config = rt.config
-    tasks = first_per_family(
-        load_tasks(config.env.name, split="validation", seed=config.env.seed),
-        config.evaluation.per_family or 4,
-    )
-    seed_everything(config.seed, cycle, "oracle-validation")
-    started = time.perf_counter()
-    trajectories = await run(
-        rt.policy,
-        rt.make_env,
-        tasks,
-        k=1,
-        temperature=0.0,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
-        cycle=cycle,
-        description=f"cycle {cycle} · oracle: validation",
-    )
-    report = summarize(
-        trajectories,
-        tasks,
-        env=config.env.name,
-        scope={"split": "validation"},
-        policy=rt.policy.version,
-    )
-    by_family = {f: s.success_rate for f, s in report.by_family.items()}
-    weak = [f for f, s in by_family.items() if s < config.signals.oracle_threshold]
-    rt.say(
-        f"cycle {cycle} · oracle: {len(weak)} of {len(by_family)} families under "
-        f"{config.signals.oracle_threshold:.0%} on validation [{time.perf_counter() - started:.0f} s]"
-    )
-    return by_family
-
-
 # --------------------------------------------------------------------------- nodes
-
-
-def _measure(rt: CycleRuntime) -> str:
-    """What the evaluate stage measures, for its line: held-out (or validation, when tuning)."""
-    split = rt.config.evaluation.split
-    return "held-out" if split == "heldout" else split
-
-
-def _baseline_key(rt: CycleRuntime) -> str | None:
-    """What makes two runs' cycle-0 evaluations the same, hashed; None when it cannot be
-    known (an endpoint serves whatever it serves)."""
-    config = rt.config
-    if config.policy.kind != "local":
-        return None
-    identity = {
-        "policy": rt.policy.version,
-        "model": config.policy.model,
-        "adapter": config.policy.adapter,
-        "max_new_tokens": config.policy.max_new_tokens,
-        "system_prompt": config.policy.system_prompt,
-        "tasks": [task.id for task in rt.eval_tasks],
-        "env": config.env.model_dump(mode="json"),
-        "temperature": config.rollout.eval_temperature,
-        "max_tool_calls": config.rollout.max_tool_calls,
-        "seed": config.seed,
-    }
-    text = json.dumps(identity, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-async def _shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
-    """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
-    it already (its trajectories copied into this run), else made now and shared."""
-    import shutil
-
-    from ..files import write_atomically
-
-    key = _baseline_key(rt) if rt.baseline_cache is not None else None
-    if key is None or rt.baseline_cache is None:
-        return await _evaluate(rt, 0)
-    shared = rt.baseline_cache / key
-    figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
-    if figures.is_file() and trajectories.is_file():
-        evaluation = EvaluationFigures.model_validate_json(figures.read_text())
-        rt.cycle_dir(0).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
-        rt.say(
-            f"cycle 0 · evaluate: {_measure(rt)} success {evaluation.success:.1%}, the same agent's "
-            f"evaluation shared by an earlier run ({shared})"
-        )
-        return evaluation
-    evaluation = await _evaluate(rt, 0)
-    shared.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(rt.cycle_dir(0) / "eval.jsonl", trajectories.with_suffix(".tmp"))
-    trajectories.with_suffix(".tmp").replace(trajectories)
-    write_atomically(figures, evaluation.model_dump_json(indent=2))
-    return evaluation
 
 
 async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     rt = _runtime(runtime)
     started = time.perf_counter()
-    evaluation = await _shared_baseline(rt)
+    evaluation = await shared_baseline(rt)
     summary = CycleSummary(cycle=0, evaluate=evaluation, time_s=time.perf_counter() - started)
     log_cycle(rt.config, rt.run_dir, summary)
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}
@@ -395,7 +248,7 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     if rt.config.signals.selection == "random":
         kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
     elif rt.config.signals.selection == "oracle":
-        validation = await _validation_by_family(rt, cycle)
+        validation = await validation_by_family(rt, cycle)
         kept = select_oracle(trajectories, validation, rt.config.signals, cycle, rt.config.seed)
     else:
         kept = apply_budget(flagged, rt.config.signals, trajectories)
@@ -543,7 +396,7 @@ async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     every = rt.config.evaluation.every
     figures = None
     if cycle % every == 0 or cycle >= rt.config.cycles:
-        figures = (await _evaluate(rt, cycle)).model_dump()
+        figures = (await evaluate_agent(rt, cycle)).model_dump()
     else:
         rt.say(f"cycle {cycle} · evaluate: skipped (evaluation.every = {every})")
     summary = CycleSummary.model_validate({**state.get("current", {}), "evaluate": figures})

@@ -1,0 +1,157 @@
+"""The evaluate stage: the current agent on the evaluation split (held-out, or validation
+when tuning), its cycle-0 evaluation shared between runs that start from the same agent,
+and the oracle arm's read of validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from ..summary import EvaluationFigures
+from .runtime import CycleRuntime, seed_everything
+
+
+async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
+    from ..agents.evaluation import evaluate as summarize
+    from ..agents.rollout import rollout as run
+    from ..files import dump_jsonl
+
+    config = rt.config
+    seed_everything(config.seed, cycle, "evaluate")
+    started = time.perf_counter()
+    trajectories = await run(
+        rt.policy,
+        rt.make_env,
+        rt.eval_tasks,
+        k=1,
+        temperature=config.rollout.eval_temperature,
+        max_tool_calls=config.rollout.max_tool_calls,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        cycle=cycle,
+        description=f"cycle {cycle} · evaluate",
+    )
+    elapsed = time.perf_counter() - started
+    dump_jsonl(rt.cycle_dir(cycle) / "eval.jsonl", trajectories)
+    report = summarize(
+        trajectories,
+        rt.eval_tasks,
+        env=config.env.name,
+        scope={"split": config.evaluation.split},
+        policy=rt.policy.version,
+    )
+    result = EvaluationFigures(
+        success=report.overall.success_rate,
+        tool_sequence=report.overall.tool_sequence_accuracy,
+        calls=report.overall.call_accuracy,
+        episodes=report.overall.episodes,
+        by_family={f: s.success_rate for f, s in report.by_family.items()},
+        tokens=sum(t.completion_tokens for t in trajectories),
+        time_s=elapsed,
+    )
+    rt.say(
+        f"cycle {cycle} · evaluate: {measure(rt)} success {result.success:.1%} "
+        f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
+        f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
+    )
+    return result
+
+
+async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
+    """The current agent's greedy success per family on the validation split (oracle
+    selection only: the ablation's reference arm may read validation, a product run never)."""
+    from ..agents.evaluation import evaluate as summarize
+    from ..agents.rollout import rollout as run
+    from ..envs.catalog import first_per_family, load_tasks
+
+    config = rt.config
+    tasks = first_per_family(
+        load_tasks(config.env.name, split="validation", seed=config.env.seed),
+        config.evaluation.per_family or 4,
+    )
+    seed_everything(config.seed, cycle, "oracle-validation")
+    started = time.perf_counter()
+    trajectories = await run(
+        rt.policy,
+        rt.make_env,
+        tasks,
+        k=1,
+        temperature=0.0,
+        max_tool_calls=config.rollout.max_tool_calls,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        cycle=cycle,
+        description=f"cycle {cycle} · oracle: validation",
+    )
+    report = summarize(
+        trajectories,
+        tasks,
+        env=config.env.name,
+        scope={"split": "validation"},
+        policy=rt.policy.version,
+    )
+    by_family = {f: s.success_rate for f, s in report.by_family.items()}
+    weak = [f for f, s in by_family.items() if s < config.signals.oracle_threshold]
+    rt.say(
+        f"cycle {cycle} · oracle: {len(weak)} of {len(by_family)} families under "
+        f"{config.signals.oracle_threshold:.0%} on validation [{time.perf_counter() - started:.0f} s]"
+    )
+    return by_family
+
+
+def measure(rt: CycleRuntime) -> str:
+    """What the evaluate stage measures, for its line: held-out (or validation, when tuning)."""
+    split = rt.config.evaluation.split
+    return "held-out" if split == "heldout" else split
+
+
+def _baseline_key(rt: CycleRuntime) -> str | None:
+    """What makes two runs' cycle-0 evaluations the same, hashed; None when it cannot be
+    known (an endpoint serves whatever it serves)."""
+    config = rt.config
+    if config.policy.kind != "local":
+        return None
+    identity = {
+        "policy": rt.policy.version,
+        "model": config.policy.model,
+        "adapter": config.policy.adapter,
+        "max_new_tokens": config.policy.max_new_tokens,
+        "system_prompt": config.policy.system_prompt,
+        "tasks": [task.id for task in rt.eval_tasks],
+        "env": config.env.model_dump(mode="json"),
+        "temperature": config.rollout.eval_temperature,
+        "max_tool_calls": config.rollout.max_tool_calls,
+        "seed": config.seed,
+    }
+    text = json.dumps(identity, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
+    """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
+    it already (its trajectories copied into this run), else made now and shared."""
+    import shutil
+
+    from ..files import write_atomically
+
+    key = _baseline_key(rt) if rt.baseline_cache is not None else None
+    if key is None or rt.baseline_cache is None:
+        return await evaluate_agent(rt, 0)
+    shared = rt.baseline_cache / key
+    figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
+    if figures.is_file() and trajectories.is_file():
+        evaluation = EvaluationFigures.model_validate_json(figures.read_text())
+        rt.cycle_dir(0).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
+        rt.say(
+            f"cycle 0 · evaluate: {measure(rt)} success {evaluation.success:.1%}, the same agent's "
+            f"evaluation shared by an earlier run ({shared})"
+        )
+        return evaluation
+    evaluation = await evaluate_agent(rt, 0)
+    shared.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(rt.cycle_dir(0) / "eval.jsonl", trajectories.with_suffix(".tmp"))
+    trajectories.with_suffix(".tmp").replace(trajectories)
+    write_atomically(figures, evaluation.model_dump_json(indent=2))
+    return evaluation
