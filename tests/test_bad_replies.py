@@ -442,7 +442,7 @@ def one_cycle_config(tmp_path, server, model_dir, roles_endpoint: dict[str, Any]
             },
             "roles": roles_endpoint,
         },
-        "rollout": {"k": 2, "max_steps": 6},
+        "rollout": {"k": 2, "max_tool_calls": 6},
         "pool": {"rollout_tasks": 12, "replay_demonstrations": 2},
         "signals": {"budget": 4},
         "synthesis": {"max_concurrency": 2, "roles": {"default_endpoint": "roles"}},

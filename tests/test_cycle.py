@@ -70,7 +70,7 @@ def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> 
                 "timeout_s": 20,
             }
         },
-        "rollout": {"k": 2, "max_steps": 6},
+        "rollout": {"k": 2, "max_tool_calls": 6},
         "pool": {"rollout_tasks": 24, "replay_demonstrations": 4, "synthesized_weight": 100.0},
         "signals": {"rare_min_observations": 8, "rare_theta_percent": 10, "budget": 6},
         "synthesis": {"max_concurrency": 1},
@@ -88,7 +88,7 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
         {
             "run_dir": str(tmp_path / "run"),
             "cycles": 1,
-            "rollout": {"k": 2, "max_steps": 2},
+            "rollout": {"k": 2, "max_tool_calls": 2},
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
             # SEAL's diagnosis weights on the SFT examples (checked below).

@@ -283,7 +283,7 @@ def test_ddp_a_cycle_of_the_loop_trains_through_accelerate_launch(
         {
             "run_dir": str(tmp_path / "run"),
             "cycles": 1,
-            "rollout": {"k": 2, "max_steps": 2},
+            "rollout": {"k": 2, "max_tool_calls": 2},
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
             "training": training,

@@ -457,7 +457,7 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
     config = CoevolveConfig.model_validate(
         {
             "run_dir": str(run_dir),
-            "rollout": {"k": 2, "max_steps": 2},
+            "rollout": {"k": 2, "max_tool_calls": 2},
             "training": {"max_steps": 2, "batch_size": 2, "lora": {"r": 4, "alpha": 8}},
             "hard_negatives": {"enabled": True, "hard_threshold": 0.5, **hard},
         }
@@ -556,7 +556,7 @@ def test_a_run_with_hard_negatives_records_shares_per_cycle(tmp_path, tiny_build
         {
             "run_dir": str(tmp_path / "run"),
             "cycles": 2,
-            "rollout": {"k": 2, "max_steps": 2},
+            "rollout": {"k": 2, "max_tool_calls": 2},
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 2},
             "training": {"max_steps": 2, "batch_size": 2},

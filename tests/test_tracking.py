@@ -59,7 +59,7 @@ def config_file(tmp_path: Path, server, model_dir: Path, cycles: int) -> Path:
                 "max_retries": 0,
             }
         },
-        "rollout": {"k": 2, "max_steps": 6},
+        "rollout": {"k": 2, "max_tool_calls": 6},
         "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
         "signals": {"rare_min_observations": 8, "budget": 4},
         "synthesis": {"max_concurrency": 1},
