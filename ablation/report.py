@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator
 
+from ..agents.evaluation import split_label
 from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
 
 # Differences a reader asks about first: each arm against static and random,
@@ -277,7 +278,7 @@ def print_report(console: Any, report: AblationReport) -> None:
     paired.add_column("difference")
     paired.add_column("mean [95% CI]", justify="right")
     for name, value in report.paired.items():
-        paired.add_row(name, _points(value))
+        paired.add_row(name, points_text(value))
     console.print(paired)
     if report.power:
         table = Table(
@@ -332,21 +333,17 @@ def print_report(console: Any, report: AblationReport) -> None:
             table.add_column(name, justify="right")
         for family in families:
             table.add_row(
-                family, *(_points(report.paired_by_family[name][family]) for name in against)
+                family, *(points_text(report.paired_by_family[name][family]) for name in against)
             )
         console.print(table)
-
-
-def split_label(split: str) -> str:
-    """How titles name the evaluated split: held-out, or validation for tuning runs."""
-    return "held-out" if split == "heldout" else split
 
 
 def _seeds_text(seeds: int | None) -> str:
     return f"> {MAX_SEEDS}" if seeds is None else str(seeds)
 
 
-def _points(value: Interval) -> str:
+def points_text(value: Interval) -> str:
+    """A paired difference in points, with its 95% interval where it has one."""
     if math.isnan(value.low):
         return f"{100 * value.mean:+.1f}"
     return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"

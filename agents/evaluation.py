@@ -52,6 +52,12 @@ class EvalReport(BaseModel):
         }
 
 
+def split_label(split: str) -> str:
+    """How lines, tables and figures name an evaluated split: held-out, or the split's own
+    name (validation, when tuning)."""
+    return "held-out" if split == "heldout" else split
+
+
 def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupStats:
     stats = GroupStats(episodes=len(trajectories))
     if not trajectories:

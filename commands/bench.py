@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -129,6 +129,7 @@ def bench_by_seed_tasks(
 
     from ..ablation import AblationReport
     from ..ablation.figures import VERDICT_PAIRS, plot_by_seed_tasks
+    from ..ablation.report import points_text
 
     by_size: dict[int, AblationReport] = {}
     for item in reports:
@@ -155,7 +156,7 @@ def bench_by_seed_tasks(
             if value is None:
                 cells.append("")
                 continue
-            text = _interval_text(value)
+            text = points_text(value)
             if power is not None and power.power is not None:
                 text += f", power {power.power:.0%}"
             cells.append(f"{text} (n={value.n})")
@@ -163,11 +164,3 @@ def bench_by_seed_tasks(
     console.print(table)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     console.print(f"figure: {plot_by_seed_tasks(by_size, Path(out))}")
-
-
-def _interval_text(value: Any) -> str:
-    import math
-
-    if math.isnan(value.low):
-        return f"{100 * value.mean:+.1f}"
-    return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"

@@ -8,6 +8,7 @@ import hashlib
 import json
 import time
 
+from ..agents.evaluation import split_label
 from ..summary import EvaluationFigures
 from .runtime import CycleRuntime, seed_everything
 
@@ -51,7 +52,7 @@ async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         time_s=elapsed,
     )
     rt.say(
-        f"cycle {cycle} · evaluate: {measure(rt)} success {result.success:.1%} "
+        f"cycle {cycle} · evaluate: {split_label(rt.config.evaluation.split)} success {result.success:.1%} "
         f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
         f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
     )
@@ -100,12 +101,6 @@ async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]
     return by_family
 
 
-def measure(rt: CycleRuntime) -> str:
-    """What the evaluate stage measures, for its line: held-out (or validation, when tuning)."""
-    split = rt.config.evaluation.split
-    return "held-out" if split == "heldout" else split
-
-
 def _baseline_key(rt: CycleRuntime) -> str | None:
     """What makes two runs' cycle-0 evaluations the same, hashed; None when it cannot be
     known (an endpoint serves whatever it serves)."""
@@ -142,16 +137,14 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
     if figures.is_file() and trajectories.is_file():
         evaluation = EvaluationFigures.model_validate_json(figures.read_text())
-        rt.cycle_dir(0).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
         rt.say(
-            f"cycle 0 · evaluate: {measure(rt)} success {evaluation.success:.1%}, the same agent's "
+            f"cycle 0 · evaluate: {split_label(rt.config.evaluation.split)} success {evaluation.success:.1%}, the same agent's "
             f"evaluation shared by an earlier run ({shared})"
         )
         return evaluation
     evaluation = await evaluate_agent(rt, 0)
     shared.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(rt.cycle_dir(0) / "eval.jsonl", trajectories.with_suffix(".tmp"))
-    trajectories.with_suffix(".tmp").replace(trajectories)
+    write_atomically(trajectories, (rt.cycle_dir(0) / "eval.jsonl").read_text())
     write_atomically(figures, evaluation.model_dump_json(indent=2))
     return evaluation

@@ -218,13 +218,19 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     return result
 
 
-def all_failed(tasks: Sequence[Any], trajectories: Sequence[Any]) -> list[Any]:
-    """The tasks every rollout of which failed this cycle (binary success)."""
+def binary_outcomes(trajectories: Sequence[Any]) -> dict[str, list[bool]]:
+    """Task id -> whether each of its rollouts this cycle succeeded (``is_success``)."""
     from ..records import is_success
 
     outcomes: dict[str, list[bool]] = {}
     for trajectory in trajectories:
         outcomes.setdefault(trajectory.task_id, []).append(is_success(trajectory.score))
+    return outcomes
+
+
+def all_failed(tasks: Sequence[Any], trajectories: Sequence[Any]) -> list[Any]:
+    """The tasks every rollout of which failed this cycle (binary success)."""
+    outcomes = binary_outcomes(trajectories)
     return [task for task in tasks if outcomes.get(task.id) and not any(outcomes[task.id])]
 
 
@@ -233,17 +239,15 @@ def tasks_by_spread(tasks: Sequence[Any], trajectories: Sequence[Any], minimum: 
     rollouts this cycle both succeeded and failed (binary success), then those without
     rollouts (synthesized this cycle); tasks whose rollouts all failed, then all succeeded,
     only as many as it takes to reach ``minimum``."""
-    from ..records import is_success
+    from ..training.dynamic_sampling import has_spread
 
-    outcomes: dict[str, list[bool]] = {}
-    for trajectory in trajectories:
-        outcomes.setdefault(trajectory.task_id, []).append(is_success(trajectory.score))
+    outcomes = binary_outcomes(trajectories)
     mixed, unknown, failed, solved = [], [], [], []
     for task in tasks:
         seen = outcomes.get(task.id)
         if not seen:
             unknown.append(task)
-        elif any(seen) and not all(seen):
+        elif has_spread(seen):
             mixed.append(task)
         elif any(seen):
             solved.append(task)

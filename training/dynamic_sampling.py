@@ -43,10 +43,15 @@ _COMPLETION_KEYS = (
 _PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
+def has_spread(successes: Sequence[bool]) -> bool:
+    """Whether a group's episodes both succeeded and failed: where GRPO has gradient."""
+    return any(successes) and not all(successes)
+
+
 def groups_with_spread(successes: Sequence[bool], group_size: int) -> list[bool]:
     """Per group of ``group_size`` consecutive episodes: whether both outcomes occur."""
     groups = [successes[i : i + group_size] for i in range(0, len(successes), group_size)]
-    return [any(group) and not all(group) for group in groups]
+    return [has_spread(group) for group in groups]
 
 
 def merge_generation_outputs(outputs: Sequence[dict[str, Any]], pad_id: int) -> dict[str, Any]:
