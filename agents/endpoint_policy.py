@@ -12,14 +12,14 @@ key, an unknown model or URL) raises ``PolicyError``.
 Requests go out on ``lean_http``'s keep-alive HTTP/1.1 pool, not through the
 openai SDK or httpx: they spend 1-2 ms and ~1 ms of CPU per request, which at
 rollout fan-out (64 requests in flight) is the bottleneck, not the server.
-Bodies are encoded once and decoded with orjson and read as dicts. One policy
+Bodies are encoded once and decoded with orjson and read as dicts
+(``completion_body``). One policy
 counts every attempt, so error messages are honest ("failed after 4 attempts").
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,18 +30,22 @@ import orjson
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from ..envs.parsing import ToolCallParseError, parse_tool_calls
-from ..records import ToolCall
+from .completion_body import (
+    completion_problem,
+    encode_request,
+    error_detail,
+    message_from_completion,
+    retry_after_s,
+    shown,
+)
 from .config import EndpointConfig
 from .lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .per_loop import PerLoop
 from .policy import (
     AssistantMessage,
-    InvalidToolCall,
     LoraApiMissing,
     Message,
     PolicyError,
-    parse_assistant_text,
 )
 
 
@@ -187,7 +191,7 @@ class EndpointPolicy:
         status = response.status
         if 200 <= status < 300:
             return
-        detail = _error_detail(response.body, response.reason)
+        detail = error_detail(response.body, response.reason)
         if loaded_ok and status == 400 and "already" in detail:
             return
         message = f"{self._where()}: {route} refused (HTTP {status}: {detail})"
@@ -228,7 +232,7 @@ class EndpointPolicy:
             request["return_token_ids"] = True
             request["logprobs"] = True
         # Encoded once, sent as is by every attempt.
-        payload = _encode(request)
+        payload = encode_request(request)
         attempts = self.endpoint.max_retries + 1
         # One AsyncRetrying per request: tenacity keeps a call's state on the object
         # (per thread), so the concurrent requests of a batch cannot share one.
@@ -255,7 +259,7 @@ class EndpointPolicy:
         async with state.semaphore:
             body = await self._post(state.pool, payload)
         try:
-            return _message_from_completion(body)
+            return message_from_completion(body)
         except ValidationError as err:  # a field of a type the shape check let through
             where = ".".join(str(part) for part in err.errors()[0]["loc"])
             raise _Transient(f"malformed response ({where}: {err.errors()[0]['msg']})") from None
@@ -271,9 +275,9 @@ class EndpointPolicy:
         status = response.status
         data = response.body
         if not 200 <= status < 300:
-            detail = _error_detail(data, response.reason)
+            detail = error_detail(data, response.reason)
             if status in (408, 429) or status >= 500:
-                retry_after = _retry_after_s(response.headers.get("retry-after"))
+                retry_after = retry_after_s(response.headers.get("retry-after"))
                 raise _Transient(f"HTTP {status}: {detail}", retry_after)
             if status in (401, 403):
                 raise PolicyError(self._auth_help(status, detail))
@@ -285,10 +289,10 @@ class EndpointPolicy:
         try:
             body = orjson.loads(data)
         except orjson.JSONDecodeError:
-            raise _Transient(f"malformed response (not JSON): {_shown(data)}") from None
-        problem = _completion_problem(body)
+            raise _Transient(f"malformed response (not JSON): {shown(data)}") from None
+        problem = completion_problem(body)
         if problem:
-            raise _Transient(f"malformed response ({problem}): {_shown(data)}")
+            raise _Transient(f"malformed response ({problem}): {shown(data)}")
         return body
 
     def _backoff(self, retry_state: RetryCallState) -> float:
@@ -350,181 +354,3 @@ class EndpointPolicy:
             f"{self._where()} answered 404 ({detail}){served}. Check the endpoint's 'model' "
             "(a LoRA adapter must be loaded first) and that 'base_url' ends in /v1."
         )
-
-
-# ---------------------------------------------------------------------- reading replies
-
-
-def _encode(request: dict[str, Any]) -> bytes:
-    """The request body. orjson is 5-10x cheaper than json; a value it refuses (an
-    integer beyond 64 bits) goes through json, which writes it as the SDK did."""
-    try:
-        return orjson.dumps(request, option=orjson.OPT_NON_STR_KEYS)
-    except TypeError:
-        return json.dumps(request).encode()
-
-
-def _shown(data: bytes) -> str:
-    """The start of a body, for an error message."""
-    return repr(data[:200].decode("utf-8", "replace"))
-
-
-def _error_detail(data: bytes, reason: str) -> str:
-    """The server's own words: the message of an OpenAI-style ``{"error": {...}}`` body,
-    else the body's text, else the HTTP reason phrase."""
-    try:
-        body: Any = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        text = data[:200].decode("utf-8", "replace").strip()
-        return text or reason
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body = body["error"]
-    if isinstance(body, dict):
-        # vLLM answers some errors as {"message": ...} or FastAPI's {"detail": ...}.
-        for key in ("message", "detail"):
-            if isinstance(body.get(key), str) and body[key]:
-                return str(body[key])
-    return reason or data[:200].decode("utf-8", "replace")
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is rare enough to ignore)."""
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None
-
-
-def _completion_problem(body: Any) -> str | None:
-    """Why ``body`` is not a usable chat completion, or None when it is."""
-    if not isinstance(body, dict):
-        return "not a JSON object"
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return "no choices"
-    choice = choices[0]
-    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-        return "choice without a message"
-    message = choice["message"]
-    if not isinstance(message.get("content"), str | None):
-        return "content is not text"
-    calls = message.get("tool_calls")
-    if calls is not None and not (
-        isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
-    ):
-        return "tool_calls is not a list of objects"
-    return None
-
-
-def _message_from_completion(body: dict[str, Any]) -> AssistantMessage:
-    choice = body["choices"][0]
-    message = choice["message"]
-    text: str = message.get("content") or ""
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}
-    common: dict[str, Any] = {
-        "prompt_tokens": _count(usage.get("prompt_tokens")),
-        "completion_tokens": _count(usage.get("completion_tokens")),
-        "finish_reason": _text_or_none(choice.get("finish_reason")),
-    }
-    if "token_ids" in choice or "prompt_token_ids" in body or choice.get("logprobs"):
-        common.update(_token_fields(body, choice))
-    structured = message.get("tool_calls") or []
-    if not structured and text:
-        # A server without a tool-call parser for this model (transformers serve, vLLM
-        # without --tool-call-parser) hands back the raw text: <tool_call> blocks, or
-        # the plain call lines the bootstrap agent writes. Text with no call is the answer.
-        content, calls, invalid = parse_assistant_text(text)
-        if calls or invalid:
-            return AssistantMessage(
-                content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text, **common
-            )
-
-    calls = []
-    invalid = []
-    unnamed_raw: list[str] = []
-    for index, item in enumerate(structured):
-        call_id = item.get("id") if isinstance(item.get("id"), str) else f"call_{index}"
-        function = item.get("function")
-        function = function if isinstance(function, dict) else {}
-        name = function.get("name") if isinstance(function.get("name"), str) else None
-        arguments = function.get("arguments", "")
-        raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        try:
-            parsed = parse_tool_calls({"function": function})
-        except ToolCallParseError as err:
-            if not name:
-                raw = json.dumps({**function, "arguments": _decoded(arguments)}, ensure_ascii=False)
-                unnamed_raw.append(f"<tool_call>{raw}</tool_call>")
-            invalid.append(
-                InvalidToolCall(
-                    id=call_id, name=name or None, raw=raw, error=err.kind, message=str(err)
-                )
-            )
-            continue
-        calls += [_with_id(call, call_id) for call in parsed]
-    # A call without a name cannot be sent back as a tool call; AssistantMessage
-    # then replays ``raw`` as text, so keep the attempted call in it.
-    raw_text = "\n".join([text, *unnamed_raw]).strip() if unnamed_raw else (text or None)
-    return AssistantMessage(
-        content=text, tool_calls=calls, invalid_tool_calls=invalid, raw=raw_text, **common
-    )
-
-
-def _token_fields(body: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
-    """Token ids and log-probs, where the server gave them (vLLM with
-    ``return_token_ids`` and ``logprobs``): the prompt's ids on the response (vLLM's
-    chat completions; its text completions put them on the choice), the completion's on
-    the choice, a log-prob per sampled token in ``choice.logprobs.content``. A field
-    that is missing or not a list of numbers stays None: ids are data to train on,
-    so a wrong one is worse than none."""
-    prompt_ids = body.get("prompt_token_ids")
-    if prompt_ids is None:
-        prompt_ids = choice.get("prompt_token_ids")
-    logprobs = choice.get("logprobs")
-    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
-    values = None
-    if isinstance(entries, list):
-        values = [e.get("logprob") if isinstance(e, dict) else None for e in entries]
-    return {
-        "prompt_token_ids": _ints(prompt_ids),
-        "completion_token_ids": _ints(choice.get("token_ids")),
-        "completion_logprobs": _floats(values),
-    }
-
-
-def _text_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(type(v) is int for v in value):
-        return value
-    return None
-
-
-def _floats(value: Any) -> list[float] | None:
-    if isinstance(value, list) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value
-    ):
-        return [float(v) for v in value]
-    return None
-
-
-def _decoded(arguments: Any) -> Any:
-    """Arguments as the model meant them, for showing an attempted call as text."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def _with_id(call: ToolCall, call_id: str) -> ToolCall:
-    return call.model_copy(update={"id": call_id})

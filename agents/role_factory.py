@@ -11,10 +11,11 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .abstractor import LLMAbstractor, OfflineAbstractor
+from .abstractor import OfflineAbstractor
 from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
+from .llm_abstractor import LLMAbstractor
 from .roles import ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, Summarizer
 from .summarizer import LLMSummarizer, OfflineSummarizer
 

@@ -16,14 +16,14 @@ deleted afterwards, so memory does not grow over a training run.
 works without it, and using it without it raises BfclNotInstalledError.
 Importing it, call strings, ground-truth strings and the checker's instance cache
 live in ``coevolve.envs.bfcl_checking`` (shared with ``coevolve.envs.diagnosis``);
-they are re-exported here.
+they are re-exported here. The tool classes and their schemas come from
+``coevolve.envs.bfcl_tools``.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import importlib
 import inspect
 import json
 import uuid
@@ -43,6 +43,13 @@ from .bfcl_checking import (
     forget_checker_instances,
     ground_truth_strings,
     require_bfcl,
+)
+from .bfcl_tools import (
+    additional_function_prompt,
+    class_methods,
+    class_schemas,
+    data_dir,
+    tool_class,
 )
 from .parsing import ToolCallParseError, parse_tool_calls
 
@@ -70,107 +77,6 @@ CATEGORIES = (
 ALL_CATEGORIES = "multi_turn"
 # train and heldout: SEAL's halves of each category (split_of); all: the whole category.
 SPLITS = ("train", "heldout", "all")
-
-
-# BFCL func-doc types that are not JSON-schema types. "any" maps to no type at
-# all, so the argument check accepts every value, as BFCL itself does.
-_TYPE_MAP: dict[str, str | None] = {
-    "dict": "object",
-    "float": "number",
-    "tuple": "array",
-    "list": "array",
-    "bool": "boolean",
-    "any": None,
-}
-
-# Where BFCL's func docs disagree with BFCL's own data, by (class, parameter):
-# some initial configs hold tickets with string ids ("ticket_001") that the
-# ground truth closes by that id, while the doc says integer.
-_SCHEMA_ERRATA: dict[tuple[str, str], dict[str, Any]] = {
-    ("TicketAPI", "ticket_id"): {"type": ["integer", "string"]},
-}
-
-
-# --------------------------------------------------------------------------- package data
-
-
-def _data_dir() -> Path:
-    return Path(require_bfcl().__path__[0]) / "data"
-
-
-@cache
-def _tool_class(class_name: str) -> type:
-    """The BFCL class, imported from the module BFCL's own executor uses."""
-    require_bfcl()
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
-
-    if class_name not in CLASS_FILE_PATH_MAPPING:
-        raise ValueError(f"unknown BFCL class {class_name!r}")
-    module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
-    return getattr(module, class_name)
-
-
-@cache
-def _class_methods(class_name: str) -> tuple[str, ...]:
-    """Public method names, the set BFCL's executor lets calls reach."""
-    cls = _tool_class(class_name)
-    return tuple(
-        name for name, _ in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_")
-    )
-
-
-@cache
-def _class_schemas(class_name: str) -> tuple[dict[str, Any], ...]:
-    """The class's tools in OpenAI format, converted once from BFCL's func doc."""
-    require_bfcl()
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-    path = _data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
-    schemas = tuple(_openai_schema(doc) for doc in read_jsonl(path))
-    for schema in schemas:
-        properties = schema["function"]["parameters"]["properties"]
-        for name, prop in properties.items():
-            prop.update(copy.deepcopy(_SCHEMA_ERRATA.get((class_name, name), {})))
-    return schemas
-
-
-def _openai_schema(doc: Mapping[str, Any]) -> dict[str, Any]:
-    parameters = _convert_types(doc.get("parameters", {}))
-    parameters["type"] = "object"
-    parameters.setdefault("properties", {})
-    parameters.setdefault("required", [])
-    return {
-        "type": "function",
-        "function": {
-            "name": doc["name"],
-            "description": doc.get("description", ""),
-            "parameters": parameters,
-        },
-    }
-
-
-def _convert_types(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """BFCL's schema dialect to JSON schema, keeping descriptions, enums, defaults."""
-    converted: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "type" and isinstance(value, str):
-            mapped = _TYPE_MAP.get(value, value)
-            if mapped is not None:
-                converted["type"] = mapped
-        elif key == "properties" and isinstance(value, Mapping):
-            converted[key] = {name: _convert_types(sub) for name, sub in value.items()}
-        elif key == "items" and isinstance(value, Mapping):
-            converted[key] = _convert_types(value)
-        else:
-            converted[key] = copy.deepcopy(value)
-    return converted
-
-
-def _additional_function_prompt() -> str:
-    require_bfcl()
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-
-    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 
 
 # --------------------------------------------------------------------------- tasks
@@ -227,14 +133,14 @@ def load_tasks(category: str, limit: int | None = None, split: str = "all") -> l
         )
     if split not in SPLITS:
         raise ValueError(f"unknown BFCL split {split!r}; choose one of {', '.join(SPLITS)}")
-    data_dir = _data_dir()
-    entries = read_jsonl(data_dir / f"BFCL_v4_{category}.json")
+    folder = data_dir()
+    entries = read_jsonl(folder / f"BFCL_v4_{category}.json")
     if split != "all":
         halves = split_of([entry["id"] for entry in entries])
         entries = [entry for entry in entries if halves[entry["id"]] == split]
     answers = {
         item["id"]: item["ground_truth"]
-        for item in read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_{category}.json")
+        for item in read_jsonl(folder / "possible_answer" / f"BFCL_v4_{category}.json")
     }
     if limit is not None:
         entries = entries[:limit]
@@ -245,9 +151,9 @@ def _task_from_entry(entry: dict[str, Any], ground_truth: list[list[str]], categ
     classes: list[str] = entry["involved_classes"]
     # Later classes win a name clash, as in BFCL's dispatch.
     signatures = {
-        name: inspect.signature(getattr(_tool_class(class_name), name))
+        name: inspect.signature(getattr(tool_class(class_name), name))
         for class_name in classes
-        for name in _class_methods(class_name)
+        for name in class_methods(class_name)
     }
     missed: dict[str, list[str]] = entry.get("missed_function", {})
     if len(entry["question"]) != len(ground_truth):
@@ -263,7 +169,7 @@ def _task_from_entry(entry: dict[str, Any], ground_truth: list[list[str]], categ
         query = "\n".join(m["content"] for m in messages if m.get("role") == "user")
         if str(index) in missed and not query:
             # BFCL's own message for the turn that only brings the held-out tools.
-            query = _additional_function_prompt()
+            query = additional_function_prompt()
         turns.append(Turn(query=query, reference_calls=reference[index], added_tools=added[index]))
     setup = {
         "entry_id": entry["id"],
@@ -379,9 +285,9 @@ class BfclEnvironment(ToolEnvironment):
         self._owners = {}
         self._schemas = {}
         for class_name in classes:
-            for method in _class_methods(class_name):
+            for method in class_methods(class_name):
                 self._owners[method] = instances[class_name]
-            for schema in _class_schemas(class_name):
+            for schema in class_schemas(class_name):
                 self._schemas[schema["function"]["name"]] = schema
         # Only tools that are also methods can be dispatched.
         documented = [name for name in self._schemas if name in self._owners]
@@ -522,7 +428,7 @@ def _fresh_instances(
 
     instances = {}
     for class_name in classes:
-        instance = _tool_class(class_name)()
+        instance = tool_class(class_name)()
         if class_name not in STATELESS_CLASSES:
             config = copy.deepcopy(initial_config.get(class_name, {}))
             instance._load_scenario(config, long_context=long_context)

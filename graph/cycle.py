@@ -68,8 +68,8 @@ from ..summary import (
 from ..tracking import log_cycle
 from .evaluation import evaluate_agent, shared_baseline, validation_by_family
 from .runtime import CycleRuntime, seed_everything
-from .synthesis import REPLY_ERRORS, Rejection, SynthesisResult
 from .synthesis import graph as synthesis
+from .synthesis_state import REPLY_ERRORS, Rejection, SynthesisResult
 
 
 class CycleState(TypedDict, total=False):

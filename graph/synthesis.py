@@ -22,52 +22,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Protocol, TypedDict, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
-from pydantic import BaseModel
 
 from ..agents.llm import counting_reply_errors
-from ..agents.roles import ExplorationRound, candidate_to_task, primary_signal
+from ..agents.roles import candidate_to_task, primary_signal
 from ..envs.base import SupportsVariants
 from ..errors import PROGRAMMING_ERRORS
 from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
+from ..records import CandidateTask, Neighbour, Task, Verdict
 from .runtime import SynthesisRuntime
+from .synthesis_state import (
+    REPLY_ERRORS,
+    BranchState,
+    JudgedCandidate,
+    Rejection,
+    SynthesisInput,
+    SynthesisOutput,
+    SynthesisResult,
+    SynthesisState,
+)
 
 log = logging.getLogger("coevolve.synthesis")
-
-# The synthesis funnel: how many items reach each stage of a pass, in order.
-FUNNEL_STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")
-
-
-def add_counts(left: dict[str, int] | None, right: dict[str, int] | None) -> dict[str, int]:
-    """Reducer: stage counts from parallel branches add up."""
-    merged = dict(left or {})
-    for key, value in (right or {}).items():
-        merged[key] = merged.get(key, 0) + value
-    return merged
-
-
-class Rejection(BaseModel):
-    """Why something did not make it, and where."""
-
-    stage: str
-    trajectory_id: str | None = None
-    candidate: str | None = None
-    reason: str
-
-
-class JudgedCandidate(BaseModel):
-    candidate: CandidateTask
-    verdict: Verdict
-    parent_id: str
-    signal: str | None = None
-    trajectory_id: str | None = None  # the flagged trajectory it came from
 
 
 @runtime_checkable
@@ -81,47 +61,6 @@ class SynthesisHost(Protocol):
 # What the nodes accept as their runtime context: a runtime, a host that provides one,
 # or Studio's JSON spec (None: the default spec).
 SynthesisRunContext = SynthesisRuntime | SynthesisHost | dict[str, Any] | None
-
-
-class SynthesisInput(TypedDict, total=False):
-    flagged: list[FlaggedTrajectory]
-    parents: list[Task]
-    cycle: int
-
-
-class SynthesisOutput(TypedDict, total=False):
-    accepted: list[Task]
-    counts: dict[str, int]
-    rejections: list[Rejection]
-    roles: dict[str, str]
-
-
-class SynthesisState(TypedDict, total=False):
-    flagged: list[FlaggedTrajectory]
-    parents: list[Task]
-    cycle: int
-    roles: dict[str, str]
-    neighbours: dict[str, list[Neighbour]]  # parent task id -> nearest stored tasks
-    judged: Annotated[list[JudgedCandidate], operator.add]
-    counts: Annotated[dict[str, int], add_counts]
-    rejections: Annotated[list[Rejection], operator.add]
-    accepted: list[Task]
-
-
-class BranchState(TypedDict, total=False):
-    """One flagged item on its way through the four roles."""
-
-    item: FlaggedTrajectory
-    parent: Task
-    branch_cycle: int
-    parent_neighbours: list[Neighbour]
-    context: SynthesisContext | None
-    rounds: list[ExplorationRound]
-    proposals: list[CandidateTask]
-    # Shared with the parent graph, where the reducers merge the branches.
-    judged: Annotated[list[JudgedCandidate], operator.add]
-    counts: Annotated[dict[str, int], add_counts]
-    rejections: Annotated[list[Rejection], operator.add]
 
 
 # --------------------------------------------------------------------------- runtime
@@ -260,10 +199,6 @@ def _reject(
 
 class SynthesisError(RuntimeError):
     """Every flagged item of a pass failed with an exception: the pass did not run."""
-
-
-# Counts of endpoint replies that could not be read, by kind: "reply_errors:<kind>".
-REPLY_ERRORS = "reply_errors:"
 
 
 def _with_reply_errors(update: dict[str, Any], errors: Mapping[str, int]) -> dict[str, Any]:
@@ -472,32 +407,6 @@ graph = builder.compile()
 
 
 # --------------------------------------------------------------------------- running
-
-
-class SynthesisResult(BaseModel):
-    accepted: list[Task]
-    # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>, reply_errors:<kind>
-    counts: dict[str, int]
-    rejections: list[Rejection]
-    roles: dict[str, str]
-
-    @classmethod
-    def from_output(cls, out: Mapping[str, Any]) -> SynthesisResult:
-        """The result of a pass from the graph's output (also the cycle graph's state)."""
-        found = out.get("counts") or {}
-        counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}
-        counts["crashed"] = found.get("crashed", 0)
-        # candidates by "kind:<signal>:<kind>" (what the abstractor made for each signal), and
-        # unreadable endpoint replies by "reply_errors:<kind>"
-        counts.update(
-            {key: n for key, n in found.items() if key.startswith(("kind:", REPLY_ERRORS))}
-        )
-        return cls(
-            accepted=out.get("accepted") or [],
-            counts=counts,
-            rejections=out.get("rejections") or [],
-            roles=out.get("roles") or {},
-        )
 
 
 async def synthesize(

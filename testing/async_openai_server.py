@@ -18,14 +18,9 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from .openai_server import (
-    _DECODE_ERRORS,
-    CHAT_PATH,
-    ScriptedOpenAIServer,
-    _dumps,
-    _loads,
-    server_from_args,
-)
+from .openai_bodies import BODY_DECODE_ERRORS, dumps_body, loads_body
+from .openai_server import CHAT_PATH, ScriptedOpenAIServer
+from .server_cli import server_from_args
 
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error"}
 
@@ -57,7 +52,7 @@ async def _connection(
                     length = int(value)
             body = await reader.readexactly(length) if length else b""
             status, payload = await _answer(app, method, target.split("?", 1)[0].rstrip("/"), body)
-            data = _dumps(payload)
+            data = dumps_body(payload)
             writer.write(
                 b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                 % (status, _REASONS[status], len(data))
@@ -83,14 +78,14 @@ async def _answer(
     if method != "POST" or path != CHAT_PATH:
         return 404, _error(f"no route {method} {path}")
     try:
-        body = _loads(raw)
-    except _DECODE_ERRORS:
+        body = loads_body(raw)
+    except BODY_DECODE_ERRORS:
         return 400, _error("the request body is not JSON")
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return 400, _error("'messages' must be a list of messages")
     reply = app._next_reply(body)
     await asyncio.sleep(app.delay_s + reply.delay_s)
-    return 200, app._completion(body, reply)
+    return 200, app.completion(body, reply)
 
 
 def _error(message: str) -> dict[str, Any]:

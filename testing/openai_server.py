@@ -19,47 +19,25 @@ script), ``GET /models``, ``POST /embeddings`` (deterministic hash-based
 bag-of-words vectors), and vLLM's runtime LoRA API ``POST /load_lora_adapter``
 and ``POST /unload_lora_adapter``. Every request is recorded.
 
-Run ``python -m coevolve.testing.openai_server --port 8765 --delay 0.05`` for a
+Run ``python -m coevolve.testing.server_cli --port 8765 --delay 0.05`` for a
 manual echo server.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import itertools
 import json
 import socket
 import struct
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..errors import PROGRAMMING_ERRORS
-
-try:  # ~10x cheaper than json on the 10 KB bodies (tool schemas) a rollout sends
-    import orjson
-
-    def _loads(data: bytes) -> Any:
-        return orjson.loads(data)
-
-    def _dumps(payload: Any) -> bytes:
-        return orjson.dumps(payload)
-
-    _DECODE_ERRORS: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
-except ImportError:
-
-    def _loads(data: bytes) -> Any:
-        return json.loads(data)
-
-    def _dumps(payload: Any) -> bytes:
-        return json.dumps(payload).encode()
-
-    _DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
+from .openai_bodies import BODY_DECODE_ERRORS, chat_completion, dumps_body, loads_body
 from .openai_script import (
     RecordedRequest,
     Reply,
@@ -67,11 +45,9 @@ from .openai_script import (
     calls_then_answer,
     count_tokens,
     echo_reply,
-    fake_logprob,
-    fake_token_ids,
     hash_embedding,
-    message_text,
 )
+from .threaded_http import RequestHandler, ThreadedHTTPServer
 
 __all__ = [
     "CHAT_PATH",
@@ -82,7 +58,6 @@ __all__ = [
     "ScriptedOpenAIServer",
     "calls_then_answer",
     "hash_embedding",
-    "main",
 ]
 
 DEFAULT_MODEL = "scripted-model"
@@ -146,7 +121,7 @@ class ScriptedOpenAIServer:
         self._ids = itertools.count(1)
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
-        self._httpd: _HTTPServer | None = None
+        self._httpd: ThreadedHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -155,7 +130,7 @@ class ScriptedOpenAIServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        self._httpd = _HTTPServer((self.host, self.port), self)
+        self._httpd = ThreadedHTTPServer((self.host, self.port), self)
         self.port = self._httpd.server_address[1]
         # stop() waits up to one poll interval; keep it short so test teardown is quick.
         self._thread = threading.Thread(
@@ -243,7 +218,16 @@ class ScriptedOpenAIServer:
 
     # ---------------------------------------------------------------- request handling
 
-    def _handle(self, handler: _Handler, method: str) -> None:
+    def connection_opened(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(connection)
+
+    def connection_closed(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+    def handle(self, handler: RequestHandler, method: str) -> None:
+        """Answer one request that the threaded HTTP server read."""
         path = handler.path.split("?", 1)[0].rstrip("/")
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
@@ -256,8 +240,8 @@ class ScriptedOpenAIServer:
         )
         if raw:
             try:
-                record.body = _loads(raw)
-            except _DECODE_ERRORS:
+                record.body = loads_body(raw)
+            except BODY_DECODE_ERRORS:
                 record.body = raw.decode("utf-8", "replace")
                 record.note = "request body is not JSON"
         with self._lock:
@@ -267,7 +251,7 @@ class ScriptedOpenAIServer:
             if handler.headers.get("Authorization") != f"Bearer {self.api_key}":
                 self._error(handler, record, 401, "Incorrect API key provided.", "invalid_api_key")
                 return
-        routes: dict[tuple[str, str], Callable[[_Handler, RecordedRequest], None]] = {
+        routes: dict[tuple[str, str], Callable[[RequestHandler, RecordedRequest], None]] = {
             ("POST", CHAT_PATH): self._chat,
             ("GET", "/v1/models"): self._list_models,
             ("POST", "/v1/embeddings"): self._embeddings,
@@ -283,7 +267,7 @@ class ScriptedOpenAIServer:
             return
         route(handler, record)
 
-    def _chat(self, handler: _Handler, record: RecordedRequest) -> None:
+    def _chat(self, handler: RequestHandler, record: RecordedRequest) -> None:
         body: dict[str, Any] = record.body
         if not isinstance(body.get("messages"), list):
             self._error(handler, record, 400, "'messages' must be a list of messages")
@@ -332,7 +316,7 @@ class ScriptedOpenAIServer:
             message = reply.error_message or f"scripted error {reply.status_code}"
             self._error(handler, record, reply.status_code, message, headers=reply.headers)
         else:
-            self._send_json(handler, record, 200, self._completion(body, reply))
+            self._send_json(handler, record, 200, self.completion(body, reply))
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         script = self.script
@@ -364,67 +348,11 @@ class ScriptedOpenAIServer:
             raise _ScriptProblem(f"the script gave {type(reply).__name__}, not a Reply or str")
         return reply
 
-    def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if reply.calls:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{next(self._ids)}",
-                    "type": "function",
-                    "function": {
-                        "name": name,
-                        "arguments": args if isinstance(args, str) else json.dumps(args),
-                    },
-                }
-                for name, args in reply.calls
-            ]
-        finish_reason = reply.finish_reason or ("tool_calls" if reply.calls else "stop")
-        prompt_text = " ".join(message_text(m) for m in body["messages"])
-        completion_text = message_text(message)
-        prompt_tokens = count_tokens(prompt_text)
-        completion_tokens = count_tokens(completion_text)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "finish_reason": finish_reason,
-            "logprobs": None,
-        }
-        completion: dict[str, Any] = {
-            "id": f"chatcmpl-{next(self._ids)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body["model"],
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-        # vLLM's shapes: with return_token_ids the prompt's ids on the response and the
-        # reply's on the choice; with logprobs one entry per reply token. The ids are
-        # fake (one per word), deterministic, and as many as the usage counts.
-        wants_ids, wants_logprobs = body.get("return_token_ids"), body.get("logprobs")
-        completion_ids = fake_token_ids(completion_text) if wants_ids or wants_logprobs else []
-        if wants_ids:
-            completion["prompt_token_ids"] = fake_token_ids(prompt_text)
-            choice["token_ids"] = completion_ids
-        if wants_logprobs:
-            words = completion_text.split()
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": word,
-                        "logprob": fake_logprob(token_id),
-                        "bytes": list(word.encode()),
-                        "top_logprobs": [],
-                    }
-                    for word, token_id in zip(words, completion_ids, strict=True)
-                ]
-            }
-        return completion
+    def completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The chat completion that answers ``body`` with ``reply`` (ids from this server)."""
+        return chat_completion(body, reply, self._ids)
 
-    def _list_models(self, handler: _Handler, record: RecordedRequest) -> None:
+    def _list_models(self, handler: RequestHandler, record: RecordedRequest) -> None:
         created = int(time.time())
         data = [
             {
@@ -449,7 +377,7 @@ class ScriptedOpenAIServer:
         ]
         self._send_json(handler, record, 200, {"object": "list", "data": data})
 
-    def _embeddings(self, handler: _Handler, record: RecordedRequest) -> None:
+    def _embeddings(self, handler: RequestHandler, record: RecordedRequest) -> None:
         body: dict[str, Any] = record.body
         texts = body.get("input")
         if isinstance(texts, str):
@@ -472,7 +400,7 @@ class ScriptedOpenAIServer:
         payload = {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
         self._send_json(handler, record, 200, payload)
 
-    def _load_adapter(self, handler: _Handler, record: RecordedRequest) -> None:
+    def _load_adapter(self, handler: RequestHandler, record: RecordedRequest) -> None:
         name, path = record.body.get("lora_name"), record.body.get("lora_path")
         refusal = self.refuse_adapters
         if refusal is not None:
@@ -491,7 +419,7 @@ class ScriptedOpenAIServer:
         message = f"Success: LoRA adapter '{name}' added successfully."
         self._send(handler, record, 200, message.encode(), "text/plain; charset=utf-8")
 
-    def _unload_adapter(self, handler: _Handler, record: RecordedRequest) -> None:
+    def _unload_adapter(self, handler: RequestHandler, record: RecordedRequest) -> None:
         name = record.body.get("lora_name")
         with self._lock:
             known = self._adapters.pop(name, None) is not None
@@ -510,7 +438,7 @@ class ScriptedOpenAIServer:
 
     def _error(
         self,
-        handler: _Handler,
+        handler: RequestHandler,
         record: RecordedRequest,
         code: int,
         message: str,
@@ -523,17 +451,17 @@ class ScriptedOpenAIServer:
 
     def _send_json(
         self,
-        handler: _Handler,
+        handler: RequestHandler,
         record: RecordedRequest,
         code: int,
         payload: Any,
         headers: Iterable[tuple[str, str]] = (),
     ) -> None:
-        self._send(handler, record, code, _dumps(payload), "application/json", headers)
+        self._send(handler, record, code, dumps_body(payload), "application/json", headers)
 
     def _send(
         self,
-        handler: _Handler,
+        handler: RequestHandler,
         record: RecordedRequest,
         code: int,
         data: bytes,
@@ -558,112 +486,3 @@ class ScriptedOpenAIServer:
 
 class _ScriptProblem(Exception):
     """The script could not give a reply; the request is answered with a 500."""
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True  # a thread per connection; none of them may block exit
-    request_queue_size = 1024  # benchmarks open many connections at once
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], app: ScriptedOpenAIServer):
-        self.app = app
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return  # clients that time out or vanish are part of the tests
-        super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-    # Headers and body go out in two writes; with Nagle's algorithm the second
-    # waits for the client's delayed ACK (~40 ms), which would swamp benchmark delays.
-    disable_nagle_algorithm = True
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        with self.server.app._lock:
-            self.server.app._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.app._lock:
-            self.server.app._connections.discard(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-    def head_bytes(self) -> bytes:
-        """The head that send_response and send_header collected, with its empty line,
-        taken from BaseHTTPRequestHandler's buffer instead of written on its own."""
-        head = b"".join(getattr(self, "_headers_buffer", [])) + b"\r\n"
-        setattr(self, "_headers_buffer", [])  # noqa: B010 (a private attribute of the base class)
-        return head
-
-    def do_GET(self) -> None:
-        self.server.app._handle(self, "GET")
-
-    def do_POST(self) -> None:
-        self.server.app._handle(self, "POST")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # requests are recorded; stderr noise would drown test output
-
-
-# --------------------------------------------------------------------------- manual use
-
-
-def server_from_args(
-    argv: Sequence[str] | None = None, prog: str = "python -m coevolve.testing.openai_server"
-) -> tuple[ScriptedOpenAIServer, argparse.Namespace]:
-    """The server the command line asks for (not started), and the parsed arguments."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="A local OpenAI-compatible server that echoes (or repeats one reply).",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds per chat completion")
-    parser.add_argument("--model", action="append", help="model name served (repeatable)")
-    parser.add_argument("--any-model", action="store_true", help="accept every model name")
-    parser.add_argument("--echo", action="store_true", help="echo the last user message (default)")
-    parser.add_argument("--reply", help="answer every chat completion with this text instead")
-    parser.add_argument("--api-key", help="require this bearer key")
-    parser.add_argument(
-        "--calls-then-answer",
-        type=int,
-        metavar="N",
-        help="call get_balance until the conversation has N tool results, then answer",
-    )
-    args = parser.parse_args(argv)
-    script: Script | None = [args.reply] if args.reply is not None else None
-    if args.calls_then_answer is not None:
-        script = calls_then_answer(args.calls_then_answer)
-    server = ScriptedOpenAIServer(
-        script,
-        delay_s=args.delay,
-        models=args.model or (DEFAULT_MODEL,),
-        repeat_last=True,
-        accept_any_model=args.any_model,
-        api_key=args.api_key,
-        host=args.host,
-        port=args.port,
-    )
-    return server, args
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    server, _ = server_from_args(argv)
-    with server:
-        print(f"serving {', '.join(server.models)} at {server.base_url} (Ctrl-C stops)", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,6 @@ import pytest
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
-from coevolve.agents.abstractor import LLMAbstractor
 from coevolve.agents.explorer import LLMExplorer
 from coevolve.agents.judge import LLMJudge
 from coevolve.agents.llm import (
@@ -33,6 +32,7 @@ from coevolve.agents.llm import (
     parse_json_reply,
     structured_call,
 )
+from coevolve.agents.llm_abstractor import LLMAbstractor
 from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, SUMMARIZER_PROMPT
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import RolesConfig

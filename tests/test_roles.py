@@ -13,10 +13,11 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel
 
-from coevolve.agents.abstractor import LLMAbstractor, OfflineAbstractor, text_similarity
+from coevolve.agents.abstractor import OfflineAbstractor, text_similarity
 from coevolve.agents.explorer import LLMExplorer, OfflineExplorer
 from coevolve.agents.judge import ExecutableJudge, LLMJudge
 from coevolve.agents.llm import ReplyError, StructuredOutputError, chat_model, structured_call
+from coevolve.agents.llm_abstractor import LLMAbstractor
 from coevolve.agents.policy import AssistantMessage
 from coevolve.agents.prompts import (
     ABSTRACTOR_PROMPT,

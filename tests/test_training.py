@@ -28,7 +28,7 @@ from coevolve.training.datasets import (
     split_opening,
     successful_conversations,
 )
-from coevolve.training.grpo import environment_class, environment_score
+from coevolve.training.grpo_environment import environment_class, environment_score
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
     _sft_trainer,

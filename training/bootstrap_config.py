@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..envs.world.families import SPLITS as WORLD_SPLITS
+from ..envs.world.states import SPLITS as WORLD_SPLITS
 from .chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
 
 # The environment whose training split the bootstrap agent learns from.

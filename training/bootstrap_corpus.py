@@ -61,7 +61,7 @@ class ValueAugmenter:
         import re
 
         from ..envs.world import pools_for
-        from ..envs.world.families import SPLITS
+        from ..envs.world.states import SPLITS
 
         pools = pools_for(split)
         self.kinds: dict[str, str] = {}

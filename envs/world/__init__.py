@@ -2,8 +2,9 @@
 
 from .apps import APPS, TOOL_NAMES, World, tool_schemas
 from .env import WorldEnvironment, verify
-from .families import FAMILIES, SPLITS, pools_for
+from .families import FAMILIES
 from .splits import DEFAULT_SIZES, family_counts, load_split, make_task
+from .states import SPLITS, pools_for
 
 __all__ = [
     "APPS",

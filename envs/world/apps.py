@@ -1,37 +1,27 @@
-"""The built-in world's apps: state, typed tools and their implementations.
+"""The built-in world's apps: their typed tools and what each does to the state.
 
-The state is one plain JSON-able dict, so a task can carry its whole initial
-state and be replayed anywhere. Ids are short (``c3``, ``e2``, ``p5``) and
-observations are compact ``key=value`` lines, because a small model has to copy
-values from observations into later calls and every token it copies is a chance
-to get one wrong.
+Each tool is a ``World`` method whose signature and docstring are its schema
+(``tool_schemas``); the state and the helpers the tools share are in
+``app_state.py``.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 from ..base import ToolError, tool_schema
-
-State = dict[str, Any]
-
-COLLECTIONS = ("contacts", "messages", "events", "notes", "products", "cart", "orders", "reminders")
-ID_PREFIX = {
-    "contacts": "c",
-    "messages": "m",
-    "events": "e",
-    "notes": "n",
-    "orders": "o",
-    "reminders": "r",
-}
-
-PHONE = re.compile(r"^555-\d{4}$")
-DATE = re.compile(r"^(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")
-TIME = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+from .app_state import (
+    DATE,
+    PHONE,
+    TIME,
+    AppState,
+    empty_state,
+    mutating,
+    mutating_names,
+    render,
+    same_text,
+)
 
 # The tools of each app, in the order the policy sees them. Each is the World method of
 # that name, whose signature and docstring are its schema (``tool_schemas``).
@@ -54,70 +44,14 @@ APPS = {
 }
 TOOL_NAMES = tuple(name for tools in APPS.values() for name in tools)
 
-ToolMethod = TypeVar("ToolMethod", bound=Callable[..., str])
-_mutating: set[str] = set()
 
-
-def mutating(method: ToolMethod) -> ToolMethod:
-    """Mark a World tool that changes the state (the describer writes instructions from these)."""
-    _mutating.add(method.__name__)
-    return method
-
-
-def empty_state(balance: int = 0) -> State:
-    state: State = {name: {} for name in COLLECTIONS}
-    state["wallet"] = {"balance": balance}
-    state["next_id"] = {prefix: 1 for prefix in ID_PREFIX.values()}
-    return state
-
-
-def render(item_id: str | None = None, **fields: Any) -> str:
-    """One compact observation line: ``id=c3 name=Ana phone=555-0192``."""
-    parts = [f"id={item_id}"] if item_id else []
-    for key, value in fields.items():
-        text = str(value)
-        parts.append(f"{key}={json.dumps(text) if (' ' in text or not text) else text}")
-    return " ".join(parts)
-
-
-def _same(a: str, b: str) -> bool:
-    return a.strip().lower() == b.strip().lower()
-
-
-class World:
+class World(AppState):
     """The apps over one state dict. Each public tool method returns the observation text."""
-
-    def __init__(self, state: State):
-        self.state = state
 
     def run(self, name: str, arguments: dict[str, Any]) -> str:
         if name not in TOOL_NAMES:
             raise ToolError("unknown_tool", f"unknown tool {name!r}")
         return str(getattr(self, name)(**arguments))
-
-    # ------------------------------------------------------------ helpers
-    def _new_id(self, collection: str) -> str:
-        prefix = ID_PREFIX[collection]
-        number = self.state["next_id"][prefix]
-        self.state["next_id"][prefix] = number + 1
-        return f"{prefix}{number}"
-
-    def _get(self, collection: str, item_id: str, what: str) -> dict[str, Any]:
-        item = self.state[collection].get(item_id)
-        if item is None:
-            raise ToolError("not_found", f"no {what} with id {item_id}")
-        return item
-
-    @staticmethod
-    def _check(pattern: re.Pattern[str], value: str, what: str, example: str) -> None:
-        if not pattern.match(value):
-            raise ToolError(
-                "invalid_value", f"{what} {value!r} is not valid; use the form {example}"
-            )
-
-    def _contact_name(self, contact_id: str) -> str:
-        contact = self.state["contacts"].get(contact_id)
-        return contact["name"] if contact else contact_id
 
     # ------------------------------------------------------------ contacts
     def find_contact(self, name: str) -> str:
@@ -129,7 +63,7 @@ class World:
         found = [
             render(cid, name=c["name"], phone=c["phone"])
             for cid, c in self.state["contacts"].items()
-            if _same(c["name"], name)
+            if same_text(c["name"], name)
         ]
         if not found:
             raise ToolError("not_found", f"no contact named {name}")
@@ -154,7 +88,7 @@ class World:
         self._check(PHONE, phone, "phone", "555-0123")
         if not name.strip():
             raise ToolError("invalid_value", "name must not be empty")
-        if any(_same(c["name"], name) for c in self.state["contacts"].values()):
+        if any(same_text(c["name"], name) for c in self.state["contacts"].values()):
             raise ToolError("duplicate", f"a contact named {name} already exists")
         contact_id = self._new_id("contacts")
         self.state["contacts"][contact_id] = {"name": name.strip(), "phone": phone}
@@ -256,7 +190,7 @@ class World:
         rows = [
             render(eid, title=e["title"], date=e["date"], time=e["time"])
             for eid, e in self.state["events"].items()
-            if _same(e["title"], title)
+            if same_text(e["title"], title)
         ]
         if not rows:
             raise ToolError("not_found", f"no event titled {title}")
@@ -343,7 +277,7 @@ class World:
         rows = [
             render(nid, title=n["title"])
             for nid, n in self.state["notes"].items()
-            if _same(n["title"], title)
+            if same_text(n["title"], title)
         ]
         if not rows:
             raise ToolError("not_found", f"no note titled {title}")
@@ -541,7 +475,7 @@ class World:
 
 
 # Tools that change state: the describer writes instructions from these.
-MUTATING_TOOLS = frozenset(_mutating)
+MUTATING_TOOLS = frozenset(mutating_names)
 
 
 @cache

@@ -12,8 +12,9 @@ from typing import Any
 
 from ...records import Observation, Task, ToolCall, Trajectory
 from ..base import ToolEnvironment, ToolError
-from .apps import MUTATING_TOOLS, TOOL_NAMES, State, World, tool_schemas
-from .families import clock, date, phone, pools_for
+from .app_state import State
+from .apps import MUTATING_TOOLS, TOOL_NAMES, World, tool_schemas
+from .states import clock, date, phone, pools_for
 from .verifier import clone, replay, verify
 
 __all__ = ["WorldEnvironment", "clone", "replay", "verify"]

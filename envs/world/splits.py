@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from ...records import Task, Turn
-from .families import FAMILIES, SPLITS, make_state, pools_for
+from .families import FAMILIES
+from .states import SPLITS, make_state, pools_for
 
 DEFAULT_SIZES = {"train": 1000, "validation": 8 * len(FAMILIES), "heldout": 12 * len(FAMILIES)}
 

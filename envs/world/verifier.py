@@ -15,7 +15,8 @@ from typing import Any
 
 from ...records import Task, ToolCall
 from ..base import ToolError, answer_matches, normalize_text
-from .apps import State, World
+from .app_state import State
+from .apps import World
 
 
 def clone(state: Any) -> Any:
