@@ -235,3 +235,18 @@ if __name__ == "__main__":
     else:
         for circle in circles(module_graph):
             print(" <-> ".join(circle))
+
+
+MAX_SOURCE_LINES = 500
+
+
+def test_no_source_file_is_over_500_lines() -> None:
+    # A file a maintainer can read in one sitting; tests are exempt.
+    long = {
+        str(path.relative_to(PACKAGE_ROOT)): lines
+        for path in sorted(PACKAGE_ROOT.rglob("*.py"))
+        if path.relative_to(PACKAGE_ROOT).parts[0] != "tests"
+        and not any(part.startswith(".") for part in path.relative_to(PACKAGE_ROOT).parts)
+        and (lines := len(path.read_text().splitlines())) > MAX_SOURCE_LINES
+    }
+    assert not long, f"split these files (over {MAX_SOURCE_LINES} lines): {long}"
