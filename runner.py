@@ -42,7 +42,6 @@ from .graph.runtime_factory import (
     build_runtime,
     evaluation_tasks,
     local_model_dir,
-    studio_runtime,
 )
 from .graph.training_step import sft_weights, train_cycle, use_adapter
 from .summary import CycleSummary
@@ -62,7 +61,6 @@ __all__ = [
     "resume",
     "run",
     "sft_weights",
-    "studio_runtime",
     "summary_payload",
     "train_cycle",
     "use_adapter",

@@ -60,12 +60,9 @@ def synthesize_command(
     from collections import Counter
     from pathlib import Path
 
-    from ..agents.role_factory import build_roles
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
-    from ..envs.registry import get_environment
-    from ..graph.runtime import SynthesisRuntime
-    from ..graph.runtime_factory import build_store
+    from ..graph.runtime_factory import synthesis_runtime
     from ..graph.synthesis import synthesize
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
@@ -98,17 +95,10 @@ def synthesize_command(
         )
     logging.basicConfig(level=logging.WARNING)
     try:
-        roles = build_roles(config.synthesis.roles, config.endpoints)
+        store_path = store or config.store_path()
+        runtime = synthesis_runtime(config, env_name, store_path)
     except ValueError as err:
         raise fail(str(err)) from None
-    store_path = store or config.store_path()
-    task_store = build_store(config, store_path)
-    runtime = SynthesisRuntime(
-        roles=roles,
-        make_env=get_environment(env_name).environment,
-        store=task_store,
-        neighbours=config.synthesis.neighbours,
-    )
     result = asyncio.run(
         synthesize(
             flagged, list(parents.values()), runtime, cycle, config.synthesis.max_concurrency

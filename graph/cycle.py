@@ -11,8 +11,8 @@
 - *rollout* samples the cycle's tasks from the pool and runs K episodes each;
 - *signals* flags failure-prone trajectories (forgetting, boundary, rare);
 - *synthesize* hands the kept flagged items and their parent tasks to
-  *synthesis*, the compiled synthesis graph (graph/synthesis.py) as a subgraph
-  node (Studio draws its prepare, branch and dedup nodes), and
+  *synthesis*, which runs the synthesis graph (graph/synthesis.py) with the
+  cycle's synthesis runtime (Studio draws its prepare, branch and dedup nodes), and
   *record_synthesis* writes its accepted tasks and rejections and the stage's
   figures;
 - *update_pool* adds the accepted tasks, with provenance, to the training pool;
@@ -36,12 +36,11 @@ the store (prepare) and again before it stores (dedup), the pool adds by task
 id, and a finished adapter is reused.
 
 The heavy objects a node needs (policy, environment factory, pool, store,
-roles) are injected as the graph's runtime context, a ``CycleRuntime``
-(``graph/runtime.py``, re-exported here with ``seed_everything``). The
-synthesis subgraph's nodes get the same context and ask it for their
-``SynthesisRuntime`` (``CycleRuntime.synthesis_runtime``). Under LangGraph
-Studio the context is JSON, and ``graph/runtime_factory.py`` builds the
-runtime from the config it names.
+roles) are injected as the graph's runtime context: its ``context_schema`` is
+``CycleRuntime`` (``graph/runtime.py``), built by ``graph/runtime_factory.py``.
+The synthesis pass gets its own ``SynthesisRuntime`` from it
+(``CycleRuntime.synthesis_runtime``). LangGraph Studio sends JSON;
+``graph/studio.py`` turns it into a runtime.
 """
 
 from __future__ import annotations
@@ -55,7 +54,8 @@ from typing import Annotated, Any, Literal, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from ..records import Task, Trajectory, is_success
+from ..memory.signals import FlaggedTrajectory
+from ..records import SignalKind, Task, Trajectory, is_success
 from ..summary import (
     CycleSummary,
     FamilyFlags,
@@ -68,7 +68,7 @@ from ..summary import (
 from ..tracking import log_cycle
 from .evaluation import evaluate_agent, shared_baseline, validation_by_family
 from .runtime import CycleRuntime, seed_everything
-from .synthesis import graph as synthesis
+from .synthesis import graph as synthesis_graph
 from .synthesis_state import REPLY_ERRORS, Rejection, SynthesisResult
 
 
@@ -103,16 +103,6 @@ SYNTHESIS_CLEARED: dict[str, Any] = {
 }
 
 
-def _runtime(runtime: Runtime[Any] | None) -> CycleRuntime:
-    context = getattr(runtime, "context", None)
-    if isinstance(context, CycleRuntime):
-        return context
-    # Studio passes a JSON context: {"config": "configs/quickstart.yaml"}.
-    from .runtime_factory import studio_runtime
-
-    return studio_runtime(context if isinstance(context, dict) else None)
-
-
 def _success_rate(trajectories: list[Trajectory]) -> float:
     if not trajectories:
         return 0.0
@@ -122,8 +112,8 @@ def _success_rate(trajectories: list[Trajectory]) -> float:
 # --------------------------------------------------------------------------- nodes
 
 
-async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt = _runtime(runtime)
+async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+    rt = runtime.context
     started = time.perf_counter()
     evaluation = await shared_baseline(rt)
     summary = CycleSummary(cycle=0, evaluate=evaluation, time_s=time.perf_counter() - started)
@@ -131,11 +121,11 @@ async def baseline(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}
 
 
-async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     from ..agents.rollout import rollout as run
     from ..files import dump_jsonl
 
-    rt = _runtime(runtime)
+    rt = runtime.context
     config = rt.config
     cycle = state.get("cycle", 0) + 1
     tasks = rt.pool.sample(cycle, rt.history, config.pool)
@@ -182,9 +172,9 @@ async def rollout(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
 
 def flag_map(
     trajectories: Sequence[Trajectory],
-    flagged: Sequence[Any],
-    kept: Sequence[Any],
-    kinds: Sequence[str],
+    flagged: Sequence[FlaggedTrajectory],
+    kept: Sequence[FlaggedTrajectory],
+    kinds: Sequence[SignalKind],
 ) -> SignalFigures:
     """Where the flags land: counts by kind and by family, before and after the budget.
 
@@ -197,7 +187,7 @@ def flag_map(
     rates = failure_rates(trajectories)
     families = sorted({t.family for t in trajectories})
 
-    def of_family(items: Sequence[Any], family: str) -> tuple[dict[str, int], int]:
+    def of_family(items: Sequence[FlaggedTrajectory], family: str) -> tuple[dict[str, int], int]:
         """Items of the family by kind (kinds with none left out), and how many items."""
         mine = [item for item in items if item.trajectory.family == family]
         counts = Counter(kind for item in mine for kind in item.kinds)
@@ -227,7 +217,7 @@ def flag_map(
     )
 
 
-async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     from ..files import dump_jsonl, load_jsonl
     from ..memory.signals import (
         apply_budget,
@@ -237,7 +227,7 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
         select_random,
     )
 
-    rt = _runtime(runtime)
+    rt = runtime.context
     cycle = state["cycle"]
     started = time.perf_counter()
     trajectories = load_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", Trajectory)
@@ -260,7 +250,7 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
         misses += load_jsonl(failure_agent, Trajectory)
     kept = attach_nearest_misses(kept, misses)
     dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
-    figures = flag_map(trajectories, flagged, kept, rt.config.signals.kinds)
+    figures = flag_map(trajectories, flagged, kept, rt.config.signals.detector_kinds)
     figures.nearest_misses = sum(item.nearest_miss is not None for item in kept)
     figures.oracle_validation = validation
     figures.time_s = time.perf_counter() - started
@@ -272,12 +262,12 @@ async def signals(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     return {"current": {**state.get("current", {}), "signals": figures.model_dump()}}
 
 
-async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     """The synthesis subgraph's input: the cycle's kept flagged items and their parent tasks."""
     from ..files import load_jsonl
     from ..memory.signals import FlaggedTrajectory
 
-    rt = _runtime(runtime)
+    rt = runtime.context
     cycle = state["cycle"]
     flagged = load_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", FlaggedTrajectory)
     if not rt.config.synthesis.enabled:
@@ -292,11 +282,27 @@ async def synthesize(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]
     }
 
 
-async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+    """The synthesis graph on the pass's input, with the cycle's synthesis runtime.
+
+    Called from this node, it checkpoints into the cycle's saver under this node's
+    namespace, so a pass killed half-way resumes inside it; Studio draws its nodes."""
+    graph_input: Any = {
+        "flagged": state.get("flagged", []),
+        "parents": state.get("parents", []),
+        "cycle": state["cycle"],
+    }
+    output: dict[str, Any] = await synthesis_graph.ainvoke(
+        graph_input, context=runtime.context.synthesis_runtime()
+    )
+    return output
+
+
+async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     """The synthesis subgraph's output: the cycle's files and the synthesize figures."""
     from ..files import dump_jsonl
 
-    rt = _runtime(runtime)
+    rt = runtime.context
     cycle = state["cycle"]
     result = SynthesisResult.from_output(state)
     dump_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", result.accepted)
@@ -346,10 +352,10 @@ async def record_synthesis(state: CycleState, runtime: Runtime[Any]) -> dict[str
     }
 
 
-async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     from ..files import load_jsonl
 
-    rt = _runtime(runtime)
+    rt = runtime.context
     cycle = state["cycle"]
     started = time.perf_counter()
     accepted = load_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", Task)
@@ -366,8 +372,8 @@ async def update_pool(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any
     return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
-async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt = _runtime(runtime)
+async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+    rt = runtime.context
     cycle = state["cycle"]
     started = time.perf_counter()
     from .training_step import train_cycle
@@ -390,8 +396,8 @@ async def train(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
     }
 
 
-async def evaluate(state: CycleState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt = _runtime(runtime)
+async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+    rt = runtime.context
     cycle = state["cycle"]
     every = rt.config.evaluation.every
     figures = None
@@ -408,13 +414,11 @@ def next_step(state: CycleState) -> Literal["rollout", "__end__"]:
     return "rollout" if state.get("cycle", 0) < state.get("cycles", 0) else "__end__"
 
 
-builder = StateGraph(CycleState)
+builder = StateGraph(CycleState, context_schema=CycleRuntime)
 builder.add_node("baseline", baseline)
 builder.add_node("rollout", rollout)
 builder.add_node("signals", signals)
 builder.add_node("synthesize", synthesize)
-# The compiled synthesis graph as a subgraph: Studio draws its nodes, it gets the
-# cycle's context (a SynthesisHost) and checkpoints into the cycle's saver.
 builder.add_node("synthesis", synthesis)
 builder.add_node("record_synthesis", record_synthesis)
 builder.add_node("update_pool", update_pool)

@@ -27,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from ..records import Trajectory, is_success
 from ..training.trainers import TrainResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runtime import CycleRuntime
 
 FAILURE_ROLLOUTS = "failure_rollouts.jsonl"
 FIGURES = "hard_negatives.json"
@@ -70,7 +73,7 @@ def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str 
 
 
 async def train_with_hard_negatives(
-    rt: Any, cycle: int, previous_adapter: str | None
+    rt: CycleRuntime, cycle: int, previous_adapter: str | None
 ) -> HardNegativeTrainResult:
     """The cycle's failure-agent rollouts and training, then the target's DPO + SFT step.
 

@@ -1,10 +1,10 @@
 """What the graphs' nodes share: their runtime contexts and the run's seeding.
 
 ``CycleRuntime`` holds the heavy objects a node uses (policy, environment
-factory, pool, history, pattern counts, task store, roles); it is injected as the
-cycle graph's runtime context (built by ``coevolve.graph.runtime_factory``).
-``SynthesisRuntime`` is what the synthesis graph's nodes use; a ``CycleRuntime``
-provides one to the synthesis subgraph (``synthesis_runtime``).
+factory, pool, history, pattern counts, task store, roles); it is the cycle
+graph's ``context_schema``, built by ``coevolve.graph.runtime_factory`` (the one
+place runtimes are built). ``SynthesisRuntime`` is the synthesis graph's
+context; the cycle hands its pass one (``CycleRuntime.synthesis_runtime``).
 ``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
 Python, NumPy and torch per (seed, cycle, stage).
 """
@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..records import Task
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..agents.roles import Roles
+    from rich.console import Console
+
+    from ..agents.policy import Policy
+    from ..agents.roles import EnvFactory, Roles
+    from ..config import CoevolveConfig
+    from ..memory.history import OutcomeHistory
+    from ..memory.patterns import PatternCounts
+    from ..memory.pool import TaskPool
+    from ..memory.store import TaskStore
 
 
 class RunError(RuntimeError):
@@ -29,16 +37,18 @@ class RunError(RuntimeError):
 
 @dataclass
 class SynthesisRuntime:
-    """What the synthesis graph's nodes use: injected by the caller, provided by the
-    cycle's ``CycleRuntime``, or built from a spec for Studio."""
+    """What the synthesis graph's nodes use: the graph's ``context_schema``, given by
+    the caller (the cycle's ``CycleRuntime.synthesis_runtime``, ``coevolve synthesize``,
+    Studio's factory)."""
 
     roles: Roles
-    make_env: Any  # Callable[[], Environment]
-    store: Any  # memory.store.TaskStore
+    make_env: EnvFactory
+    store: TaskStore
     neighbours: int = 5
     max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
     judge_veto: bool = True  # accept only verified replays the judge agrees with
-    dedup_where: dict[str, Any] | None = None  # which stored tasks dedup compares with
+    # Which stored tasks dedup compares with: a Chroma where-filter (JSON), None for all.
+    dedup_where: dict[str, Any] | None = None
     # Inside a checkpointed run (the cycle graph) a pass may run again after a kill,
     # whole or from dedup on: it then first takes the synthesized tasks of its cycle
     # out of the store (before prepare reads the store and before dedup writes it), so
@@ -47,37 +57,35 @@ class SynthesisRuntime:
     # Called with the cycle as a pass starts (prepare), after the store is cleaned:
     # the cycle graph seeds the random generators, so a rerun samples alike.
     on_start: Callable[[int], object] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class CycleRuntime:
     """What the nodes use; built by coevolve.graph.runtime_factory from a CoevolveConfig."""
 
-    config: Any  # CoevolveConfig
+    config: CoevolveConfig
     run_dir: Path
-    policy: Any  # Policy: LocalPolicy or EndpointPolicy
-    make_env: Any  # Callable[[], Environment]
-    pool: Any  # memory.pool.TaskPool
-    history: Any  # memory.history.OutcomeHistory
-    patterns: Any  # memory.patterns.PatternCounts
-    store: Any  # memory.store.TaskStore
-    roles: Any  # agents.roles.Roles
+    policy: Policy  # LocalPolicy or EndpointPolicy
+    make_env: EnvFactory
+    pool: TaskPool
+    history: OutcomeHistory
+    patterns: PatternCounts
+    store: TaskStore
+    roles: Roles
     eval_tasks: list[Task]
     model_dir: Path | None  # the local base model, for training
-    console: Any = None  # rich Console, or None for silence
+    console: Console | None = None  # None: silence
     progress: bool = True
     # Where runs that start from the same local agent share their cycle-0 evaluation (the
     # bench's arms of one seed: the same model, tasks, seed and sampling); None: evaluate.
     baseline_cache: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def say(self, text: str) -> None:
         if self.console is not None:
             self.console.print(text)
 
     def synthesis_runtime(self) -> SynthesisRuntime:
-        """What the synthesis subgraph's nodes use (``graph.synthesis.SynthesisHost``).
+        """The context of this cycle's synthesis pass.
 
         A pass of the cycle may run again after a kill, so it replaces its cycle's
         stored tasks and seeds the random generators per (seed, cycle) as it starts."""

@@ -1,28 +1,35 @@
-"""Building a cycle graph's runtime (``CycleRuntime``) from a CoevolveConfig.
+"""The one place the graphs' runtimes are built.
 
-The policy a config names (``build_policy``, on the base model of
-``local_model_dir``), the held-out evaluation tasks (``evaluation_tasks``), and
-the task store with the embedding the config names (``build_store``), and the
-whole runtime: seed pool, history, pattern counts, task store and synthesis
-roles (``build_runtime``). ``studio_runtime`` builds one for LangGraph Studio from
-its JSON context, once per config path. ``coevolve.runner`` re-exports these.
+From a CoevolveConfig: the policy it names (``build_policy``, on the base model
+of ``local_model_dir``), the held-out evaluation tasks (``evaluation_tasks``),
+the task store with the embedding it names (``build_store``), and the cycle
+graph's whole runtime: seed pool, history, pattern counts, task store and
+synthesis roles (``build_runtime``). A synthesis pass outside a run gets
+``synthesis_runtime``; LangGraph Studio's synthesis graph gets
+``spec_synthesis_runtime`` from a small JSON spec (``graph/studio.py``).
+``coevolve.runner`` re-exports the config builders.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .runtime import CycleRuntime
+from .runtime import CycleRuntime, SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from ..agents.policy import Policy
     from ..config import CoevolveConfig
     from ..memory.store import TaskStore
+    from ..records import Task
 
 
 def build_policy(
     config: CoevolveConfig, progress: bool = True, model_dir: Path | None = None
-) -> Any:
+) -> Policy:
     """The policy a config names: an endpoint, or a local model (the bootstrap built if missing)."""
     policy = config.policy
     if policy.kind == "endpoint":
@@ -58,7 +65,7 @@ def local_model_dir(config: CoevolveConfig, progress: bool = True) -> Path | Non
     return Path(policy.model)
 
 
-def evaluation_tasks(config: CoevolveConfig) -> list[Any]:
+def evaluation_tasks(config: CoevolveConfig) -> list[Task]:
     from ..envs.catalog import first_per_family, load_tasks
 
     tasks = load_tasks(
@@ -90,7 +97,7 @@ def build_store(config: CoevolveConfig, path: str | Path | None = None) -> TaskS
 
 
 def build_runtime(
-    config: CoevolveConfig, console: Any = None, progress: bool = True
+    config: CoevolveConfig, console: Console | None = None, progress: bool = True
 ) -> CycleRuntime:
     from ..agents.role_factory import build_roles
     from ..envs.catalog import load_tasks
@@ -128,15 +135,40 @@ def build_runtime(
     )
 
 
-def studio_runtime(context: dict[str, Any] | None) -> CycleRuntime:
-    """A runtime for LangGraph Studio, from a JSON context {"config": "path.yaml"}."""
-    from ..config import load_config
+def synthesis_runtime(
+    config: CoevolveConfig, env_name: str | None = None, store_path: str | Path | None = None
+) -> SynthesisRuntime:
+    """A synthesis pass's runtime outside a run (``coevolve synthesize``): the config's
+    roles and task store, on ``env_name``'s environment (default: the config's)."""
+    from ..agents.role_factory import build_roles
+    from ..envs.registry import get_environment
 
-    source = (context or {}).get("config")
-    key = str(source)
-    if key not in _studio_runtimes:
-        _studio_runtimes[key] = build_runtime(load_config(source), progress=False)
-    return _studio_runtimes[key]
+    return SynthesisRuntime(
+        roles=build_roles(config.synthesis.roles, config.endpoints),
+        make_env=get_environment(env_name or config.env.name).environment,
+        store=build_store(config, store_path),
+        neighbours=config.synthesis.neighbours,
+    )
 
 
-_studio_runtimes: dict[str, CycleRuntime] = {}
+def spec_synthesis_runtime(
+    env: str = "world",
+    roles: Mapping[str, Any] | None = None,
+    endpoints: Mapping[str, Mapping[str, Any]] | None = None,
+    store_path: str | None = None,
+    threshold: float = 0.8,
+) -> SynthesisRuntime:
+    """A synthesis runtime from a JSON spec (LangGraph Studio's context): the
+    environment, the roles config and its endpoints, the store (None: in memory)."""
+    from ..agents.config import EndpointConfig
+    from ..agents.role_factory import build_roles
+    from ..agents.roles import RolesConfig
+    from ..envs.registry import get_environment
+    from ..memory.store import TaskStore
+
+    named = {name: EndpointConfig.model_validate(e) for name, e in (endpoints or {}).items()}
+    return SynthesisRuntime(
+        roles=build_roles(RolesConfig.model_validate(roles or {}), named),
+        make_env=get_environment(env).environment,
+        store=TaskStore(store_path, threshold=threshold),
+    )

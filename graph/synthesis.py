@@ -4,18 +4,15 @@
                                                    \\-> dedup (task store) -> accepted tasks
 
 Roles, the environment factory and the task store are injected through the
-graph's runtime context (``SynthesisRuntime``, graph/runtime.py), never built
-inside nodes. The cycle graph (graph/cycle.py) runs this graph as a subgraph
-node, so its nodes get the cycle's context, a ``CycleRuntime``: any context
-with a ``synthesis_runtime()`` method (``SynthesisHost``) serves. When no
-context is given (LangGraph Studio), a default runtime is built once from a
-small JSON spec: the built-in world, offline roles and an in-memory store; the
-cycle's Studio context (``{"config": ...}``) gives the cycle's runtime.
+graph's runtime context, its ``context_schema`` ``SynthesisRuntime``
+(graph/runtime.py), never built inside nodes. The cycle graph (graph/cycle.py)
+runs this graph from its ``synthesis`` node with the cycle's
+``CycleRuntime.synthesis_runtime()``; LangGraph Studio runs it through
+``graph/studio.py``, which builds the runtime from Studio's JSON context.
 
 ``builder`` is the uncompiled graph and ``graph`` the compiled one without a
-checkpointer (Studio refuses graphs compiled with their own); a runner compiles
-``builder`` with its own saver, and as a subgraph it checkpoints into its
-parent's saver.
+checkpointer; a runner compiles ``builder`` with its own saver, and called from
+the cycle's node it checkpoints into the cycle's saver.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -50,64 +47,6 @@ from .synthesis_state import (
 log = logging.getLogger("coevolve.synthesis")
 
 
-@runtime_checkable
-class SynthesisHost(Protocol):
-    """The context of a graph that runs this one as a subgraph (the cycle graph's
-    ``CycleRuntime``): the subgraph's nodes get it, and ask it for their runtime."""
-
-    def synthesis_runtime(self) -> SynthesisRuntime: ...
-
-
-# What the nodes accept as their runtime context: a runtime, a host that provides one,
-# or Studio's JSON spec (None: the default spec).
-SynthesisRunContext = SynthesisRuntime | SynthesisHost | dict[str, Any] | None
-
-
-# --------------------------------------------------------------------------- runtime
-
-_default_runtimes: dict[str, SynthesisRuntime] = {}
-
-
-def default_runtime(spec: dict[str, Any] | None = None) -> SynthesisRuntime:
-    """A runtime from a JSON spec (Studio passes dicts): env, roles config, endpoints, store path."""
-    import json
-
-    spec = spec or {}
-    key = json.dumps(spec, sort_keys=True, default=str)
-    if key not in _default_runtimes:
-        from ..agents.config import EndpointConfig
-        from ..agents.role_factory import build_roles
-        from ..agents.roles import RolesConfig
-        from ..envs.registry import get_environment
-        from ..memory.store import TaskStore
-
-        env_name = spec.get("env", "world")
-        endpoints = {
-            name: EndpointConfig.model_validate(e) for name, e in spec.get("endpoints", {}).items()
-        }
-        roles = build_roles(RolesConfig.model_validate(spec.get("roles", {})), endpoints)
-        _default_runtimes[key] = SynthesisRuntime(
-            roles=roles,
-            make_env=get_environment(env_name).environment,
-            store=TaskStore(spec.get("store_path"), threshold=spec.get("threshold", 0.8)),
-        )
-    return _default_runtimes[key]
-
-
-def _runtime(runtime: Runtime[Any] | None) -> SynthesisRuntime:
-    context: SynthesisRunContext = getattr(runtime, "context", None)
-    if isinstance(context, SynthesisRuntime):
-        return context
-    if isinstance(context, SynthesisHost):
-        return context.synthesis_runtime()
-    if isinstance(context, dict) and "config" in context:
-        # The cycle graph under Studio: its JSON context names a config.
-        from .runtime_factory import studio_runtime
-
-        return studio_runtime(context).synthesis_runtime()
-    return default_runtime(context if isinstance(context, dict) else None)
-
-
 async def _remove_cycle(rt: SynthesisRuntime, cycle: int) -> int:
     """Take the synthesized tasks of ``cycle`` out of the store (``replace_cycle`` only)."""
     if not rt.replace_cycle:
@@ -119,10 +58,10 @@ async def _remove_cycle(rt: SynthesisRuntime, cycle: int) -> int:
 # --------------------------------------------------------------------------- nodes
 
 
-async def prepare(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def prepare(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
     """Validate the input (Studio sends JSON), report which role implementations run, and
     look up every parent's nearest stored tasks in one batch (the abstractor's "do not repeat")."""
-    rt = _runtime(runtime)
+    rt = runtime.context
     cycle = int(state.get("cycle", 0))
     removed = await _remove_cycle(rt, cycle)
     if rt.on_start is not None:
@@ -222,8 +161,8 @@ def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, A
     }
 
 
-async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt, item = _runtime(runtime), state["item"]
+async def summarize(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+    rt, item = runtime.context, state["item"]
     with counting_reply_errors() as errors:
         try:
             context = await rt.roles.summarizer.summarize(item, state["parent"])
@@ -232,8 +171,8 @@ async def summarize(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]
     return _with_reply_errors({"context": context}, errors)
 
 
-async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt, item, context = _runtime(runtime), state["item"], state.get("context")
+async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+    rt, item, context = runtime.context, state["item"], state.get("context")
     if context is None:
         return {"rounds": []}
     with counting_reply_errors() as errors:
@@ -247,8 +186,8 @@ async def explore(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     return _with_reply_errors(update, errors)
 
 
-async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt, item, context = _runtime(runtime), state["item"], state.get("context")
+async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+    rt, item, context = runtime.context, state["item"], state.get("context")
     rounds = state.get("rounds", [])
     if context is None or not rounds:
         return {"proposals": []}
@@ -277,8 +216,8 @@ async def abstract(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
     )
 
 
-async def judge(state: BranchState, runtime: Runtime[Any]) -> dict[str, Any]:
-    rt, item = _runtime(runtime), state["item"]
+async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+    rt, item = runtime.context, state["item"]
     judged, rejections = [], []
     signal = primary_signal(item)
     with counting_reply_errors() as errors:
@@ -309,7 +248,7 @@ async def _verdict(rt: SynthesisRuntime, candidate: CandidateTask) -> Verdict:
         return Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
 
 
-async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
+async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
     """Store the novel accepted candidates; duplicates of the store or the batch are dropped.
 
     A pass in which every flagged item failed with an exception raises ``SynthesisError``
@@ -323,7 +262,7 @@ async def dedup(state: SynthesisState, runtime: Runtime[Any]) -> dict[str, Any]:
             f"every one of the {flagged} flagged items failed with an exception, so the "
             f"pass made nothing; the first: {first}"
         )
-    rt = _runtime(runtime)
+    rt = runtime.context
     removed = await _remove_cycle(rt, state.get("cycle", 0))
     parents = {task.id: task for task in state.get("parents", [])}
     env = rt.make_env()
@@ -383,7 +322,7 @@ def _add_novel(
 
 # --------------------------------------------------------------------------- graphs
 
-branch_builder = StateGraph(BranchState)
+branch_builder = StateGraph(BranchState, context_schema=SynthesisRuntime)
 branch_builder.add_node("summarize", summarize)
 branch_builder.add_node("explore", explore)
 branch_builder.add_node("abstract", abstract)
@@ -395,7 +334,12 @@ branch_builder.add_edge("abstract", "judge")
 branch_builder.add_edge("judge", END)
 branch = branch_builder.compile()
 
-builder = StateGraph(SynthesisState, input_schema=SynthesisInput, output_schema=SynthesisOutput)
+builder = StateGraph(
+    SynthesisState,
+    context_schema=SynthesisRuntime,
+    input_schema=SynthesisInput,
+    output_schema=SynthesisOutput,
+)
 builder.add_node("prepare", prepare)
 builder.add_node("branch", branch)
 builder.add_node("dedup", dedup)
@@ -421,8 +365,5 @@ async def synthesize(
     Raises ``SynthesisError`` when every flagged item failed with an exception."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
     graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
-    # The graph declares no context schema (Studio passes a JSON spec, runners an object).
-    out: Any = await graph.ainvoke(
-        graph_input, config=cast(Any, config), context=cast(Any, runtime)
-    )
+    out: Any = await graph.ainvoke(graph_input, config=cast(Any, config), context=runtime)
     return SynthesisResult.from_output(out)

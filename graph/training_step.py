@@ -25,6 +25,8 @@ from .runtime import CycleRuntime, RunError, seed_everything
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..records import Task, Trajectory
+    from ..training.seal import ReweightSettings
     from ..training.trainers import TrainResult
 
 
@@ -38,10 +40,18 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
     """
     if adapter is None:
         return
+    from ..agents.endpoint_policy import EndpointPolicy
+    from ..agents.local_policy import LocalPolicy
+
     policy = rt.config.policy
-    if policy.kind != "endpoint":
+    if isinstance(rt.policy, LocalPolicy):
         rt.policy.reload_adapter(adapter)
         return
+    if not isinstance(rt.policy, EndpointPolicy) or policy.endpoint is None:
+        raise RunError(
+            f"the policy ({type(rt.policy).__name__}) cannot swap in the adapter {adapter}: "
+            "train with a local policy (policy.kind: local) or an endpoint (policy.kind: endpoint)"
+        )
     endpoint = rt.config.endpoint(policy.endpoint)
     path = Path(adapter).resolve()
     if policy.hot_load == "off":
@@ -218,7 +228,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     return result
 
 
-def binary_outcomes(trajectories: Sequence[Any]) -> dict[str, list[bool]]:
+def binary_outcomes(trajectories: Sequence[Trajectory]) -> dict[str, list[bool]]:
     """Task id -> whether each of its rollouts this cycle succeeded (``is_success``)."""
     from ..records import is_success
 
@@ -228,13 +238,15 @@ def binary_outcomes(trajectories: Sequence[Any]) -> dict[str, list[bool]]:
     return outcomes
 
 
-def all_failed(tasks: Sequence[Any], trajectories: Sequence[Any]) -> list[Any]:
+def all_failed(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> list[Task]:
     """The tasks every rollout of which failed this cycle (binary success)."""
     outcomes = binary_outcomes(trajectories)
     return [task for task in tasks if outcomes.get(task.id) and not any(outcomes[task.id])]
 
 
-def tasks_by_spread(tasks: Sequence[Any], trajectories: Sequence[Any], minimum: int) -> list[Any]:
+def tasks_by_spread(
+    tasks: Sequence[Task], trajectories: Sequence[Trajectory], minimum: int
+) -> list[Task]:
     """GRPO's tasks where the gradient is (``training.grpo_prompts: spread``): those whose
     rollouts this cycle both succeeded and failed (binary success), then those without
     rollouts (synthesized this cycle); tasks whose rollouts all failed, then all succeeded,
@@ -290,7 +302,7 @@ def prompt_tools(
     return tools_of
 
 
-def sft_weights(tasks: list[Any], cycle_dir: Path, settings: Any) -> list[float]:
+def sft_weights(tasks: list[Task], cycle_dir: Path, settings: ReweightSettings) -> list[float]:
     """SEAL's weight per demonstrated task: the diagnosis of the failure it answers.
 
     A task synthesized this cycle takes the labels of the flagged episode of its

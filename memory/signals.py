@@ -108,6 +108,11 @@ class SignalConfig(BaseModel):
         description="oracle selection: a family is weak when its validation success is below this.",
     )
 
+    @property
+    def detector_kinds(self) -> list[SignalKind]:
+        """The detectors to run, 'paper' spelled out (validation already does it)."""
+        return list(PAPER_SIGNAL_KINDS) if self.kinds == "paper" else self.kinds
+
     @model_validator(mode="after")
     def _consistent(self) -> SignalConfig:
         if self.kinds == "paper":

@@ -456,7 +456,38 @@ def test_the_cycle_graph_is_exported_for_studio():
     } <= edges
     assert graph.checkpointer is None and builder.compile().checkpointer is None
     spec = json.loads((ROOT / "langgraph.json").read_text())
-    assert spec["graphs"]["cycle"] == "coevolve.graph.cycle:graph"
+    assert spec["graphs"] == {
+        "cycle": "coevolve.graph.studio:cycle",
+        "synthesis": "coevolve.graph.studio:synthesis",
+    }
+
+
+def test_studio_factories_show_a_form_and_bind_the_runtime_built_from_it() -> None:
+    """To draw, Studio gets the graph and its context form; to run, the graph bound to the
+    runtime its JSON context builds; a context that is not the form fails naming its fields."""
+    from langgraph_sdk.runtime import _ExecutionRuntime, _ReadRuntime
+
+    from coevolve.graph import studio
+    from coevolve.graph.runtime import SynthesisRuntime
+
+    reading = studio.cycle(_ReadRuntime(access_context="assistants.read", store=None))
+    assert reading.bound_context is None
+    form = reading.get_context_jsonschema()
+    assert form["properties"]["config"]["default"] == "configs/quickstart.yaml"
+    assert "synthesis:prepare" in reading.get_graph(xray=True).nodes
+    running = studio.synthesis(
+        _ExecutionRuntime(access_context="threads.create_run", store=None, context={"env": "world"})
+    )
+    assert isinstance(running.bound_context, SynthesisRuntime)
+    assert running.bound_context.roles.names()["judge"] == "judge:offline"
+    # The server copies the graph it gets (checkpointer, store): the binding survives.
+    assert running.copy({"checkpointer": None}).bound_context is running.bound_context
+    with pytest.raises(ValueError, match="the fields env, roles, endpoints"):
+        studio.synthesis(
+            _ExecutionRuntime(
+                access_context="threads.create_run", store=None, context={"config": "x.yaml"}
+            )
+        )
 
 
 def test_evaluation_every_skips_the_cycles_between_and_keeps_the_last(

@@ -197,8 +197,11 @@ CONFIG_ENTRY_POINTS = frozenset(
         f"{PACKAGE}.runner",  # coevolve.run / resume: a path, a dict or a CoevolveConfig
         f"{PACKAGE}.ablation.units",  # coevolve bench learning: one whole config per arm
         # The composition: the policy, roles, store and evaluation tasks of a run from a
-        # whole CoevolveConfig, and LangGraph Studio's runtime from a YAML path.
+        # whole CoevolveConfig; the cycle's runtime that carries that config to the nodes;
+        # LangGraph Studio's runtime from a YAML path.
         f"{PACKAGE}.graph.runtime_factory",
+        f"{PACKAGE}.graph.runtime",
+        f"{PACKAGE}.graph.studio",
     }
 )
 CONFIG_ENTRY_FOLDERS = (f"{PACKAGE}.commands.",)  # the CLI: loads YAML, prints ConfigError
