@@ -26,12 +26,12 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from .files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
+from .files import dump_jsonl, load_jsonl, write_atomically
+from .graph.cycle_files import CycleFiles
 from .records import Task
 
 ExportFormat = Literal["jsonl", "hf"]
 # Written by graph.training_step.train_cycle in each cycle directory.
-TRAIN_DATA_FILE = "train_data.jsonl"
 
 
 def task_row(task: Task) -> dict[str, Any]:
@@ -59,12 +59,9 @@ def export_tables(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     tasks = load_jsonl(tasks_file, Task) if tasks_file.exists() else []
     sft: list[dict[str, Any]] = []
     dpo: list[dict[str, Any]] = []
-    for cycle_dir in sorted((run / "cycles").glob("[0-9][0-9][0-9]")):
-        data = cycle_dir / TRAIN_DATA_FILE
-        if not data.exists():
-            continue
-        cycle = int(cycle_dir.name)
-        for row in read_jsonl(data):
+    for files in CycleFiles.of_run(run):
+        cycle = files.cycle
+        for row in files.train_data():
             if "messages" in row:
                 tools = row.get("tools")
                 sft.append(

@@ -171,15 +171,10 @@ class TrainTracking(BaseModel):
 
 
 def steps_before(run_dir: str | Path, cycle: int) -> int:
-    """Training steps of cycles 1..cycle-1, from their records (``cycles/NNN/train.json``)."""
-    total = 0
-    for earlier in range(1, cycle):
-        record = Path(run_dir) / "cycles" / f"{earlier:03d}" / "train.json"
-        try:
-            total += int(json.loads(record.read_text()).get("steps") or 0)
-        except (OSError, ValueError):
-            continue
-    return total
+    """Training steps of cycles 1..cycle-1, from their finished steps' records."""
+    from .graph.cycle_files import CycleFiles
+
+    return sum(CycleFiles(run_dir, earlier).train_steps() for earlier in range(1, cycle))
 
 
 def for_training(config: Any, run_dir: str | Path, cycle: int) -> TrainTracking:

@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from coevolve.graph.cycle_files import CycleFiles
+
 RUN = re.compile(r"^(?P<arm>.+)-seed(?P<seed>\d+)$")
 
 
@@ -46,9 +48,8 @@ def cycle_figures(run_dir: Path) -> list[dict[str, Any]]:
             "cycle_s": round(sum(v for v in stage.values() if v), 1) if stage else None,
             "diagnosis": record.get("diagnosis") or {},
         }
-        hard = run_dir / "cycles" / f"{cycle:03d}" / "hard_negatives.json"
-        if hard.exists():
-            figures = json.loads(hard.read_text())
+        figures = CycleFiles(run_dir, cycle).hard_negative_figures()
+        if figures is not None:
             row["hard_negatives"] = {
                 key: figures.get(key)
                 for key in (

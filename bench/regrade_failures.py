@@ -22,6 +22,7 @@ from typing import Any
 
 from coevolve.envs.registry import ENVIRONMENTS
 from coevolve.files import load_jsonl
+from coevolve.graph.cycle_files import CycleFiles
 from coevolve.records import Task, Trajectory
 from coevolve.training.hard_negative_pairs import (
     failure_pairs,
@@ -59,19 +60,15 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    for cycle_dir in sorted((args.run_dir / "cycles").glob("[0-9][0-9][0-9]")):
-        target_path, failure_path = (
-            cycle_dir / "rollouts.jsonl",
-            cycle_dir / "failure_rollouts.jsonl",
-        )
-        if not target_path.exists():
+    for files in CycleFiles.of_run(args.run_dir):
+        saved_target = files.rollouts()
+        if not saved_target:
             continue
-        saved_target = load_jsonl(target_path, Trajectory)
-        saved_failure = load_jsonl(failure_path, Trajectory) if failure_path.exists() else []
+        saved_failure = files.failure_rollouts()
         ids = {t.task_id for t in saved_target + saved_failure}
         tasks = run_tasks(args.run_dir, ids)
         target, failure = regraded(saved_target, tasks), regraded(saved_failure, tasks)
-        row: dict[str, Any] = {"cycle": int(cycle_dir.name)}
+        row: dict[str, Any] = {"cycle": files.cycle}
         for agent, episodes in (("target", target), ("failure_agent", failure)):
             if episodes:
                 figures = hard_negative_share(episodes, args.threshold)

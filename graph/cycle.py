@@ -123,7 +123,6 @@ async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[st
 
 async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     from ..agents.rollout import rollout as run
-    from ..files import dump_jsonl
 
     rt = runtime.context
     config = rt.config
@@ -150,7 +149,7 @@ async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str
     from ..envs.registry import annotate
 
     trajectories = annotate(trajectories, {task.id: task for task in tasks})
-    dump_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", trajectories)
+    rt.files(cycle).write_rollouts(trajectories)
     sources = Counter(task.source for task in tasks)
     figures = RolloutFigures(
         tasks=len(tasks),
@@ -218,7 +217,6 @@ def flag_map(
 
 
 async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    from ..files import dump_jsonl, load_jsonl
     from ..memory.signals import (
         apply_budget,
         attach_nearest_misses,
@@ -230,7 +228,7 @@ async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str
     rt = runtime.context
     cycle = state["cycle"]
     started = time.perf_counter()
-    trajectories = load_jsonl(rt.cycle_dir(cycle) / "rollouts.jsonl", Trajectory)
+    trajectories = rt.files(cycle).rollouts()
     flagged = detect_signals(
         trajectories, rt.history, rt.patterns, rt.config.signals, cycle, budgeted=False
     )
@@ -245,11 +243,10 @@ async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str
     # The summarizer reads each flagged episode beside its task's nearest miss; the
     # failure agent's episodes of the previous cycle (hard negatives) count too.
     misses = list(trajectories)
-    failure_agent = rt.cycle_dir(cycle - 1) / "failure_rollouts.jsonl" if cycle > 1 else None
-    if failure_agent is not None and failure_agent.exists():
-        misses += load_jsonl(failure_agent, Trajectory)
+    if cycle > 1:
+        misses += rt.files(cycle - 1).failure_rollouts()
     kept = attach_nearest_misses(kept, misses)
-    dump_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", kept)
+    rt.files(cycle).write_flagged(kept)
     figures = flag_map(trajectories, flagged, kept, rt.config.signals.detector_kinds)
     figures.nearest_misses = sum(item.nearest_miss is not None for item in kept)
     figures.oracle_validation = validation
@@ -264,12 +261,10 @@ async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str
 
 async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     """The synthesis subgraph's input: the cycle's kept flagged items and their parent tasks."""
-    from ..files import load_jsonl
-    from ..memory.signals import FlaggedTrajectory
 
     rt = runtime.context
     cycle = state["cycle"]
-    flagged = load_jsonl(rt.cycle_dir(cycle) / "flagged.jsonl", FlaggedTrajectory)
+    flagged = rt.files(cycle).flagged()
     if not rt.config.synthesis.enabled:
         flagged = []  # the static arm: the pool stays the seed tasks
     parent_ids = {item.trajectory.task_id for item in flagged}
@@ -300,14 +295,13 @@ async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[s
 
 async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
     """The synthesis subgraph's output: the cycle's files and the synthesize figures."""
-    from ..files import dump_jsonl
 
     rt = runtime.context
     cycle = state["cycle"]
     result = SynthesisResult.from_output(state)
-    dump_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", result.accepted)
+    rt.files(cycle).write_synthesized(result.accepted)
     # Every rejection with its stage and reason, not only the most common ones.
-    dump_jsonl(rt.cycle_dir(cycle) / "rejections.jsonl", result.rejections)
+    rt.files(cycle).write_rejections(result.rejections)
     reasons = Counter(r.reason for r in result.rejections)
     stage_counts = {
         k: v for k, v in result.counts.items() if not k.startswith(("kind:", REPLY_ERRORS))
@@ -353,12 +347,11 @@ async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) ->
 
 
 async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    from ..files import load_jsonl
 
     rt = runtime.context
     cycle = state["cycle"]
     started = time.perf_counter()
-    accepted = load_jsonl(rt.cycle_dir(cycle) / "synthesized.jsonl", Task)
+    accepted = rt.files(cycle).synthesized()
     added = rt.pool.add(accepted)
     counts = rt.pool.counts()
     figures = PoolFigures(

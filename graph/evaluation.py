@@ -16,7 +16,6 @@ from .runtime import CycleRuntime, seed_everything
 async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
     from ..agents.evaluation import evaluate as summarize
     from ..agents.rollout import rollout as run
-    from ..files import dump_jsonl
 
     config = rt.config
     seed_everything(config.seed, cycle, "evaluate")
@@ -34,7 +33,7 @@ async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         description=f"cycle {cycle} · evaluate",
     )
     elapsed = time.perf_counter() - started
-    dump_jsonl(rt.cycle_dir(cycle) / "eval.jsonl", trajectories)
+    rt.files(cycle).write_evaluation(trajectories)
     report = summarize(
         trajectories,
         rt.eval_tasks,
@@ -134,10 +133,11 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     if key is None or rt.baseline_cache is None:
         return await evaluate_agent(rt, 0)
     shared = rt.baseline_cache / key
+    # The cache's own files (not a cycle's): its figures and a copy of cycle 0's episodes.
     figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
     if figures.is_file() and trajectories.is_file():
         evaluation = EvaluationFigures.model_validate_json(figures.read_text())
-        shutil.copyfile(trajectories, rt.cycle_dir(0) / "eval.jsonl")
+        shutil.copyfile(trajectories, rt.files(0).evaluation_episodes)
         rt.say(
             f"cycle 0 · evaluate: {split_label(rt.config.evaluation.split)} success {evaluation.success:.1%}, the same agent's "
             f"evaluation shared by an earlier run ({shared})"
@@ -145,6 +145,6 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
         return evaluation
     evaluation = await evaluate_agent(rt, 0)
     shared.mkdir(parents=True, exist_ok=True)
-    write_atomically(trajectories, (rt.cycle_dir(0) / "eval.jsonl").read_text())
+    write_atomically(trajectories, rt.files(0).evaluation_episodes.read_text())
     write_atomically(figures, evaluation.model_dump_json(indent=2))
     return evaluation

@@ -37,9 +37,6 @@ from ..training.trainers import TrainResult
 if TYPE_CHECKING:  # pragma: no cover
     from .runtime import CycleRuntime
 
-FAILURE_ROLLOUTS = "failure_rollouts.jsonl"
-FIGURES = "hard_negatives.json"
-
 
 class HardNegativeTrainResult(TrainResult):
     """The target's training result, with the failure agent's and the cycle's shares."""
@@ -81,7 +78,6 @@ async def train_with_hard_negatives(
     swaps ``adapter_dir`` into the policy.
     """
     from ..agents.rollout import rollout as run_rollout
-    from ..files import dump_jsonl, load_jsonl, write_atomically
     from ..tracking import for_training
     from ..training.hard_negatives import (
         expert_conversations,
@@ -99,10 +95,9 @@ async def train_with_hard_negatives(
 
     config = rt.config
     settings = config.hard_negatives
-    cycle_dir = rt.cycle_dir(cycle)
-    record = cycle_dir / "train.json"
-    if record.exists():  # finished before a kill
-        return HardNegativeTrainResult.model_validate_json(record.read_text())
+    files = rt.files(cycle)
+    if files.train_record.exists():  # finished before a kill
+        return HardNegativeTrainResult.model_validate_json(files.train_record.read_text())
     if rt.model_dir is None:
         from .runtime import RunError
 
@@ -114,7 +109,7 @@ async def train_with_hard_negatives(
     failure_out = failure_adapter_dir(rt.run_dir, cycle)
     failure_before = latest_failure_adapter(rt.run_dir, cycle, config.policy.adapter)
 
-    trajectories = load_jsonl(cycle_dir / "rollouts.jsonl", Trajectory)
+    trajectories = files.rollouts()
     task_ids = list(dict.fromkeys(t.task_id for t in trajectories))
     by_id = {task.id: task for task in rt.pool.tasks}
     tasks = [by_id[task_id] for task_id in task_ids if task_id in by_id]
@@ -124,9 +119,8 @@ async def train_with_hard_negatives(
     failure_trajectories: list[Trajectory] = []
     rollout_time = 0.0
     if settings.failure_agent:
-        path = cycle_dir / FAILURE_ROLLOUTS
-        if path.exists():
-            failure_trajectories = load_jsonl(path, Trajectory)
+        if files.has_failure_rollouts():
+            failure_trajectories = files.failure_rollouts()
         else:
             seed_everything(config.seed, cycle, "failure-rollout")
             async with failure_agent_policy(
@@ -155,7 +149,7 @@ async def train_with_hard_negatives(
             ]
             rollout_time = time.perf_counter() - failure_started
         failure_trajectories = with_failure_grades(failure_trajectories, by_id)
-        dump_jsonl(path, failure_trajectories)
+        files.write_failure_rollouts(failure_trajectories)
     trajectories = with_failure_grades(trajectories, by_id)
 
     # 2. Shares of hard negatives, per agent.
@@ -259,22 +253,16 @@ async def train_with_hard_negatives(
         "failure_train_time_s": round(failure_train_time, 3),
         "failure_time_s": round(rollout_time + failure_train_time, 3),
     }
-    write_atomically(cycle_dir / FIGURES, _json(figures))
+    files.write_hard_negative_figures(figures)
     result = HardNegativeTrainResult(
         **target.model_dump(),
         failure=failure_result,
         failure_adapter=failure_after,
         hard_negatives=figures,
     )
-    write_atomically(record, result.model_dump_json(indent=2))
+    files.write_train_record(result)
     _say(rt, cycle, figures)
     return result
-
-
-def _json(data: Any) -> str:
-    import json
-
-    return json.dumps(data, indent=2) + "\n"
 
 
 def _percent(value: float | None) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..records import Task
+from .cycle_files import CycleFiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -105,10 +106,9 @@ class CycleRuntime:
             on_start=lambda cycle: seed_everything(seed, cycle, "synthesize"),
         )
 
-    def cycle_dir(self, cycle: int) -> Path:
-        path = self.run_dir / "cycles" / f"{cycle:03d}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def files(self, cycle: int) -> CycleFiles:
+        """Cycle ``cycle``'s files in this run."""
+        return CycleFiles(self.run_dir, cycle)
 
 
 def seed_everything(*parts: object) -> int:

@@ -25,6 +25,7 @@ from .runtime import CycleRuntime, RunError, seed_everything
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..memory.signals import FlaggedTrajectory
     from ..records import Task, Trajectory
     from ..training.seal import ReweightSettings
     from ..training.trainers import TrainResult
@@ -84,9 +85,6 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
     """The cycle's training data, the TRL step, and the policy update."""
-    from ..export import TRAIN_DATA_FILE
-    from ..files import dump_jsonl, load_jsonl, write_atomically
-    from ..records import Task, Trajectory
     from ..tracking import for_training
     from ..training.datasets import (
         TrainingConversation,
@@ -109,22 +107,21 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter)
         await use_adapter(rt, coevolved.adapter_dir)
         return coevolved
-    cycle_dir = rt.cycle_dir(cycle)
-    record = cycle_dir / "train.json"
+    files = rt.files(cycle)
     output_dir = rt.run_dir / "adapters" / f"cycle-{cycle}"
-    if record.exists():  # trained before a kill; the adapter is complete (saved atomically)
-        result = TrainResult.model_validate_json(record.read_text())
+    if files.train_record.exists():  # trained before a kill; the adapter is complete
+        result = TrainResult.model_validate_json(files.train_record.read_text())
     elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
         result = load_train_result(output_dir)
-        write_atomically(record, result.model_dump_json(indent=2))
+        files.write_train_record(result)
     else:
         if rt.model_dir is None:
             raise RunError(
                 "training needs the base model locally: set policy.train_model to the "
                 "directory of the model the endpoint serves"
             )
-        trajectories = load_jsonl(cycle_dir / "rollouts.jsonl", Trajectory)
-        accepted = load_jsonl(cycle_dir / "synthesized.jsonl", Task)
+        trajectories = files.rollouts()
+        accepted = files.synthesized()
         replay = rt.pool.replay_sample(
             cycle, config.pool.replay_demonstrations, {t.id for t in accepted}, config.pool.seed
         )
@@ -156,7 +153,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         example_weights = None
         if training.algorithm == "sft" and training.seal.reweight.enable:
             example_weights = [1.0] * successes + sft_weights(
-                [task for task, _ in demonstrated], cycle_dir, training.seal.reweight
+                [task for task, _ in demonstrated], files.flagged(), training.seal.reweight
             )
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
@@ -178,8 +175,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         ]
         # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
         if training.algorithm == "sft":
-            dump_jsonl(
-                cycle_dir / TRAIN_DATA_FILE,
+            files.write_train_data(
                 [
                     {"messages": c.messages, "tools": c.tools, "weight": w}
                     for c, w in zip(
@@ -188,7 +184,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
                 ],
             )
         elif training.algorithm == "dpo":
-            dump_jsonl(cycle_dir / TRAIN_DATA_FILE, pairs)
+            files.write_train_data(pairs)
         seed = seed_everything(config.seed, cycle, "train")
         step: dict[str, Any] = dict(
             model_dir=rt.model_dir,
@@ -217,13 +213,13 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             result = await asyncio.to_thread(
                 launch_train_adapter,
                 training,
-                step_file=cycle_dir / "train-step.json",
+                step_file=files.train_step_spec,
                 log_file=rt.run_dir / LOG_FILE,
                 environment=config.env.name,
                 seed=seed,
                 **step,
             )
-        write_atomically(record, result.model_dump_json(indent=2))
+        files.write_train_record(result)
     await use_adapter(rt, result.adapter_dir)
     return result
 
@@ -302,23 +298,21 @@ def prompt_tools(
     return tools_of
 
 
-def sft_weights(tasks: list[Task], cycle_dir: Path, settings: ReweightSettings) -> list[float]:
+def sft_weights(
+    tasks: list[Task], flagged: Sequence[FlaggedTrajectory], settings: ReweightSettings
+) -> list[float]:
     """SEAL's weight per demonstrated task: the diagnosis of the failure it answers.
 
     A task synthesized this cycle takes the labels of the flagged episode of its
-    parent task (``flagged.jsonl``), so the demonstrations answering severe
+    parent task (the cycle's flagged items), so the demonstrations answering severe
     failures (a spurious call, an invalid tool) weigh more; replayed tasks and
     tasks whose parent episode is unknown weigh 1.0.
     """
-    from ..files import load_jsonl
-    from ..memory.signals import FlaggedTrajectory
     from ..training.seal import trajectory_weight
 
     labels: dict[str, list[str]] = {}
-    flagged = cycle_dir / "flagged.jsonl"
-    if flagged.exists():
-        for item in load_jsonl(flagged, FlaggedTrajectory):
-            labels.setdefault(item.trajectory.task_id, list(item.trajectory.diagnosis))
+    for item in flagged:
+        labels.setdefault(item.trajectory.task_id, list(item.trajectory.diagnosis))
     return [
         trajectory_weight(labels[task.parent_task_id], settings)
         if task.source == "synthesized" and task.parent_task_id in labels

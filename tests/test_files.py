@@ -39,3 +39,39 @@ def test_jsonl_round_trip_and_torn_lines(tmp_path):
     assert len(read_jsonl(path, skip_torn=True)) == 1
     write_atomically(path, "")
     assert read_jsonl(path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
+
+
+def test_cycle_files_write_the_files_their_docstring_names_and_read_them_back(tmp_path) -> None:
+    import re
+
+    from coevolve.graph import cycle_files
+    from coevolve.graph.cycle_files import CycleFiles
+    from coevolve.memory.signals import FlaggedTrajectory
+    from coevolve.records import Signal, Task, Trajectory
+
+    task = Task(id="t1", env="world", family="phone_lookup", turns=[Turn(query="Find Ana.")])
+    episode = Trajectory(id="e1", task_id="t1", env="world", family="phone_lookup", score=1.0)
+    flagged = FlaggedTrajectory(
+        trajectory=episode,
+        signals=[Signal(kind="rare", trajectory_id="e1", task_id="t1", family="phone_lookup")],
+    )
+    files = CycleFiles(tmp_path, 2)
+    assert CycleFiles.of_run(tmp_path) == [] and files.rollouts() == [] and files.flagged() == []
+    files.write_rollouts([episode])
+    files.write_flagged([flagged])
+    files.write_synthesized([task])
+    files.write_rejections([])
+    files.write_train_data([{"messages": [], "tools": None, "weight": 1.0}])
+    files.write_evaluation([episode])
+    files.write_failure_rollouts([episode])
+    files.write_hard_negative_figures({"failure_pairs": 3})
+    files.write_train_record(episode)  # any record: the step's result in a run
+    files.train_step_spec.write_text("{}")
+    documented = set(re.findall(r"^    (\S+\.jsonl?) ", cycle_files.__doc__ or "", re.M))
+    assert {path.name for path in files.folder.iterdir()} == documented
+    assert files.folder == tmp_path / "cycles" / "002"
+    assert [f.cycle for f in CycleFiles.of_run(tmp_path)] == [2]
+    assert files.rollouts() == [episode] and files.failure_rollouts() == [episode]
+    assert files.flagged() == [flagged] and files.synthesized() == [task]
+    assert files.train_data()[0]["weight"] == 1.0
+    assert files.hard_negative_figures() == {"failure_pairs": 3} and files.train_steps() == 0

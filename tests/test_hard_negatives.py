@@ -479,22 +479,17 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
 
 
 def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, tasks, tmp_path):
-    from coevolve.files import dump_jsonl
-    from coevolve.graph.hard_negatives import (
-        FAILURE_ROLLOUTS,
-        failure_adapter_dir,
-        latest_failure_adapter,
-    )
+    from coevolve.graph.hard_negatives import failure_adapter_dir, latest_failure_adapter
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"
     rt = runtime(run_dir, tiny_build, tasks)
-    cycle_dir = rt.cycle_dir(1)
+    files = rt.files(1)
     # The cycle's rollouts, and the failure agent's (as a kill after its rollouts leaves them).
     target_episodes = [t for t in graded(tasks) if not t.steps or t.score == 1.0]
     failure_episodes = retagged([t for t in graded(tasks, 10) if t.score < 1.0], "failure")
-    dump_jsonl(cycle_dir / "rollouts.jsonl", target_episodes)
-    dump_jsonl(cycle_dir / FAILURE_ROLLOUTS, failure_episodes)
+    files.write_rollouts(target_episodes)
+    files.write_failure_rollouts(failure_episodes)
 
     result = asyncio.run(train_cycle(rt, 1, None))
     target_dir = run_dir / "adapters" / "cycle-1"
@@ -510,11 +505,11 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
     shares = {agent: figures[agent]["share"] for agent in ("target", "failure_agent")}
     # by construction: the target's failures stop early, the failure agent's include near misses
     assert shares["target"] == 0.0 and shares["failure_agent"] > 0.0
-    assert json.loads((cycle_dir / "hard_negatives.json").read_text()) == figures
+    assert files.hard_negative_figures() == figures
 
     # Killed after both adapters were saved, before the record: a fresh process resumes.
     stamps = {d: sha(d / "training.json") for d in (target_dir, failure_dir)}
-    (cycle_dir / "train.json").unlink()
+    files.train_record.unlink()
     again = runtime(run_dir, tiny_build, tasks)
     resumed = asyncio.run(train_cycle(again, 1, None))
     assert {d: sha(d / "training.json") for d in stamps} == stamps  # nothing retrained
@@ -530,12 +525,11 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
 
 
 def test_own_negatives_runs_without_a_failure_agent(tiny_build, tasks, tmp_path):
-    from coevolve.files import dump_jsonl
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"
     rt = runtime(run_dir, tiny_build, tasks, failure_agent=False, failure_share=0.0)
-    dump_jsonl(rt.cycle_dir(1) / "rollouts.jsonl", graded(tasks))
+    rt.files(1).write_rollouts(graded(tasks))
     result = asyncio.run(train_cycle(rt, 1, None))
     assert result.failure is None and result.hard_negatives["failure_agent"] is None
     assert result.hard_negatives["target_pairs_by_source"] == {
