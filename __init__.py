@@ -16,8 +16,8 @@ from .records import (
 )
 
 if TYPE_CHECKING:
+    from .outputs.summary import CycleSummary
     from .runner import RunResult, resume, run
-    from .summary import CycleSummary
 
 # The loop's entry points pull in the graph, training configs and environments:
 # loaded on first use, so `coevolve --help` and `import coevolve.records` stay light.

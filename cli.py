@@ -20,7 +20,7 @@ from .commands.run import export_command, run_command
 from .commands.serve import serve_command
 from .commands.studio import studio
 from .commands.synthesis import synthesize_command
-from .errors import is_known_error
+from .common.errors import is_known_error
 
 app = typer.Typer(
     help="Train LLM agents by agent-data mutual evolution.",

@@ -30,13 +30,13 @@ from .agents.config import (
     PolicyConfig,
     RolloutConfig,
 )
-from .config_base import ConfigError, Section
+from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import get_environment
 from .graph.synthesis_config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
-from .tracking import TrackingConfig
+from .outputs.tracking import TrackingConfig
 from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negative_settings import HardNegativeSettings

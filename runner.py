@@ -19,7 +19,7 @@ Run directory:
     task_store/               the Chroma task store (dedup, nearest tasks)
     synthesized_tasks.jsonl   accepted synthesized tasks with provenance (the pool's file)
     adapters/cycle-N/         the LoRA adapter trained in cycle N
-    run.log                   the trainers' log dicts and the roles' log lines (coevolve.run_log)
+    run.log                   the trainers' log dicts and the roles' log lines (coevolve.outputs.run_log)
     cycles/NNN/               rollouts, flagged items, synthesized tasks, train and eval files
     metrics.jsonl, summary.json, report.png
 """
@@ -44,7 +44,7 @@ from .graph.runtime_factory import (
     local_model_dir,
 )
 from .graph.training_step import sft_weights, train_cycle, use_adapter
-from .summary import CycleSummary
+from .outputs.summary import CycleSummary
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import CoevolveConfig
@@ -185,7 +185,7 @@ def _execute(
     verbose: bool,
     baseline_cache: str | Path | None,
 ) -> RunResult:
-    from .run_log import run_log
+    from .outputs.run_log import run_log
 
     started = time.perf_counter()
     with run_log(config.run_dir, verbose=verbose):
@@ -195,7 +195,7 @@ def _execute(
             summaries, adapter = asyncio.run(_drive(rt, resuming))
         finally:
             rt.store.close()
-    from .report import write_report
+    from .outputs.report import write_report
 
     assert rt.pool.path is not None
     rt.pool.path.touch()  # the synthesized tasks' file exists even when a run accepted none

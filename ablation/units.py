@@ -17,7 +17,7 @@ from .report import AblationReport, ArmRun, family_pairs, seed_families, split_l
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
     """Held-out success per family, cycle 0 first, from a run's metrics.jsonl ({} if missing)."""
-    from ..files import read_jsonl
+    from ..common.files import read_jsonl
 
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.exists():

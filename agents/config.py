@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..config_base import ConfigError, Section
+from ..common.config_base import ConfigError, Section
 from ..envs.registry import ENVIRONMENTS, per_environment
 from .prompts import POLICY_SYSTEM_PROMPT
 

@@ -23,9 +23,9 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import Environment, answer_matches, replay_reference
 from ..envs.parsing import render_call
-from ..errors import PROGRAMMING_ERRORS
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT

@@ -22,8 +22,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from ..errors import PROGRAMMING_ERRORS
-from ..tokenization import load_tokenizer
+from ..common.errors import PROGRAMMING_ERRORS
+from ..common.tokenization import load_tokenizer
 from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text
 from .rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import Environment
-from ..errors import PROGRAMMING_ERRORS
 from ..records import ModelTurn, Observation, Step, Task, Trajectory
 from .conversation import opening_messages
 from .policy import AssistantMessage, Message, Policy

@@ -69,7 +69,7 @@ def main() -> None:
     import torch
 
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
-    from coevolve.tokenization import load_tokenizer
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.training.config import TrainingConfig
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainer_common import common_arguments, quiet_trainer

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from coevolve.common.files import load_jsonl
 from coevolve.envs.registry import ENVIRONMENTS
-from coevolve.files import load_jsonl
 from coevolve.graph.cycle_files import CycleFiles
 from coevolve.records import Task, Trajectory
 from coevolve.training.hard_negative_pairs import (

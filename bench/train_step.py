@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--batching", default="random,length_grouped")
     args = parser.parse_args()
 
-    from coevolve.files import read_jsonl
+    from coevolve.common.files import read_jsonl
     from coevolve.training.config import LoraSettings, TrainingConfig
     from coevolve.training.trainers import train_adapter
 
@@ -52,7 +52,7 @@ def main() -> None:
         f"model {model_dir.name}, {len(conversations)} conversations, {args.steps} steps of "
         f"{args.batch_size}, torch threads {__import__('torch').get_num_threads()}"
     )
-    from coevolve.tokenization import load_tokenizer
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.training.trainers import length_grouped_order, sft_dataset
 
     lengths = [

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..errors import PROGRAMMING_ERRORS
+from ..common.errors import PROGRAMMING_ERRORS
 from .common import PACKAGE_DIR, SetOption, console, err_console, fail
 
 
@@ -53,7 +53,7 @@ def run_command(
     """
 
     from ..config import ConfigError, load_config
-    from ..report import print_summary
+    from ..outputs.report import print_summary
     from ..runner import RunError, run, summary_payload
     from ..runner import resume as resume_run
 
@@ -77,7 +77,7 @@ def run_command(
                 sets.append(f"run_dir={json.dumps(run_dir)}")
             config = load_config(source, sets)
             try:
-                from ..tracking import require_backends
+                from ..outputs.tracking import require_backends
 
                 require_backends(config.tracking)
             except RuntimeError as err:
@@ -165,7 +165,7 @@ def export_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
 ) -> None:
     """Export a run's synthesized tasks (with provenance) and each cycle's training examples."""
-    from ..export import export_run
+    from ..outputs.export import export_run
 
     if format not in ("jsonl", "hf"):
         raise fail(f"unknown --format {format!r}; allowed: jsonl, hf")

@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..files import read_jsonl
+from ..common.files import read_jsonl
 from ..records import Observation, Step, Task, ToolCall, Trajectory, Turn
 from .base import ToolEnvironment, ToolError
 from .bfcl_checking import (

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..files import read_jsonl
+from ..common.files import read_jsonl
 from .bfcl_checking import require_bfcl
 
 # BFCL func-doc types that are not JSON-schema types. "any" maps to no type at

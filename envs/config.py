@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..config_base import Section
+from ..common.config_base import Section
 from .registry import get_environment, per_environment
 
 

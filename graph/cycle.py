@@ -55,8 +55,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from ..memory.signals import FlaggedTrajectory
-from ..records import SignalKind, Task, Trajectory, is_success
-from ..summary import (
+from ..outputs.summary import (
     CycleSummary,
     FamilyFlags,
     PoolFigures,
@@ -65,7 +64,8 @@ from ..summary import (
     SynthesisFigures,
     TrainFigures,
 )
-from ..tracking import log_cycle
+from ..outputs.tracking import log_cycle
+from ..records import SignalKind, Task, Trajectory, is_success
 from .evaluation import evaluate_agent, shared_baseline, validation_by_family
 from .runtime import CycleRuntime, seed_everything
 from .synthesis import graph as synthesis_graph
@@ -77,7 +77,7 @@ class CycleState(TypedDict, total=False):
     cycles: int  # how many cycles the run makes
     adapter: str | None  # the adapter the policy serves now (None: the base model)
     # The figures of the cycle in progress: "cycle", then each stage's figures model
-    # (coevolve.summary) dumped under the stage's name.
+    # (coevolve.outputs.summary) dumped under the stage's name.
     current: dict[str, Any]
     # One CycleSummary per finished cycle, dumped (read them with CycleSummary.model_validate).
     finished: Annotated[list[dict[str, Any]], operator.add]

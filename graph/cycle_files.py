@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from ..files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
+from ..common.files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
 from ..memory.signals import FlaggedTrajectory
 from ..records import Task, Trajectory
 

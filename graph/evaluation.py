@@ -9,7 +9,7 @@ import json
 import time
 
 from ..agents.evaluation import split_label
-from ..summary import EvaluationFigures
+from ..outputs.summary import EvaluationFigures
 from .runtime import CycleRuntime, seed_everything
 
 
@@ -127,7 +127,7 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     it already (its trajectories copied into this run), else made now and shared."""
     import shutil
 
-    from ..files import write_atomically
+    from ..common.files import write_atomically
 
     key = _baseline_key(rt) if rt.baseline_cache is not None else None
     if key is None or rt.baseline_cache is None:

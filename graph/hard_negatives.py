@@ -78,7 +78,7 @@ async def train_with_hard_negatives(
     swaps ``adapter_dir`` into the policy.
     """
     from ..agents.rollout import rollout as run_rollout
-    from ..tracking import for_training
+    from ..outputs.tracking import for_training
     from ..training.hard_negatives import (
         expert_conversations,
         failure_agent_policy,

@@ -28,8 +28,8 @@ from langgraph.types import Send
 
 from ..agents.llm import counting_reply_errors
 from ..agents.roles import candidate_to_task, primary_signal
+from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
-from ..errors import PROGRAMMING_ERRORS
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, Task, Verdict
 from .runtime import SynthesisRuntime

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..agents.config import EndpointConfig
 from ..agents.roles import RolesConfig
-from ..config_base import Section
+from ..common.config_base import Section
 
 
 class SynthesisConfig(Section):

@@ -85,7 +85,7 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
 
 async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
     """The cycle's training data, the TRL step, and the policy update."""
-    from ..tracking import for_training
+    from ..outputs.tracking import for_training
     from ..training.datasets import (
         TrainingConversation,
         demonstrations_by_task,
@@ -204,8 +204,8 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         if training.launcher == "inprocess":
             result = await asyncio.to_thread(train_adapter, training, **step)
         else:  # a process of its own (training/launch.py); its output goes to run.log
-            from ..run_log import LOG_FILE
-            from ..tracking import release_shared_runs
+            from ..outputs.run_log import LOG_FILE
+            from ..outputs.tracking import release_shared_runs
             from ..training.launch import launch_train_adapter
 
             release_shared_runs()  # the child logs into the loop's W&B run

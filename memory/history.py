@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..files import read_jsonl
+from ..common.files import read_jsonl
 from ..records import Trajectory
 
 

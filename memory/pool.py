@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..files import read_jsonl
+from ..common.files import read_jsonl
 from ..records import Task
 from .history import OutcomeHistory
 

@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..errors import PROGRAMMING_ERRORS
+from ..common.errors import PROGRAMMING_ERRORS
 from .openai_bodies import BODY_DECODE_ERRORS, chat_completion, dumps_body, loads_body
 from .openai_script import (
     RecordedRequest,

@@ -14,9 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from coevolve.agents.conversation import reference_conversation
+from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import tiny_bootstrap
-from coevolve.tokenization import load_tokenizer
 from coevolve.training.bootstrap import (
     METADATA_FILE,
     BootstrapConfig,

@@ -146,8 +146,8 @@ def test_exported_sft_rows_load_as_one_configuration_and_train_one_trl_step(tmp_
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.tokenization import load_tokenizer
     from coevolve.training.datasets import demonstrations_by_task
 
     run_dir = tmp_path / "run"

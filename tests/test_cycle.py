@@ -98,7 +98,7 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     ).model_copy(update={"bootstrap": TINY})
     result = run(config, progress=False)
 
-    from coevolve.summary import RunSummary
+    from coevolve.outputs.summary import RunSummary
 
     run_dir = Path(result.run_dir)
     assert [c.cycle for c in result.cycles] == [0, 1]
@@ -147,7 +147,7 @@ def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build,
     # coevolve export: the synthesized tasks with provenance, and the cycle's SFT examples.
     from datasets import load_dataset
 
-    from coevolve.export import export_run
+    from coevolve.outputs.export import export_run
 
     counts = export_run(run_dir, tmp_path / "export-hf", "hf")
     exported = {
@@ -250,7 +250,7 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
     rt = build_runtime(load_config(Path(result.run_dir) / "config.yaml"), progress=False)
     try:
         stored = rt.store.count()
-        from coevolve.summary import SynthesisFigures
+        from coevolve.outputs.summary import SynthesisFigures
 
         again = asyncio.run(_synthesize_again(rt, cycle=1))
         redone = SynthesisFigures.model_validate(again["synthesize"])

@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from coevolve.agents.conversation import reference_conversation
 from coevolve.config import CoevolveConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.outputs.tracking import TrackingConfig, TrainTracking
 from coevolve.records import ModelTurn, Task
 from coevolve.testing.presets import tiny_training
-from coevolve.tracking import TrackingConfig, TrainTracking
 from coevolve.training.config import TrainingConfig
 from coevolve.training.datasets import PreferencePair, TrainingConversation
 from coevolve.training.launch import (

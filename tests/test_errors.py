@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from coevolve.common.errors import PROGRAMMING_ERRORS
 from coevolve.envs.base import check_references
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.errors import PROGRAMMING_ERRORS
 from coevolve.records import Task, ToolCall, Trajectory
 from coevolve.training.datasets import ReplayError, demonstrations_by_task
 from coevolve.training.hard_negative_pairs import expert_conversations, with_failure_grades
@@ -155,8 +155,8 @@ def test_a_tracker_failing_is_logged_but_a_bug_in_our_logger_propagates(
 ):
     from types import SimpleNamespace
 
-    from coevolve import tracking
-    from coevolve.summary import CycleSummary, EvaluationFigures
+    from coevolve.outputs import tracking
+    from coevolve.outputs.summary import CycleSummary, EvaluationFigures
 
     config = SimpleNamespace(tracking=tracking.TrackingConfig(report_to=["tensorboard"]))
     figures = EvaluationFigures(success=0.5, tool_sequence=0.5, calls=0.5, episodes=2, time_s=1.0)

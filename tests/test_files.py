@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from coevolve.files import atomic_directory, dump_jsonl, load_jsonl, read_jsonl, write_atomically
+from coevolve.common.files import (
+    atomic_directory,
+    dump_jsonl,
+    load_jsonl,
+    read_jsonl,
+    write_atomically,
+)
 from coevolve.records import Task, Turn
 
 

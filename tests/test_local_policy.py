@@ -15,9 +15,9 @@ import pytest
 from coevolve.agents.conversation import opening_messages, reference_conversation
 from coevolve.agents.local_policy import LocalPolicy
 from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
+from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import tiny_bootstrap
-from coevolve.tokenization import load_tokenizer
 from coevolve.training.bootstrap import build_model
 
 TINY = tiny_bootstrap()

@@ -33,8 +33,8 @@ def _abstention_task(task):
 
 
 def _trainer(tiny_build, tmp_path, config, tasks):
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.tokenization import load_tokenizer
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
@@ -190,8 +190,8 @@ def test_multi_turn_grpo_seal_reweights_diagnosed_episodes(tiny_build, tmp_path)
 
 
 def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_build):
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.world import load_split
-    from coevolve.tokenization import load_tokenizer
     from coevolve.training.chat_template import PLAIN_CALLS_TEMPLATE
     from coevolve.training.grpo import choose_rollout
 
@@ -211,8 +211,8 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
 
 
 def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(tiny_build, tmp_path):
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.tokenization import load_tokenizer
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
@@ -232,7 +232,7 @@ def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(ti
 
 
 def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
-    from coevolve.tokenization import load_tokenizer
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.training.multiturn_grpo import TemplateNotPrefixPreserving, rendered_delta
 
     tokenizer = load_tokenizer(tiny_build)

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
+from coevolve.common.files import load_jsonl
 from coevolve.envs.world import load_split
-from coevolve.files import load_jsonl
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.pool import PoolConfig, TaskPool
 from coevolve.records import Task, Trajectory

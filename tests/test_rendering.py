@@ -23,12 +23,12 @@ from coevolve.agents.rendering import (
     turn_from_ids,
 )
 from coevolve.agents.rollout import run_rollouts
+from coevolve.common.tokenization import load_tokenizer
 from coevolve.config import CoevolveConfig, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ModelTurn
 from coevolve.testing.openai_server import calls_then_answer
 from coevolve.testing.presets import tiny_training
-from coevolve.tokenization import load_tokenizer
 from coevolve.training.chat_template import (
     PLAIN_CALLS_TEMPLATE,
     render,

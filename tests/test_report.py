@@ -10,8 +10,8 @@ from rich.console import Console
 
 from coevolve.envs.world import load_split
 from coevolve.memory.pool import TaskPool
-from coevolve.report import metrics_rows, overhead_share, print_summary, write_report
-from coevolve.summary import CycleSummary
+from coevolve.outputs.report import metrics_rows, overhead_share, print_summary, write_report
+from coevolve.outputs.summary import CycleSummary
 
 BASELINE = {
     "cycle": 0,

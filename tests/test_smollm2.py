@@ -84,7 +84,7 @@ def test_a_gguf_file_converts_once_to_a_plain_model_with_the_plain_calls_templat
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coevolve.tokenization import load_tokenizer
+    from coevolve.common.tokenization import load_tokenizer
     from coevolve.training.chat_template import PLAIN_CALLS_TEMPLATE
 
     source = tmp_path / "gguf" / "tiny.gguf"

@@ -1,4 +1,4 @@
-"""The typed figures between stages (coevolve.summary): the keys on disk stay the keys they were.
+"""The typed figures between stages (coevolve.outputs.summary): the keys on disk stay the keys they were.
 
 The cycles below are written key for key as graph/cycle.py wrote them before the figures
 were typed: CURRENT as of the commit that introduced the models, FIRST_LOOP as the first
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from coevolve.report import metrics_rows, overhead_share, write_report
-from coevolve.summary import CycleSummary, RunSummary, SignalFigures, TrainFigures
+from coevolve.outputs.report import metrics_rows, overhead_share, write_report
+from coevolve.outputs.summary import CycleSummary, RunSummary, SignalFigures, TrainFigures
 
 BASELINE: dict[str, Any] = {
     "cycle": 0,

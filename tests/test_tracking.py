@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from coevolve.envs.world import load_split
+from coevolve.outputs.tracking import TrackingConfig, TrainTracking, cycle_metrics, require_backends
 from coevolve.testing.reference_agent import reference_replies
-from coevolve.tracking import TrackingConfig, TrainTracking, cycle_metrics, require_backends
 
 
 def broken(task_id: str) -> bool:
@@ -102,7 +102,7 @@ def test_report_to_and_the_step_axis_reach_the_trainer_arguments(tmp_path):
 
 
 def test_cycle_metrics_cover_the_loop_figures():
-    from coevolve.summary import CycleSummary
+    from coevolve.outputs.summary import CycleSummary
 
     evaluation = {
         "success": 0.25,

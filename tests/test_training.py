@@ -299,7 +299,7 @@ def test_length_grouped_order_pads_less_and_keeps_lengths_mixed_over_the_run():
 
 
 def test_sft_trainer_reads_rows_in_the_length_grouped_order(tiny_build, trajectories, tmp_path):
-    from coevolve.tokenization import load_tokenizer
+    from coevolve.common.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_build)
     conversations = successful_conversations(trajectories, max_per_task=2)

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", type=Path, help="the step spec (TrainingStepSpec as JSON)")
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    # The same line format as the run's log (run_log.py); the parent counts steps by it.
+    # The same line format as the run's log (outputs/run_log.py); the parent counts steps by it.
     logging.basicConfig(
         stream=sys.stdout,
         level=logging.INFO if rank == 0 else logging.WARNING,

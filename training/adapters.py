@@ -131,7 +131,7 @@ def save_adapter(
 
     ``state_dict``: the full weights when the model is sharded (FSDP); None reads the model's.
     """
-    from ..files import atomic_directory
+    from ..common.files import atomic_directory
 
     with atomic_directory(output_dir, hidden=True) as work:
         model.save_pretrained(str(work), state_dict=state_dict)

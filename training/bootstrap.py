@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_directory, write_atomically
+from ..common.files import atomic_directory, write_atomically
 from .bootstrap_config import (
     METADATA_FILE,
     RECIPE_VERSION,

@@ -62,7 +62,7 @@ from .hard_negative_settings import HardNegativeSettings
 from .trainers import TrainResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..tracking import TrainTracking
+    from ..outputs.tracking import TrainTracking
 
 __all__ = [
     "OBJECTIVE_FILE",
@@ -149,7 +149,7 @@ def train_preference_adapter(
     import transformers
     from trl import DPOConfig
 
-    from ..tokenization import load_tokenizer
+    from ..common.tokenization import load_tokenizer
     from .adapters import model_and_peft, save_adapter
     from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
     from .trainer_common import (

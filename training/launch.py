@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
+from ..outputs.tracking import TrainTracking
 from ..records import Task
-from ..tracking import TrainTracking
 from .adapters import TrainResult
 from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
@@ -119,7 +119,7 @@ class TrainingStepSpec(BaseModel):
 
 def run_spec(spec: TrainingStepSpec) -> TrainResult:
     """Run the step (in the launched process): train, save, write the result on rank 0."""
-    from ..files import write_atomically
+    from ..common.files import write_atomically
     from .trainer_common import seed_all
     from .trainers import train_adapter
 
@@ -219,7 +219,7 @@ def launch_spec(
     spec: TrainingStepSpec, step_file: str | Path, log_file: str | Path, progress: bool = True
 ) -> TrainResult:
     """Write ``spec`` to ``step_file``, run it as ``spec.config.launcher`` says, return its result."""
-    from ..files import write_atomically
+    from ..common.files import write_atomically
 
     step = Path(step_file)
     step.parent.mkdir(parents=True, exist_ok=True)

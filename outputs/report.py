@@ -1,7 +1,7 @@
 """What a finished run leaves for a person: metrics.jsonl, summary.json, report.png, tables.
 
 ``cycles`` are the per-cycle summaries the cycle graph accumulates
-(``coevolve.summary.CycleSummary``): cycle 0 is the starting policy's
+(``coevolve.outputs.summary.CycleSummary``): cycle 0 is the starting policy's
 evaluation; cycle n >= 1 has the figures of every stage (rollout, signals,
 synthesize, pool, train, evaluate), each with its seconds.
 """
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .records import SIGNAL_KINDS
+from ..records import SIGNAL_KINDS
 from .summary import CycleSummary, RunSummary
 
 # The keys of a cycle summary, in the order the cycle graph runs them.

@@ -26,9 +26,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from .files import dump_jsonl, load_jsonl, write_atomically
-from .graph.cycle_files import CycleFiles
-from .records import Task
+from ..common.files import dump_jsonl, load_jsonl, write_atomically
+from ..graph.cycle_files import CycleFiles
+from ..records import Task
 
 ExportFormat = Literal["jsonl", "hf"]
 # Written by graph.training_step.train_cycle in each cycle directory.

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import PROGRAMMING_ERRORS
+from ..common.errors import PROGRAMMING_ERRORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .summary import CycleSummary
@@ -172,7 +172,7 @@ class TrainTracking(BaseModel):
 
 def steps_before(run_dir: str | Path, cycle: int) -> int:
     """Training steps of cycles 1..cycle-1, from their finished steps' records."""
-    from .graph.cycle_files import CycleFiles
+    from ..graph.cycle_files import CycleFiles
 
     return sum(CycleFiles(run_dir, earlier).train_steps() for earlier in range(1, cycle))
 
@@ -214,7 +214,7 @@ def wandb_run_id(run_dir: str | Path) -> str:
 def mlflow_run_id(tracking: TrackingConfig, run_dir: str | Path) -> str:
     """The run's MLflow run id (MLflow assigns it): made on first use, then kept in
     ``<run_dir>/tracker_runs.json``."""
-    from .files import write_atomically
+    from ..common.files import write_atomically
 
     record = Path(run_dir) / TRACKER_RUNS
     runs: dict[str, str] = json.loads(record.read_text()) if record.exists() else {}
