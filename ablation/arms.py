@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..common.config_base import merged
+
 
 def _seal(reweight: bool, adaptation: bool) -> dict[str, Any]:
     """training.seal of a SEAL arm: the released code's full setting, less what it drops."""
@@ -35,7 +37,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"training": {"algorithm": "grpo"}},
     # GRPO where the gradient is: boundary tasks first, groups without spread refilled.
     "grpo-spread": {
-        "training": {"algorithm": "grpo", "grpo_prompts": "spread", "grpo_dynamic_sampling": True}
+        "training": {"algorithm": "grpo", "grpo": {"prompts": "spread", "dynamic_sampling": True}}
     },
     "seal": {"training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=True)}},
     "seal-no-reweighting": {
@@ -66,9 +68,7 @@ ARMS: dict[str, dict[str, Any]] = {
 
 def arm_config(base: dict[str, Any], arm: str, seed: int, out_dir: Path) -> dict[str, Any]:
     """The base config with the arm's changes, the seed and its own run directory."""
-    config = json.loads(json.dumps(base))
-    for section, changes in ARMS[arm].items():
-        config[section] = {**config.get(section, {}), **changes}
+    config = merged(json.loads(json.dumps(base)), ARMS[arm])
     config["seed"] = seed
     config["pool"] = {**config.get("pool", {}), "seed": seed}
     config["training"] = {**config.get("training", {}), "seed": seed}

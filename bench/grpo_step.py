@@ -8,7 +8,7 @@ Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 ``--prompts`` tasks x ``--generations`` episodes (batch = the round, or
 ``--micro-batch`` episodes per forward/backward with gradient accumulation). Both kinds go through the multi-turn rollout
 (``training/multiturn_grpo.py``): TRL's own tool loop cannot parse SmolLM2's
-plain-call replies, so ``grpo_rollout: auto`` picks it for the world too. The
+plain-call replies, so ``grpo.rollout: auto`` picks it for the world too. The
 world's tasks are single-turn (train split); BFCL's are multi_turn_base
 (train split), every user turn played. Prints, per kind, seconds per step
 (TRL's ``step_time``: generation, reward and the update), the mean episode in
@@ -70,7 +70,7 @@ def main() -> None:
 
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.config import TrainingConfig
+    from coevolve.training.config import GrpoConfig, TrainingConfig
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainer_common import common_arguments, quiet_trainer
 
@@ -98,9 +98,11 @@ def main() -> None:
             gradient_accumulation_steps=(
                 args.prompts * args.generations // args.micro_batch if args.micro_batch else 1
             ),
-            grpo_prompts_per_step=args.prompts,
-            grpo_num_generations=args.generations,
-            grpo_max_completion_length=budget,
+            grpo=GrpoConfig(
+                prompts_per_step=args.prompts,
+                num_generations=args.generations,
+                max_completion_length=budget,
+            ),
             max_length=budget + 1024,
         )
         work = Path(tempfile.mkdtemp(prefix="coevolve-grpo-bench-"))

@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from coevolve.common.files import read_jsonl
-    from coevolve.training.config import LoraSettings, TrainingConfig
+    from coevolve.training.config import LoraSettings, SftConfig, TrainingConfig
     from coevolve.training.trainers import train_adapter
 
     if args.model is None:
@@ -67,7 +67,7 @@ def main() -> None:
                 batch_size=args.batch_size,
                 learning_rate=5e-4,
                 lora=LoraSettings(top_layers=top),
-                sft_batching=batching,
+                sft=SftConfig(batching=batching),
             )
             rows = args.steps * args.batch_size
             if batching == "length_grouped":

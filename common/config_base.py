@@ -21,8 +21,8 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    # Old key -> new key of a renamed field: the old one still works for one release, with a
-    # FutureWarning that says how to migrate.
+    # Old key -> new key of a renamed field ("section.key" when it moved into a section): the
+    # old one still works for one release, with a FutureWarning that says how to migrate.
     renamed: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
@@ -34,7 +34,14 @@ class Section(BaseModel):
         for old, new in cls.renamed.items():
             if old not in data:
                 continue
-            if new in data:
+            section, _, key = new.rpartition(".")
+            target = data
+            if section:
+                inner = data.get(section) or {}
+                if isinstance(inner, BaseModel):
+                    inner = inner.model_dump(exclude_unset=True)
+                target = data[section] = dict(inner)
+            if (key or new) in target:
                 raise ValueError(f"{old!r} is the old name of {new!r}: give {new!r} only")
             warnings.warn(
                 f"config key {old!r} of {cls.__name__} is now {new!r}: rename it (the old name "
@@ -42,5 +49,16 @@ class Section(BaseModel):
                 FutureWarning,
                 stacklevel=2,
             )
-            data[new] = data.pop(old)
+            target[key or new] = data.pop(old)
         return data
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` laid over it, section by section at every depth."""
+    out = dict(base)
+    for key, value in changes.items():
+        inner = out.get(key)
+        out[key] = (
+            merged(inner, value) if isinstance(value, dict) and isinstance(inner, dict) else value
+        )
+    return out

@@ -125,8 +125,6 @@ def _baseline_key(rt: CycleRuntime) -> str | None:
 async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
     it already (its trajectories copied into this run), else made now and shared."""
-    import shutil
-
     from ..common.files import write_atomically
 
     key = _baseline_key(rt) if rt.baseline_cache is not None else None
@@ -137,7 +135,7 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
     if figures.is_file() and trajectories.is_file():
         evaluation = EvaluationFigures.model_validate_json(figures.read_text())
-        shutil.copyfile(trajectories, rt.files(0).evaluation_episodes)
+        write_atomically(rt.files(0).evaluation_episodes, trajectories.read_text())
         rt.say(
             f"cycle 0 · evaluate: {split_label(rt.config.evaluation.split)} success {evaluation.success:.1%}, the same agent's "
             f"evaluation shared by an earlier run ({shared})"

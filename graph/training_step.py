@@ -128,18 +128,18 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         training = config.training
         tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
         tools_of = prompt_tools(rt, tasks_by_id)
-        # Rollouts train on the ids the model read and wrote (sft_token_ids), or are rendered
+        # Rollouts train on the ids the model read and wrote (sft.token_ids), or are rendered
         # like the demonstrations, with the policy's rendering and its prompts' tools.
         conversations = [
             TrainingConversation(
                 messages=json_arguments(t.messages),
                 tools=tools_of(t.task_id),
-                model_turns=t.model_turns if training.sft_token_ids else [],
+                model_turns=t.model_turns if training.sft.token_ids else [],
             )
             for t in successful_trajectories(
                 trajectories,
-                max_per_task=training.sft_max_per_task,
-                min_score=training.sft_min_score,
+                max_per_task=training.sft.max_per_task,
+                min_score=training.sft.min_score,
             )
         ]
         successes = len(conversations)
@@ -158,7 +158,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
         if training.algorithm == "grpo":
-            if training.grpo_demonstration_steps:
+            if training.grpo.demonstration_steps:
                 # The tasks no rollout solved get their reference solution (SFT), not a group.
                 failed = all_failed(tasks, trajectories)
                 conversations = [
@@ -167,11 +167,11 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
                         failed, rt.make_env, config.policy.system_prompt
                     )
                 ]
-            if training.grpo_prompts == "spread":
-                tasks = tasks_by_spread(tasks, trajectories, training.grpo_prompts_per_step)
+            if training.grpo.prompts == "spread":
+                tasks = tasks_by_spread(tasks, trajectories, training.grpo.prompts_per_step)
         pairs = [
             pair.model_copy(update={"tools": tools_of(pair.task_id)})
-            for pair in preference_pairs(trajectories, max_per_task=training.dpo_max_pairs_per_task)
+            for pair in preference_pairs(trajectories, max_per_task=training.dpo.max_pairs_per_task)
         ]
         # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
         if training.algorithm == "sft":
@@ -243,7 +243,7 @@ def all_failed(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> lis
 def tasks_by_spread(
     tasks: Sequence[Task], trajectories: Sequence[Trajectory], minimum: int
 ) -> list[Task]:
-    """GRPO's tasks where the gradient is (``training.grpo_prompts: spread``): those whose
+    """GRPO's tasks where the gradient is (``training.grpo.prompts: spread``): those whose
     rollouts this cycle both succeeded and failed (binary success), then those without
     rollouts (synthesized this cycle); tasks whose rollouts all failed, then all succeeded,
     only as many as it takes to reach ``minimum``."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..common.config_base import merged
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..training.bootstrap_config import BootstrapConfig
     from ..training.config import TrainingConfig
@@ -44,7 +46,7 @@ def tiny_training(**overrides: Any) -> TrainingConfig:
     """A few steps on small batches (training-tiny.yaml), with ``overrides``."""
     from ..training.config import TrainingConfig
 
-    return TrainingConfig.model_validate({**load_preset("training-tiny"), **overrides})
+    return TrainingConfig.model_validate(merged(load_preset("training-tiny"), overrides))
 
 
 def quick_bench() -> dict[str, Any]:

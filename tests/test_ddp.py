@@ -51,8 +51,8 @@ def conversations():
         ({"launcher": "subprocess", "num_processes": 2}, "remove num_processes"),
         (
             {"launcher": "accelerate", "accelerate_config": "ddp", "num_processes": 3}
-            | {"algorithm": "grpo", "batch_size": 4, "grpo_num_generations": 2}
-            | {"grpo_prompts_per_step": 4},
+            | {"algorithm": "grpo", "batch_size": 4}
+            | {"grpo": {"num_generations": 2, "prompts_per_step": 4}},
             "global batch",
         ),
     ],

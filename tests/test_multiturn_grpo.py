@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
+from coevolve.common.config_base import merged
 from coevolve.testing.presets import tiny_training
-from coevolve.training.config import TrainingConfig
+from coevolve.training.config import GrpoConfig, TrainingConfig
 
 BFCL_SYSTEM_PROMPT = "Use the tools."
 
@@ -67,15 +68,17 @@ def _runs(mask):
 # fail and groups get reward spread (measured: 4-6 of 8 succeed per round).
 MULTI_TURN = {
     "algorithm": "grpo",
-    "grpo_rollout": "multi_turn",
     "max_steps": 1,
     "max_length": 1024,
     "batch_size": 12,
-    "grpo_prompts_per_step": 3,
-    "grpo_num_generations": 4,
-    "grpo_max_completion_length": 800,
-    "grpo_max_tool_calls": 1,
-    "grpo_max_reply_tokens": 96,
+    "grpo": {
+        "rollout": "multi_turn",
+        "prompts_per_step": 3,
+        "num_generations": 4,
+        "max_completion_length": 800,
+        "max_tool_calls": 1,
+        "max_reply_tokens": 96,
+    },
 }
 
 
@@ -88,7 +91,7 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
     tokenizer = trainer.processing_class
     rows = {row["task"]: row for row in trainer.train_dataset}
     assert len(rows) == 3  # the multi-turn tasks are kept, not left out
-    batch = [dict(row) for row in rows.values() for _ in range(config.grpo_num_generations)]
+    batch = [dict(row) for row in rows.values() for _ in range(config.grpo.num_generations)]
 
     # One generation round through TRL, before any update, inspected token by token.
     trainer.model.train()
@@ -121,9 +124,9 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
         generated = [episode.completion_ids[a:b] for a, b, value in runs if value == 1]
         assert generated == episode.replies
         assert [value for _, _, value in runs] == [1, 0] * (len(episode.replies) - 1) + [1]
-        # A reply cut at grpo_max_reply_tokens is closed by an end-of-turn token the
+        # A reply cut at grpo.max_reply_tokens is closed by an end-of-turn token the
         # model did not write: environment side, out of the loss.
-        assert all(len(reply) <= config.grpo_max_reply_tokens for reply in episode.replies)
+        assert all(len(reply) <= config.grpo.max_reply_tokens for reply in episode.replies)
         environment_runs = [episode.completion_ids[a:b] for a, b, value in runs if value == 0]
         for reply, following in zip(episode.replies, environment_runs, strict=False):
             assert (following[0] == end_of_turn) == (reply[-1] != end_of_turn)
@@ -167,14 +170,14 @@ def test_multi_turn_grpo_seal_reweights_diagnosed_episodes(tiny_build, tmp_path)
 
     bfcl = _bfcl_tasks()
     config = tiny_training(
-        **{**MULTI_TURN, "batch_size": 8, "grpo_prompts_per_step": 2},
+        **merged(MULTI_TURN, {"batch_size": 8, "grpo": {"prompts_per_step": 2}}),
         seal={"reweight": {"enable": True, "dynamic": {"enable": True}}},
     )
     trainer = _trainer(tiny_build, tmp_path, config, [bfcl[0], _abstention_task(bfcl[1])])
     assert type(trainer).__name__ == "SealGRPOTrainer"
     assert isinstance(trainer.capability_state, CapabilityState)
     trainer.model.train()
-    batch = [dict(row) for row in trainer.train_dataset for _ in range(config.grpo_num_generations)]
+    batch = [dict(row) for row in trainer.train_dataset for _ in range(config.grpo.num_generations)]
     output = trainer._generate_and_score_completions(batch)
     episodes = trainer.rollout_func.last_episodes
     labels = trainer.last_seal_labels
@@ -199,14 +202,14 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
     world = load_split("train")[:2]
     bfcl = _bfcl_tasks()[:1]
     auto = TrainingConfig(algorithm="grpo")
-    assert auto.grpo_rollout == "auto"
+    assert auto.grpo.rollout == "auto"
     assert choose_rollout(auto, world, tokenizer) == "tool_loop"
     assert choose_rollout(auto, world + bfcl, tokenizer) == "multi_turn"
     plain = copy.copy(tokenizer)
     plain.chat_template = PLAIN_CALLS_TEMPLATE  # SmolLM2's: no parser in TRL
     assert choose_rollout(auto, world, plain) == "multi_turn"
     assert getattr(plain, "response_template", None) is None  # asking changed nothing
-    forced = TrainingConfig(algorithm="grpo", grpo_rollout="tool_loop")
+    forced = TrainingConfig(algorithm="grpo", grpo={"rollout": "tool_loop"})
     assert choose_rollout(forced, bfcl, tokenizer) == "tool_loop"
 
 
@@ -216,7 +219,7 @@ def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(ti
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
-    config = tiny_training(algorithm="grpo", grpo_rollout="tool_loop")
+    config = tiny_training(algorithm="grpo", grpo={"rollout": "tool_loop"})
     trainer, examples, reason = make_grpo_trainer(
         config,
         model_dir=tiny_build,
@@ -228,7 +231,7 @@ def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(ti
         arguments=common_arguments(config, "cpu", tmp_path, progress=False),
     )
     assert trainer is None and examples == 0
-    assert reason is not None and "grpo_rollout: multi_turn" in reason
+    assert reason is not None and "grpo.rollout: multi_turn" in reason
 
 
 def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
@@ -251,17 +254,25 @@ def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
         "{{ messages[-1]['content'] }}<|im_end|>"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(TemplateNotPrefixPreserving, match="grpo_rollout: tool_loop"):
+    with pytest.raises(TemplateNotPrefixPreserving, match=r"grpo\.rollout: tool_loop"):
         rendered_delta(
             tokenizer, history, [{"role": "user", "content": "more"}], None, "<|im_end|>"
         )
 
 
 def test_multi_turn_config_field_is_documented_and_checked():
-    field = TrainingConfig.model_fields["grpo_rollout"]
+    field = GrpoConfig.model_fields["rollout"]
     assert field.description and "multi_turn" in field.description
     with pytest.raises(ValueError, match="'auto', 'tool_loop' or 'multi_turn'"):
-        TrainingConfig.model_validate({"grpo_rollout": "multiturn"})
+        TrainingConfig.model_validate({"grpo": {"rollout": "multiturn"}})
+    # The flat key of earlier releases still works, and says how to migrate.
+    with pytest.warns(
+        FutureWarning, match="'grpo_rollout' of TrainingConfig is now 'grpo.rollout'"
+    ):
+        old = TrainingConfig.model_validate({"grpo_rollout": "multi_turn", "grpo": {"beta": 0.1}})
+    assert old.grpo.rollout == "multi_turn" and old.grpo.beta == 0.1
+    with pytest.raises(ValueError, match=r"give 'grpo\.rollout' only"):
+        TrainingConfig.model_validate({"grpo_rollout": "auto", "grpo": {"rollout": "auto"}})
 
 
 class _ColocatedEngine:
@@ -322,7 +333,7 @@ def test_multi_turn_on_colocated_vllm_caps_each_reply_and_aligns_logprobs(tiny_b
     # One engine call per round of replies, each capped at one reply, stopping at <|im_end|>;
     # the engine's own settings are back afterwards.
     assert len(engine.calls) == max(len(e.replies) for e in episodes)
-    assert all(cap <= config.grpo_max_reply_tokens for _, cap, _ in engine.calls)
+    assert all(cap <= config.grpo.max_reply_tokens for _, cap, _ in engine.calls)
     assert all(kwargs == {"seed": 1, "stop_token_ids": [eot]} for _, _, kwargs in engine.calls)
     assert (engine.max_completion_length, engine.generation_kwargs) == (800, {"seed": 1})
     # vLLM's sampling log-probs line up with the completion: each generated id has its
@@ -343,20 +354,22 @@ def test_grpo_vllm_settings_are_checked():
     from coevolve.training.grpo import vllm_arguments
 
     with pytest.raises(ValueError, match="vLLM generates GRPO episodes only"):
-        TrainingConfig(algorithm="sft", grpo_vllm="colocate")
+        TrainingConfig(algorithm="sft", grpo={"vllm": "colocate"})
     with pytest.raises(ValueError, match="needs a GPU"):
-        TrainingConfig(algorithm="grpo", grpo_vllm="colocate", device="cpu")
-    with pytest.raises(ValueError, match="grpo_vllm_server_url"):
-        TrainingConfig(algorithm="grpo", grpo_vllm="server")
+        TrainingConfig(algorithm="grpo", grpo={"vllm": "colocate"}, device="cpu")
+    with pytest.raises(ValueError, match=r"grpo\.vllm_server_url"):
+        TrainingConfig(algorithm="grpo", grpo={"vllm": "server"})
     with pytest.raises(ValueError, match="only colocated"):
         TrainingConfig(
             algorithm="grpo",
-            grpo_vllm="server",
-            grpo_vllm_server_url="http://127.0.0.1:8000",
-            grpo_rollout="multi_turn",
+            grpo={
+                "vllm": "server",
+                "vllm_server_url": "http://127.0.0.1:8000",
+                "rollout": "multi_turn",
+            },
         )
     assert vllm_arguments(TrainingConfig(algorithm="grpo")) == {}
-    colocated = TrainingConfig(algorithm="grpo", grpo_vllm="colocate", max_length=4096)
+    colocated = TrainingConfig(algorithm="grpo", grpo={"vllm": "colocate"}, max_length=4096)
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -377,11 +390,11 @@ def test_dynamic_sampling_refills_groups_without_spread(tiny_build, tmp_path):
     prompts count and TRL's tensors line up (training/dynamic_sampling.py)."""
     bfcl = _bfcl_tasks()
     tasks = [bfcl[0]] + [_abstention_task(task) for task in bfcl[1:6]]
-    settings = {**MULTI_TURN, "grpo_dynamic_sampling": True, "grpo_max_refills": 2}
+    settings = merged(MULTI_TURN, {"grpo": {"dynamic_sampling": True, "max_refills": 2}})
     config = tiny_training(**settings)
     trainer = _trainer(tiny_build, tmp_path, config, tasks)
     assert type(trainer).__name__ == "DynamicSamplingTrainer"
-    size = config.grpo_num_generations
+    size = config.grpo.num_generations
     rows = {row["task"]: row for row in trainer.train_dataset}
     hopeless = next(key for key in rows if "_abstain" not in key)
     others = [key for key in rows if key != hopeless][:2]

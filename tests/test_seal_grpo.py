@@ -176,7 +176,7 @@ def test_seal_grpo_step_scales_trl_advantages(tiny_build, tmp_path):
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    episodes = config.grpo_prompts_per_step * config.grpo_num_generations
+    episodes = config.grpo.prompts_per_step * config.grpo.num_generations
     assert len(trainer.last_seal_labels) == episodes
     assert all(labels for labels in trainer.last_seal_labels)  # every world episode diagnosed
     assert sum(s.count for s in state.total.values()) == sum(map(len, trainer.last_seal_labels))

@@ -95,13 +95,13 @@ def test_config_defaults_and_peft():
     ("values", "message"),
     [
         ({"algorithm": "grpo", "batch_size": 5}, "batch_size (5) must divide"),
-        ({"grpo_epsilon": 0.3, "grpo_epsilon_high": 0.2}, "grpo_epsilon_high >= grpo_epsilon"),
+        ({"grpo": {"epsilon": 0.3, "epsilon_high": 0.2}}, "grpo.epsilon_high (0.2) is below"),
         (
             {"algorithm": "grpo", "lora": {"target_modules": ["q_proj", "lm_head"]}},
             "remove 'lm_head'",
         ),
         (
-            {"algorithm": "grpo", "max_length": 256, "grpo_max_completion_length": 300},
+            {"algorithm": "grpo", "max_length": 256, "grpo": {"max_completion_length": 300}},
             "lower it or raise max_length",
         ),
         ({"learning_rat": 1e-4}, "Extra inputs are not permitted"),
@@ -304,7 +304,7 @@ def test_sft_trainer_reads_rows_in_the_length_grouped_order(tiny_build, trajecto
     tokenizer = load_tokenizer(tiny_build)
     conversations = successful_conversations(trajectories, max_per_task=2)
     for batching in ("length_grouped", "random"):
-        config = tiny_training(sft_batching=batching)
+        config = tiny_training(sft={"batching": batching})
         trainer, _, _ = _sft_trainer(
             config, tiny_build, None, tokenizer, conversations, "cpu", tmp_path, False
         )
@@ -439,7 +439,7 @@ def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
 
 
 def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path):
-    """grpo_demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
+    """grpo.demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
     solved), then GRPO from that adapter for the rest of max_steps; one result."""
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.training.datasets import demonstrations
@@ -450,7 +450,7 @@ def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path):
     world = load_split("train", size=2)
     output = tmp_path / "grpo"
     result = train_adapter(
-        tiny_training(algorithm="grpo", max_steps=3, grpo_demonstration_steps=1),
+        tiny_training(algorithm="grpo", max_steps=3, grpo={"demonstration_steps": 1}),
         model_dir=tiny_build,
         output_dir=output,
         tasks=tasks,
@@ -464,7 +464,7 @@ def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path):
     first = load_train_result(tmp_path / "grpo-demonstrations")
     assert first.algorithm == "sft" and first.steps == 1
     with pytest.raises(ValueError, match="leaves no GRPO step"):
-        tiny_training(algorithm="grpo", max_steps=2, grpo_demonstration_steps=2)
+        tiny_training(algorithm="grpo", max_steps=2, grpo={"demonstration_steps": 2})
 
 
 def test_grpo_environment_wraps_the_world(tasks):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from coevolve.training.config import TrainingConfig
+from coevolve.training.config import DpoConfig, TrainingConfig
 from coevolve.training.trainer_common import dpo_arguments
 
 
@@ -19,7 +19,9 @@ from coevolve.training.trainer_common import dpo_arguments
 )
 def test_dpo_micro_batches_keep_the_pairs_per_step(batch, accumulation, micro, expected, tmp_path):
     config = TrainingConfig(
-        batch_size=batch, gradient_accumulation_steps=accumulation, dpo_micro_batch_size=micro
+        batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        dpo=DpoConfig(micro_batch_size=micro),
     )
     arguments = dpo_arguments(config, "cpu", tmp_path, progress=False)
     assert (

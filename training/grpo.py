@@ -1,6 +1,6 @@
 """GRPO with the environment's verifier as reward: TRL's tool loop, or coevolve's multi-turn rollout.
 
-``training.grpo_rollout`` picks how an episode is played:
+``training.grpo.rollout`` picks how an episode is played:
 
 - **multi_turn** (``training/multiturn_grpo.py``, a TRL ``rollout_func``): every
   user turn of the task in one rollout, the model's replies kept as the ids it
@@ -46,7 +46,7 @@ until the model answers without a call or ``max_tool_calling_iterations`` /
 Limitations of this TRL version's loop (not of multi_turn), accepted here:
 - **One user turn per episode**: TRL ends the episode at the first answer
   without calls; there is no hook for a next user message. With
-  ``grpo_rollout: tool_loop``, tasks with more than one turn are left out of
+  ``grpo.rollout: tool_loop``, tasks with more than one turn are left out of
   GRPO (logged); ``auto`` plays them with the multi-turn rollout instead.
 - A call of a name the environment has no method for is answered by TRL
   (``{'error': 'Tool x not found.'}``), not by the environment's
@@ -102,7 +102,7 @@ def grpo_rows(
         if len(task.turns) > 1 and not multi_turn:
             logger.info(
                 "GRPO leaves out %s: %d user turns (TRL's tool loop plays one; "
-                "grpo_rollout: multi_turn plays them all)",
+                "grpo.rollout: multi_turn plays them all)",
                 task.id,
                 len(task.turns),
             )
@@ -160,30 +160,30 @@ def trl_parses_calls(tokenizer: Any) -> bool:
 def choose_rollout(config: TrainingConfig, tasks: Sequence[Task], tokenizer: Any) -> str:
     """``tool_loop`` or ``multi_turn``: the config's choice, or for ``auto`` multi_turn when a
     task has more than one user turn or TRL cannot parse the model's calls."""
-    if config.grpo_rollout != "auto":
-        return config.grpo_rollout
+    if config.grpo.rollout != "auto":
+        return config.grpo.rollout
     if any(len(task.turns) > 1 for task in tasks) or not trl_parses_calls(tokenizer):
         return "multi_turn"
     return "tool_loop"
 
 
 def vllm_arguments(config: TrainingConfig) -> dict[str, Any]:
-    """GRPOConfig's vLLM settings for ``training.grpo_vllm`` ({} when off)."""
-    if config.grpo_vllm == "off":
+    """GRPOConfig's vLLM settings for ``training.grpo.vllm`` ({} when off)."""
+    if config.grpo.vllm == "off":
         return {}
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         raise ImportError(
-            f"training.grpo_vllm is {config.grpo_vllm!r} but vllm is not installed; "
-            "pip install 'coevolve[vllm]' on a CUDA machine, or set training.grpo_vllm: off"
+            f"training.grpo.vllm is {config.grpo.vllm!r} but vllm is not installed; "
+            "pip install 'coevolve[vllm]' on a CUDA machine, or set training.grpo.vllm: off"
         )
-    arguments: dict[str, Any] = {"use_vllm": True, "vllm_mode": config.grpo_vllm}
-    if config.grpo_vllm == "colocate":
-        arguments["vllm_gpu_memory_utilization"] = config.grpo_vllm_gpu_memory_utilization
+    arguments: dict[str, Any] = {"use_vllm": True, "vllm_mode": config.grpo.vllm}
+    if config.grpo.vllm == "colocate":
+        arguments["vllm_gpu_memory_utilization"] = config.grpo.vllm_gpu_memory_utilization
         arguments["vllm_max_model_length"] = config.max_length
     else:
-        arguments["vllm_server_base_url"] = config.grpo_vllm_server_url
+        arguments["vllm_server_base_url"] = config.grpo.vllm_server_url
     return arguments
 
 
@@ -224,7 +224,7 @@ def make_grpo_trainer(
         tasks,
         training_env,
         system_prompt,
-        minimum=config.grpo_prompts_per_step,
+        minimum=config.grpo.prompts_per_step,
         multi_turn=multi_turn,
     )
     if not rows:
@@ -233,7 +233,7 @@ def make_grpo_trainer(
             0,
             (
                 "no single-turn task to roll out (TRL's tool loop plays one user turn; set "
-                "training.grpo_rollout: multi_turn or auto to play every turn)"
+                "training.grpo.rollout: multi_turn or auto to play every turn)"
             ),
         )
     examples = len({row["task"] for row in rows})
@@ -244,9 +244,9 @@ def make_grpo_trainer(
         trainer_arguments["rollout_func"] = MultiTurnRollout(
             training_env,
             tools_in_prompt=tools_in_prompt,
-            max_steps_per_turn=config.grpo_max_tool_calls,
-            max_completion_tokens=config.grpo_max_completion_length,
-            max_reply_tokens=config.grpo_max_reply_tokens,
+            max_steps_per_turn=config.grpo.max_tool_calls,
+            max_completion_tokens=config.grpo.max_completion_length,
+            max_reply_tokens=config.grpo.max_reply_tokens,
         )
         reward_funcs: list[Any] = [verifier_score]
     else:
@@ -261,15 +261,15 @@ def make_grpo_trainer(
 
     args = GRPOConfig(
         **arguments,
-        num_generations=config.grpo_num_generations,
-        generation_batch_size=config.grpo_prompts_per_step * config.grpo_num_generations,
-        max_completion_length=config.grpo_max_completion_length,
-        max_tool_calling_iterations=config.grpo_max_tool_calls,
-        temperature=config.grpo_temperature,
+        num_generations=config.grpo.num_generations,
+        generation_batch_size=config.grpo.prompts_per_step * config.grpo.num_generations,
+        max_completion_length=config.grpo.max_completion_length,
+        max_tool_calling_iterations=config.grpo.max_tool_calls,
+        temperature=config.grpo.temperature,
         top_p=1.0,
-        beta=config.grpo_beta,
-        epsilon=config.grpo_epsilon,
-        epsilon_high=config.grpo_epsilon_high,
+        beta=config.grpo.beta,
+        epsilon=config.grpo.epsilon,
+        epsilon_high=config.grpo.epsilon_high,
         log_completions=False,
         **vllm_arguments(config),
     )
@@ -280,11 +280,11 @@ def make_grpo_trainer(
         trainer_class = seal_grpo_trainer_class(multi_turn)
         trainer_arguments["seal_settings"] = seal.reweight
         trainer_arguments["capability_state"] = capability_state or CapabilityState()
-    if config.grpo_dynamic_sampling:
+    if config.grpo.dynamic_sampling:
         from .dynamic_sampling import dynamic_sampling_trainer_class
 
         trainer_class = dynamic_sampling_trainer_class(trainer_class)
-        trainer_arguments["max_refills"] = config.grpo_max_refills
+        trainer_arguments["max_refills"] = config.grpo.max_refills
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
         trainer = trainer_class(

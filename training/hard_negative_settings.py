@@ -158,7 +158,7 @@ class HardNegativeSettings(BaseModel):
         return training.model_copy(
             update={
                 "algorithm": "dpo",
-                "dpo_beta": self.beta,
+                "dpo": training.dpo.model_copy(update={"beta": self.beta}),
                 "learning_rate": self.learning_rate or training.learning_rate,
                 "max_steps": self.max_steps or training.max_steps,
             }
@@ -169,7 +169,7 @@ class HardNegativeSettings(BaseModel):
         return training.model_copy(
             update={
                 "algorithm": "dpo",
-                "dpo_beta": self.failure_beta,
+                "dpo": training.dpo.model_copy(update={"beta": self.failure_beta}),
                 "learning_rate": self.failure_learning_rate or training.learning_rate,
                 "max_steps": self.failure_max_steps or training.max_steps,
             }

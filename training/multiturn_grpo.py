@@ -11,7 +11,7 @@ whole episode itself, as the rollout engine (``agents.rollout``) does:
 2. The trainer's model samples the reply at the config's temperature
    (``agents.kv_reuse.generate_batch``: every live episode in one batch, each
    episode's keys and values kept between its replies), or, with
-   ``training.grpo_vllm: colocate``, the trainer's vLLM engine does. The
+   ``training.grpo.vllm: colocate``, the trainer's vLLM engine does. The
    generated ids go into the completion verbatim (``env_mask`` 1); they are
    never decoded and encoded again.
 3. The reply is decoded only to be parsed (``parse_assistant_text``, the
@@ -27,12 +27,12 @@ whole episode itself, as the rollout engine (``agents.rollout``) does:
 The completion TRL trains on is the concatenation of generated ids (mask 1) and
 environment ids (mask 0); its prompt is the rendered opening. The reward is the
 verifier's ``env.score()`` at the end (an episode cut off before its last turn
-scores as it stands: 0 on BFCL). Bounds: ``grpo_max_reply_tokens`` per reply (the
+scores as it stands: 0 on BFCL). Bounds: ``grpo.max_reply_tokens`` per reply (the
 in-process policy's ``max_new_tokens``: a reply cut there is parsed as it stands
 and closed by a masked end-of-turn token, as a rollout renders it),
-``grpo_max_tool_calls`` tool-calling replies per user turn (the rollout engine's
+``grpo.max_tool_calls`` tool-calling replies per user turn (the rollout engine's
 ``max_tool_calls``; the episode ends unfinished beyond it), and
-``grpo_max_completion_length`` tokens of completion, generated and environment
+``grpo.max_completion_length`` tokens of completion, generated and environment
 ids together (the episode ends unfinished when the next delta would not leave
 room for a reply).
 
@@ -162,7 +162,7 @@ def rendered_delta(
             "the chat template renders the conversation differently once tool results or a "
             "next user message follow, so the episode cannot continue on the generated ids; "
             "use a prefix-preserving template (the bootstrap and SmolLM2 templates are), or "
-            "training.grpo_rollout: tool_loop"
+            "training.grpo.rollout: tool_loop"
         )
     return encode(tokenizer, after[len(before) :])
 
@@ -203,7 +203,7 @@ def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenera
 
 
 def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
-    """Replies from the trainer's vLLM engine (``training.grpo_vllm: colocate``), which TRL
+    """Replies from the trainer's vLLM engine (``training.grpo.vllm: colocate``), which TRL
     has synced with the current weights before calling the rollout.
 
     Only colocated vLLM on one GPU per process: each process then generates its own
@@ -214,8 +214,8 @@ def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
     if generation.mode != "colocate" or getattr(generation, "tensor_parallel_size", 1) != 1:
         raise ValueError(
             "multi-turn GRPO generates with vLLM only colocated and without tensor parallelism "
-            f"(got mode {generation.mode!r}); set training.grpo_vllm: colocate, or "
-            "training.grpo_rollout: tool_loop for single-turn tasks on a vLLM server"
+            f"(got mode {generation.mode!r}); set training.grpo.vllm: colocate, or "
+            "training.grpo.rollout: tool_loop for single-turn tasks on a vLLM server"
         )
 
     def replies(prompts: list[list[int]], max_new_tokens: int) -> Any:
@@ -280,7 +280,7 @@ class MultiTurnRollout:
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError(
                 "MultiTurnRollout needs the batch's rows on the trainer (batch_rows): build the "
-                "trainer with coevolve.training.grpo.make_grpo_trainer (grpo_rollout: multi_turn)"
+                "trainer with coevolve.training.grpo.make_grpo_trainer (grpo.rollout: multi_turn)"
             )
         tasks = [Task.model_validate_json(row["task"]) for row in rows]
         tokenizer = trainer.processing_class

@@ -183,7 +183,7 @@ def build_bootstrap(
     from transformers import AutoModelForCausalLM
 
     from ..common.tokenization import load_tokenizer
-    from .config import LoraSettings, TrainingConfig
+    from .config import LoraSettings, SftConfig, TrainingConfig
     from .trainers import train_adapter
 
     started = time.perf_counter()
@@ -207,7 +207,7 @@ def build_bootstrap(
         seed=config.seed,
         device="cpu",
         # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
-        sft_batching="random",
+        sft=SftConfig(batching="random"),
     )
     if progress:
         print(

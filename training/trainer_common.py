@@ -218,11 +218,11 @@ def dpo_arguments(
     progress: bool,
     tracking: TrainTracking | None = None,
 ) -> dict[str, Any]:
-    """``common_arguments`` for a DPO step: ``dpo_micro_batch_size`` pairs per forward pass
+    """``common_arguments`` for a DPO step: ``dpo.micro_batch_size`` pairs per forward pass
     (the largest divisor of ``batch_size`` up to it), accumulated to ``batch_size`` pairs per
     optimisation step; sequences cut at ``max_length``; reference log-probs computed per
     batch, not precomputed."""
-    micro = config.dpo_micro_batch_size or config.batch_size
+    micro = config.dpo.micro_batch_size or config.batch_size
     micro = max(
         d for d in range(1, min(micro, config.batch_size) + 1) if config.batch_size % d == 0
     )

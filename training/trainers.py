@@ -150,7 +150,7 @@ def train_adapter(
             )
         if not tasks:
             return skipped("no tasks to roll out")
-        if config.grpo_demonstration_steps and conversations:
+        if config.grpo.demonstration_steps and conversations:
             return _demonstrations_then_grpo(
                 config,
                 model_dir=model_dir,
@@ -268,20 +268,20 @@ def _demonstrations_then_grpo(
     conversations: Sequence[list[Message] | TrainingConversation],
     **step: Any,
 ) -> TrainResult:
-    """``grpo_demonstration_steps`` SFT steps on the all-fail tasks' demonstrations, then
+    """``grpo.demonstration_steps`` SFT steps on the all-fail tasks' demonstrations, then
     GRPO from that adapter for the rest of ``max_steps``: one result, both steps counted."""
     sft = config.model_copy(
         update={
             "algorithm": "sft",
-            "max_steps": config.grpo_demonstration_steps,
-            "learning_rate": config.grpo_demonstration_learning_rate or config.learning_rate,
+            "max_steps": config.grpo.demonstration_steps,
+            "learning_rate": config.grpo.demonstration_learning_rate or config.learning_rate,
             "seal": config.seal.model_copy(
                 update={"reweight": config.seal.reweight.model_copy(update={"enable": False})}
             ),
         }
     )
     grpo = config.model_copy(
-        update={"max_steps": config.max_steps - config.grpo_demonstration_steps}
+        update={"max_steps": config.max_steps - config.grpo.demonstration_steps}
     )
     demonstrated = train_adapter(
         sft,
@@ -346,7 +346,7 @@ def _sft_trainer(
             "policy.tools_in_prompt: false",
         )
     weighted = example_weights is not None
-    grouped = config.sft_batching == "length_grouped"
+    grouped = config.sft.batching == "length_grouped"
     if grouped:
         # Every process reads its own share of the batches (DDP): order enough rows for all.
         processes = int(os.environ.get("WORLD_SIZE", "1"))
@@ -405,7 +405,7 @@ def _dpo_trainer(
     if dataset is None:
         return None, 0, "no preference pair renders as prompt + completion"
     args = DPOConfig(
-        **dpo_arguments(config, device, work, progress, tracking), beta=config.dpo_beta
+        **dpo_arguments(config, device, work, progress, tracking), beta=config.dpo.beta
     )
     model, peft_config = model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()
