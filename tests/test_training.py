@@ -29,9 +29,9 @@ from coevolve.training.datasets import (
     successful_conversations,
 )
 from coevolve.training.grpo_environment import environment_class, environment_score
+from coevolve.training.sft import sft_trainer
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
-    _sft_trainer,
     is_adapter_complete,
     length_grouped_order,
     load_train_result,
@@ -305,7 +305,7 @@ def test_sft_trainer_reads_rows_in_the_length_grouped_order(tiny_build, trajecto
     conversations = successful_conversations(trajectories, max_per_task=2)
     for batching in ("length_grouped", "random"):
         config = tiny_training(sft={"batching": batching})
-        trainer, _, _ = _sft_trainer(
+        trainer, _, _ = sft_trainer(
             config, tiny_build, None, tokenizer, conversations, "cpu", tmp_path, False
         )
         rows = config.max_steps * config.batch_size

@@ -3,7 +3,7 @@
 import pytest
 
 from coevolve.training.config import DpoConfig, TrainingConfig
-from coevolve.training.trainer_common import dpo_arguments
+from coevolve.training.dpo import dpo_arguments
 
 
 @pytest.mark.parametrize(

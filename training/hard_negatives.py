@@ -146,19 +146,10 @@ def train_preference_adapter(
     for a new adapter, the base with the adapter disabled. With no pair that
     renders, nothing is written and the result says why.
     """
-    import transformers
-    from trl import DPOConfig
-
     from ..common.tokenization import load_tokenizer
-    from .adapters import model_and_peft, save_adapter
-    from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
-    from .trainer_common import (
-        ProgressBars,
-        dpo_arguments,
-        quiet_trainer,
-        resolve_device,
-        run_trainer,
-    )
+    from .adapters import save_adapter
+    from .dpo import dpo_trainer
+    from .trainer_common import ProgressBars, quiet_trainer, resolve_device, run_trainer
 
     output = Path(output_dir)
     previous = str(previous_adapter) if previous_adapter is not None else None
@@ -179,26 +170,22 @@ def train_preference_adapter(
     work = Path(tempfile.mkdtemp(prefix=f"coevolve-{objective.agent}-"))
     bars = ProgressBars(progress)
     try:
-        dataset = dpo_dataset(tokenizer, pairs)
-        if dataset is None:
-            return skipped("no preference pair renders as prompt + completion")
-        args = DPOConfig(
-            **dpo_arguments(config, device, work, progress, tracking),
+        trainer, examples, reason = dpo_trainer(
+            config,
+            model_dir,
+            previous_adapter,
+            tokenizer,
+            pairs,
+            device,
+            work,
+            progress,
+            tracking,
             beta=objective.beta,
-            loss_type=list(objective.loss_type),
-            loss_weights=list(objective.loss_weights),
+            loss_type=objective.loss_type,
+            loss_weights=objective.loss_weights,
         )
-        model, peft_config = model_and_peft(config, model_dir, previous_adapter)
-        transformers.logging.set_verbosity_error()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            trainer = token_exact_dpo_trainer_class()(
-                model=model,
-                args=args,
-                train_dataset=dataset,
-                processing_class=tokenizer,
-                peft_config=peft_config,
-            )
+        if trainer is None:
+            return skipped(reason or "no preference pair renders as prompt + completion")
         quiet_trainer(trainer, progress)
         if tracking is not None:
             tracking.attach(trainer)
@@ -208,7 +195,7 @@ def train_preference_adapter(
             adapter_dir=str(output),
             previous_adapter=previous,
             steps=steps,
-            examples=len(dataset),
+            examples=examples,
             final_loss=final_loss,
             mean_loss=mean_loss,
             train_time_s=round(elapsed, 3),

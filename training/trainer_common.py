@@ -209,28 +209,3 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def dpo_arguments(
-    config: TrainingConfig,
-    device: str,
-    output_dir: Path,
-    progress: bool,
-    tracking: TrainTracking | None = None,
-) -> dict[str, Any]:
-    """``common_arguments`` for a DPO step: ``dpo.micro_batch_size`` pairs per forward pass
-    (the largest divisor of ``batch_size`` up to it), accumulated to ``batch_size`` pairs per
-    optimisation step; sequences cut at ``max_length``; reference log-probs computed per
-    batch, not precomputed."""
-    micro = config.dpo.micro_batch_size or config.batch_size
-    micro = max(
-        d for d in range(1, min(micro, config.batch_size) + 1) if config.batch_size % d == 0
-    )
-    return {
-        **common_arguments(config, device, output_dir, progress, tracking),
-        "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps
-        * (config.batch_size // micro),
-        "max_length": config.max_length,
-        "precompute_ref_log_probs": False,
-    }

@@ -8,6 +8,10 @@ it is written to a sibling temporary directory, ``training.json`` (the
 ``TrainResult`` and the config) is written last, and the directory is renamed
 into place. A directory without ``training.json`` is not a finished adapter.
 
+Each algorithm's trainer is built in a file of its own (``sft.py``, ``dpo.py``,
+``grpo.py``) from its config section (``training.sft``, ``training.dpo``,
+``training.grpo``).
+
 - **sft**: rejection-sampling fine-tuning. Conversations are tokenized with the
   training chat template (``tokenize_for_training``, as the bootstrap does), so
   the loss falls on assistant tokens only, ``<|im_end|>`` included.
@@ -27,7 +31,6 @@ checkpointing) and on a GPU (bf16 where supported).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import warnings
@@ -47,23 +50,21 @@ from .adapters import (
     is_adapter_complete,
     load_train_result,
     load_trainable_model,
-    model_and_peft,
     save_adapter,
 )
 from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
+from .dpo import dpo_trainer
+from .sft import sft_trainer
 from .tokenized_datasets import (
-    WeightedCollator,
     dpo_dataset,
     length_grouped_order,
     sft_dataset,
-    token_exact_dpo_trainer_class,
     weighted_sft_trainer_class,
 )
 from .trainer_common import (
     ProgressBars,
     common_arguments,
-    dpo_arguments,
     quiet_trainer,
     release_memory,
     resolve_device,
@@ -197,7 +198,7 @@ def train_adapter(
                 tools_in_prompt=tools_in_prompt,
             )
         elif config.algorithm == "dpo":
-            trainer, examples, reason = _dpo_trainer(
+            trainer, examples, reason = dpo_trainer(
                 config,
                 model_dir,
                 previous_adapter,
@@ -209,7 +210,7 @@ def train_adapter(
                 tracking,
             )
         else:
-            trainer, examples, reason = _sft_trainer(
+            trainer, examples, reason = sft_trainer(
                 config,
                 model_dir,
                 previous_adapter,
@@ -315,107 +316,3 @@ def group_figures(metrics: dict[str, float]) -> GroupFigures:
         refilled=metrics.get("dynamic/refilled"),
         final_with_spread=metrics.get("dynamic/final_with_spread"),
     )
-
-
-def _sft_trainer(
-    config: TrainingConfig,
-    model_dir: str | Path,
-    previous_adapter: str | Path | None,
-    tokenizer: Any,
-    conversations: Sequence[list[Message] | TrainingConversation],
-    device: str,
-    work: Path,
-    progress: bool,
-    tracking: TrainTracking | None = None,
-    example_weights: Sequence[float] | None = None,
-) -> tuple[Any, int, str | None]:
-    import transformers
-    from trl import SFTConfig, SFTTrainer
-
-    dataset = sft_dataset(tokenizer, conversations, example_weights)
-    # A row whose first trained token lies past max_length teaches nothing once truncated
-    # (TRL drops it); when every row is such, say why instead of training zero steps.
-    starts = [mask.index(1) if 1 in mask else len(mask) for mask in dataset["assistant_masks"]]
-    if starts and min(starts) >= config.max_length:
-        return (
-            None,
-            0,
-            f"every example's first trained token lies past training.max_length "
-            f"({config.max_length}); the shortest prompt is {min(starts)} tokens (tool schemas "
-            "in the prompt cost thousands): raise training.max_length, or set "
-            "policy.tools_in_prompt: false",
-        )
-    weighted = example_weights is not None
-    grouped = config.sft.batching == "length_grouped"
-    if grouped:
-        # Every process reads its own share of the batches (DDP): order enough rows for all.
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        rows = config.max_steps * config.batch_size * config.gradient_accumulation_steps * processes
-        lengths = [len(ids) for ids in dataset["input_ids"]]
-        dataset = dataset.select(
-            length_grouped_order(lengths, config.batch_size, rows, config.seed)
-        )
-    args = SFTConfig(
-        **common_arguments(config, device, work, progress, tracking),
-        # The weight column is no model input; keep it for the collator.
-        remove_unused_columns=not weighted,
-        max_length=config.max_length,
-        # Pre-tokenized with the assistant mask of the training template; SFTTrainer
-        # turns the mask into labels (assistant_only_loss itself needs messages).
-        assistant_only_loss=False,
-        completion_only_loss=False,
-        packing=False,
-        # Shuffled batches, either plain or length-grouped in our own order (read in
-        # sequence). Not transformers' group_by_length: it sorts each window of up to 50
-        # batches longest first, so a short run (32 bootstrap steps) met the long chains
-        # at the full learning rate and the short families only in the schedule's tail:
-        # 18% on validation against 33% shuffled (docs/benchmarks.md).
-        train_sampling_strategy="sequential" if grouped else "random",
-    )
-    model, peft_config = model_and_peft(config, model_dir, previous_adapter)
-    transformers.logging.set_verbosity_error()
-    trainer_class: Any = weighted_sft_trainer_class() if weighted else SFTTrainer
-    trainer = trainer_class(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
-    if weighted:
-        trainer.data_collator = WeightedCollator(trainer.data_collator)
-    return trainer, len(conversations), None
-
-
-def _dpo_trainer(
-    config: TrainingConfig,
-    model_dir: str | Path,
-    previous_adapter: str | Path | None,
-    tokenizer: Any,
-    pairs: Sequence[PreferencePair],
-    device: str,
-    work: Path,
-    progress: bool,
-    tracking: TrainTracking | None = None,
-) -> tuple[Any, int, str | None]:
-    import transformers
-    from trl import DPOConfig
-
-    dataset = dpo_dataset(tokenizer, pairs)
-    if dataset is None:
-        return None, 0, "no preference pair renders as prompt + completion"
-    args = DPOConfig(
-        **dpo_arguments(config, device, work, progress, tracking), beta=config.dpo.beta
-    )
-    model, peft_config = model_and_peft(config, model_dir, previous_adapter)
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        trainer = token_exact_dpo_trainer_class()(
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-        )
-    return trainer, len(dataset), None
