@@ -139,6 +139,25 @@ class DpoConfig(Section):
         "SmolLM2's 49k vocabulary); 8 pairs at once were killed at 23 GiB on a 24 GB machine. "
         "Uses the largest divisor of batch_size up to this; None: batch_size pairs at once.",
     )
+    loss_type: list[str] = Field(
+        default_factory=lambda: ["sigmoid"],
+        min_length=1,
+        description="TRL's DPO losses, summed: sigmoid is DPO's own; add 'sft' for an SFT term "
+        "on the chosen completion (what hard negatives' target step trains with).",
+    )
+    loss_weights: list[float] | None = Field(
+        default=None,
+        description="One weight per loss_type entry (None: 1.0 each).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DpoConfig:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"dpo.loss_weights has {len(self.loss_weights)} weights for "
+                f"{len(self.loss_type)} loss types {self.loss_type}: give one per loss type"
+            )
+        return self
 
 
 class GrpoConfig(Section):

@@ -4,8 +4,8 @@ The prompt is the opening (system + request) rendered with a generation prompt;
 chosen and rejected are the rest of each conversation as the chat template
 renders it. ``training.dpo.micro_batch_size`` pairs go through a forward pass
 at a time, accumulated to ``batch_size`` pairs per step. Hard negatives
-(``training/hard_negatives.py``) build their trainers here too, with their own
-beta and an SFT term.
+(``training/hard_negatives.py``) train through the same step, with their own
+beta and an SFT term (``dpo.loss_type``, ``dpo.loss_weights``).
 """
 
 from __future__ import annotations
@@ -60,14 +60,10 @@ def dpo_trainer(
     work: Path,
     progress: bool,
     tracking: TrainTracking | None = None,
-    beta: float | None = None,
-    loss_type: Sequence[str] = ("sigmoid",),
-    loss_weights: Sequence[float] | None = None,
 ) -> tuple[Any, int, str | None]:
-    """TRL's DPOTrainer on ``pairs`` (token-exact: the ids the model read and wrote), with
-    the pairs it trains on, or None and the reason when no pair renders. ``beta`` defaults
-    to ``training.dpo.beta``; hard negatives add an SFT term through ``loss_type`` and
-    ``loss_weights``."""
+    """TRL's DPOTrainer on ``pairs`` (token-exact: the ids the model read and wrote) with
+    ``training.dpo``'s beta and losses, and the pairs it trains on; or None and the reason
+    when no pair renders."""
     import transformers
     from trl import DPOConfig
 
@@ -76,9 +72,9 @@ def dpo_trainer(
         return None, 0, "no preference pair renders as prompt + completion"
     args = DPOConfig(
         **dpo_arguments(config, device, work, progress, tracking),
-        beta=config.dpo.beta if beta is None else beta,
-        loss_type=list(loss_type),
-        loss_weights=list(loss_weights) if loss_weights is not None else None,
+        beta=config.dpo.beta,
+        loss_type=list(config.dpo.loss_type),
+        loss_weights=config.dpo.loss_weights,
     )
     model, peft_config = model_and_peft(config, model_dir, previous_adapter)
     transformers.logging.set_verbosity_error()

@@ -36,9 +36,6 @@ base model already in memory. The cycle step that ties these together is
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -138,7 +135,7 @@ def train_preference_adapter(
     progress: bool = True,
     tracking: TrainTracking | None = None,
 ) -> TrainResult:
-    """One adapter trained by TRL's ``DPOTrainer`` with ``objective``'s loss and saved atomically.
+    """One adapter trained by the DPO step (``train_adapter``) with ``objective``'s loss.
 
     Only the adapter being trained changes: the base model is loaded frozen and
     ``previous_adapter`` (or a new LoRA from ``config.lora``) is the one trainable
@@ -146,68 +143,37 @@ def train_preference_adapter(
     for a new adapter, the base with the adapter disabled. With no pair that
     renders, nothing is written and the result says why.
     """
-    from ..common.tokenization import load_tokenizer
-    from .adapters import save_adapter
-    from .dpo import dpo_trainer
-    from .trainer_common import ProgressBars, quiet_trainer, resolve_device, run_trainer
-
-    output = Path(output_dir)
-    previous = str(previous_adapter) if previous_adapter is not None else None
-
-    def skipped(reason: str) -> TrainResult:
-        logger.info("%s training skipped: %s", objective.agent, reason)
-        return TrainResult(
-            algorithm="dpo", adapter_dir=previous, previous_adapter=previous, skipped=reason
-        )
+    from .trainers import train_adapter
 
     if not pairs:
-        return skipped(f"no preference pairs for the {objective.agent} agent")
-    device = resolve_device(config)
-    warnings.filterwarnings(
-        "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
-    )
-    tokenizer = load_tokenizer(model_dir)
-    work = Path(tempfile.mkdtemp(prefix=f"coevolve-{objective.agent}-"))
-    bars = ProgressBars(progress)
-    try:
-        trainer, examples, reason = dpo_trainer(
-            config,
-            model_dir,
-            previous_adapter,
-            tokenizer,
-            pairs,
-            device,
-            work,
-            progress,
-            tracking,
-            beta=objective.beta,
-            loss_type=objective.loss_type,
-            loss_weights=objective.loss_weights,
-        )
-        if trainer is None:
-            return skipped(reason or "no preference pair renders as prompt + completion")
-        quiet_trainer(trainer, progress)
-        if tracking is not None:
-            tracking.attach(trainer)
-        steps, final_loss, mean_loss, elapsed, _ = run_trainer(trainer)
-        result = TrainResult(
+        logger.info("%s training skipped: no preference pairs", objective.agent)
+        previous = str(previous_adapter) if previous_adapter is not None else None
+        return TrainResult(
             algorithm="dpo",
-            adapter_dir=str(output),
+            adapter_dir=previous,
             previous_adapter=previous,
-            steps=steps,
-            examples=examples,
-            final_loss=final_loss,
-            mean_loss=mean_loss,
-            train_time_s=round(elapsed, 3),
-            steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
-            device=device,
+            skipped=f"no preference pairs for the {objective.agent} agent",
         )
-        save_adapter(trainer.model, output, result, config)
-        (output / OBJECTIVE_FILE).write_text(objective.model_dump_json(indent=2) + "\n")
-        return result
-    finally:
-        bars.restore()
-        shutil.rmtree(work, ignore_errors=True)
+    losses = {
+        "beta": objective.beta,
+        "loss_type": list(objective.loss_type),
+        "loss_weights": list(objective.loss_weights),
+    }
+    step = config.model_copy(
+        update={"algorithm": "dpo", "dpo": config.dpo.model_copy(update=losses)}
+    )
+    result = train_adapter(
+        step,
+        model_dir=model_dir,
+        output_dir=output_dir,
+        previous_adapter=previous_adapter,
+        pairs=pairs,
+        progress=progress,
+        tracking=tracking,
+    )
+    if result.skipped is None:
+        (Path(output_dir) / OBJECTIVE_FILE).write_text(objective.model_dump_json(indent=2) + "\n")
+    return result
 
 
 def load_objective(adapter_dir: str | Path) -> Objective | None:
