@@ -253,3 +253,10 @@ def test_no_source_file_is_over_500_lines() -> None:
         and (lines := len(path.read_text().splitlines())) > MAX_SOURCE_LINES
     }
     assert not long, f"split these files (over {MAX_SOURCE_LINES} lines): {long}"
+
+
+def test_every_public_name_of_the_package_resolves() -> None:
+    # The lazy names (run, resume, RunResult, CycleSummary) point into modules that may move.
+    import coevolve
+
+    assert all(getattr(coevolve, name) is not None for name in coevolve.__all__)
