@@ -21,7 +21,12 @@ if TYPE_CHECKING:
 
 # The loop's entry points pull in the graph, training configs and environments:
 # loaded on first use, so `coevolve --help` and `import coevolve.records` stay light.
-_LAZY = {"RunResult": "runner", "resume": "runner", "run": "runner", "CycleSummary": "outputs.summary"}
+_LAZY = {
+    "RunResult": "runner",
+    "resume": "runner",
+    "run": "runner",
+    "CycleSummary": "outputs.summary",
+}
 
 
 def __getattr__(name: str) -> Any:

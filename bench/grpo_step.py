@@ -70,7 +70,8 @@ def main() -> None:
 
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.config import GrpoConfig, TrainingConfig
+    from coevolve.training.algorithm_config import GrpoConfig
+    from coevolve.training.config import TrainingConfig
     from coevolve.training.grpo import make_grpo_trainer
     from coevolve.training.trainer_common import common_arguments, quiet_trainer
 

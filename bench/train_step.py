@@ -37,7 +37,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from coevolve.common.files import read_jsonl
-    from coevolve.training.config import LoraSettings, SftConfig, TrainingConfig
+    from coevolve.training.algorithm_config import SftConfig
+    from coevolve.training.config import LoraSettings, TrainingConfig
     from coevolve.training.trainers import train_adapter
 
     if args.model is None:

@@ -11,7 +11,8 @@ import torch
 
 from coevolve.common.config_base import merged
 from coevolve.testing.presets import tiny_training
-from coevolve.training.config import GrpoConfig, TrainingConfig
+from coevolve.training.algorithm_config import GrpoConfig
+from coevolve.training.config import TrainingConfig
 
 BFCL_SYSTEM_PROMPT = "Use the tools."
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from coevolve.training.config import DpoConfig, TrainingConfig
+from coevolve.training.algorithm_config import DpoConfig
+from coevolve.training.config import TrainingConfig
 from coevolve.training.dpo import dpo_arguments
 
 

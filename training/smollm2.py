@@ -183,7 +183,8 @@ def build_bootstrap(
     from transformers import AutoModelForCausalLM
 
     from ..common.tokenization import load_tokenizer
-    from .config import LoraSettings, SftConfig, TrainingConfig
+    from .algorithm_config import SftConfig
+    from .config import LoraSettings, TrainingConfig
     from .trainers import train_adapter
 
     started = time.perf_counter()

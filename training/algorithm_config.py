@@ -1,0 +1,239 @@
+"""Each training algorithm's own knobs: ``training.sft``, ``training.dpo``, ``training.grpo``.
+
+As TRL's ``SFTConfig``, ``DPOConfig`` and ``GRPOConfig``, one section per
+algorithm, every field with its help, and each section rejecting the
+combinations of its own fields that cannot work. ``TrainingConfig``
+(``training/config.py``) holds what the algorithms share and checks the
+combinations across sections.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..common.config_base import Section
+
+SftBatching = Literal["random", "length_grouped"]
+GrpoRollout = Literal["auto", "tool_loop", "multi_turn"]
+GrpoVllm = Literal["off", "colocate", "server"]
+
+
+class SftConfig(Section):
+    """``training.sft``: which rollouts and demonstrations an SFT step trains on, and how."""
+
+    max_per_task: int = Field(
+        default=2,
+        gt=0,
+        description="At most this many successful trajectories per task enter SFT, so easy tasks "
+        "with K successes do not crowd out the rest.",
+    )
+    batching: SftBatching = Field(
+        default="length_grouped",
+        description="How SFT conversations form batches. random: shuffled, each batch padded to "
+        "its longest conversation (a third of a cycle's batch was padding); length_grouped: "
+        "shuffled, then each window of 4 batches sorted by length and cut, and the batches "
+        "shuffled again, so a batch holds similar lengths but the run still meets every "
+        "length throughout (unlike transformers' group_by_length, which puts each window's "
+        "longest batch first).",
+    )
+    min_score: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="A trajectory counts as a success for SFT from this verifier score on.",
+    )
+    token_ids: bool = Field(
+        default=False,
+        description="SFT on a successful rollout trains on the token ids the model read and "
+        "generated (Trajectory.model_turns), as DPO and GRPO do, instead of the canonical "
+        "tokenisation of its messages, which is how the policy re-reads its past turns. Off by "
+        "default: on the quickstart (seed 0) it ended at 28.7% held-out against 35.2% off "
+        "(docs/benchmarks.md, one seed); SmolLM2 often spells names in tokens the tokenizer "
+        "would not choose.",
+    )
+
+
+class DpoConfig(Section):
+    """``training.dpo``: the preference pairs of a DPO step and its temperature."""
+
+    beta: float = Field(
+        default=0.1,
+        gt=0,
+        description="DPO temperature: how far the policy may move from the reference (the base "
+        "model with the adapter disabled). Larger stays closer.",
+    )
+    max_pairs_per_task: int = Field(
+        default=2, gt=0, description="At most this many (success, failure) pairs per task."
+    )
+    micro_batch_size: int | None = Field(
+        default=2,
+        gt=0,
+        description="Pairs per forward pass of a DPO step; the step still averages batch_size x "
+        "gradient_accumulation_steps pairs by accumulating. Each pair keeps two sequences' "
+        "full-vocabulary logits for the backward pass (0.4 GB a copy at 1024 tokens on "
+        "SmolLM2's 49k vocabulary); 8 pairs at once were killed at 23 GiB on a 24 GB machine. "
+        "Uses the largest divisor of batch_size up to this; None: batch_size pairs at once.",
+    )
+    loss_type: list[str] = Field(
+        default_factory=lambda: ["sigmoid"],
+        min_length=1,
+        description="TRL's DPO losses, summed: sigmoid is DPO's own; add 'sft' for an SFT term "
+        "on the chosen completion (what hard negatives' target step trains with).",
+    )
+    loss_weights: list[float] | None = Field(
+        default=None,
+        description="One weight per loss_type entry (None: 1.0 each).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DpoConfig:
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"dpo.loss_weights has {len(self.loss_weights)} weights for "
+                f"{len(self.loss_type)} loss types {self.loss_type}: give one per loss type"
+            )
+        return self
+
+
+class GrpoConfig(Section):
+    """``training.grpo``: groups, clipping, episodes and who generates them in a GRPO step."""
+
+    num_generations: int = Field(
+        default=8,
+        ge=2,
+        description="Group size G: episodes per prompt whose rewards are compared (K = 8 in the paper).",
+    )
+    prompts_per_step: int = Field(
+        default=4,
+        gt=0,
+        description="Tasks per generation round; the round has prompts_per_step x "
+        "num_generations episodes and feeds that many / (batch_size x "
+        "gradient_accumulation_steps) optimisation steps. More tasks per round: more groups with "
+        "reward spread (a group whose episodes all score the same teaches nothing).",
+    )
+    beta: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="KL coefficient towards the reference (the base model, adapter disabled). 0 "
+        "skips the reference forward pass (TRL's default); the clipped ratio still bounds each update.",
+    )
+    epsilon: float = Field(
+        default=0.2, gt=0, lt=1, description="Lower clip range of the probability ratio."
+    )
+    epsilon_high: float = Field(
+        default=0.28,
+        gt=0,
+        lt=1,
+        description="Upper clip range (DAPO's clip-higher: above epsilon, so rare good tokens can grow).",
+    )
+    max_completion_length: int = Field(
+        default=384,
+        gt=0,
+        description="Tokens of one episode after the prompt: the model's calls and answers plus the "
+        "tool results in between (and, with rollout multi_turn, the later user turns); a "
+        "world episode takes 60-400, a BFCL multi-turn one on a small model 1-3k. An episode "
+        "that reaches it ends there, unfinished.",
+    )
+    max_tool_calls: int = Field(
+        default=12,
+        gt=0,
+        description="Most tool-calling replies per episode (tool_loop), or per user turn "
+        "(multi_turn, as rollout.max_tool_calls; the episode ends unfinished beyond it).",
+    )
+    temperature: float = Field(
+        default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
+    )
+    prompts: Literal["all", "spread"] = Field(
+        default="all",
+        description="Which tasks GRPO plays. all: the cycle's rolled-out and synthesized tasks. "
+        "spread: where the gradient is: first the tasks whose rollouts this cycle both "
+        "succeeded and failed (the boundary set), then new tasks without rollouts; tasks "
+        "whose rollouts all failed or all succeeded only to fill prompts_per_step.",
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Drop the groups whose episodes all succeeded or all failed (binary success) "
+        "and refill the round with groups of further tasks (DAPO's dynamic sampling; "
+        "training/dynamic_sampling.py). One training process only.",
+    )
+    demonstration_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Of max_steps, optimisation steps of SFT on the reference solutions of the "
+        "tasks whose rollouts this cycle all failed, taken before the GRPO steps: such tasks "
+        "get demonstrations instead of groups without reward spread (small models collapse "
+        "on those). 0: off.",
+    )
+    demonstration_learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Learning rate of those SFT steps (None: learning_rate; GRPO's rate is "
+        "often far below what SFT needs).",
+    )
+    max_refills: int = Field(
+        default=2,
+        ge=0,
+        description="dynamic_sampling: most extra generation rounds per step to refill "
+        "dropped groups; the rest of the round is then filled with groups without spread.",
+    )
+    rollout: GrpoRollout = Field(
+        default="auto",
+        description="How GRPO plays an episode. tool_loop: TRL's environment_factory loop, "
+        "which ends the episode at the first answer without calls (one user turn; tasks with "
+        "more are left out) and parses only templates TRL knows (Qwen2.5 <tool_call> JSON). "
+        "multi_turn: coevolve's rollout_func (training/multiturn_grpo.py) plays every user "
+        "turn, parses replies as the in-process policy does (plain call lines too) and trains "
+        "on the generated ids verbatim, tool results and later user turns masked out of the "
+        "loss. auto: multi_turn when a task of the step has more than one user turn (BFCL) or "
+        "TRL cannot parse the model's calls (SmolLM2's plain-calls template), else tool_loop.",
+    )
+    max_reply_tokens: int = Field(
+        default=96,
+        gt=0,
+        description="multi_turn: most tokens of one reply, as the in-process policy's "
+        "max_new_tokens (96) in rollouts. A reply cut there is parsed as it stands and closed "
+        "with the end-of-turn token (masked out of the loss), as a rollout renders it; the "
+        "episode goes on. tool_loop ignores it (TRL caps the whole episode only).",
+    )
+    vllm: GrpoVllm = Field(
+        default="off",
+        description="Who generates GRPO episodes. off: the trainer's own model (transformers). "
+        "colocate: a vLLM engine on each training GPU, synced with the weights every step (TRL's "
+        "vllm_mode colocate; needs the vllm extra and CUDA); the multi-turn rollout works only "
+        "here. server: a `trl vllm-serve` process at vllm_server_url (tool_loop only).",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="vllm colocate: share of the GPU's memory vLLM reserves beside the "
+        "training model (TRL's vllm_gpu_memory_utilization).",
+    )
+    vllm_server_url: str | None = Field(
+        default=None,
+        description="vllm server: base URL of the `trl vllm-serve` process, e.g. "
+        "http://127.0.0.1:8000.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GrpoConfig:
+        problems = []
+        if self.epsilon_high < self.epsilon:
+            problems.append(
+                f"grpo.epsilon_high ({self.epsilon_high}) is below grpo.epsilon ({self.epsilon}); "
+                "set grpo.epsilon_high >= grpo.epsilon (equal: symmetric clipping)"
+            )
+        if self.vllm == "server" and self.vllm_server_url is None:
+            problems.append(
+                "grpo.vllm 'server' needs grpo.vllm_server_url (where `trl vllm-serve` listens)"
+            )
+        if self.vllm == "server" and self.rollout == "multi_turn":
+            problems.append(
+                "the multi-turn rollout generates with vLLM only colocated (every process "
+                "would have to call the server together); set grpo.vllm: colocate"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
