@@ -21,6 +21,9 @@
   (``graph/training_step.py``);
 - *evaluate* measures held-out success per family.
 
+Each node calls its stage (graph/stages.py, the same functions a script can
+call itself) and records the stage's figures in the state.
+
 The state stays small and JSON-friendly (figures and file paths): the
 trajectories, flagged items and tasks of a cycle live in files under
 ``<run_dir>/cycles/NNN/``, written atomically. Only while the synthesis stage
@@ -47,29 +50,21 @@ from __future__ import annotations
 
 import operator
 import time
-from collections import Counter
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from ..memory.signals import FlaggedTrajectory
 from ..outputs.summary import (
     CycleSummary,
-    FamilyFlags,
-    PoolFigures,
-    RolloutFigures,
-    SignalFigures,
-    SynthesisFigures,
-    TrainFigures,
 )
 from ..outputs.tracking import log_cycle
-from ..records import SignalKind, Task, Trajectory, is_success
-from .evaluation import evaluate_agent, shared_baseline, validation_by_family
-from .runtime import CycleRuntime, seed_everything
+from ..records import Task
+from . import stages
+from .evaluation import shared_baseline
+from .runtime import CycleRuntime
 from .synthesis import graph as synthesis_graph
-from .synthesis_state import REPLY_ERRORS, Rejection, SynthesisResult
+from .synthesis_state import Rejection, SynthesisResult
 
 
 class CycleState(TypedDict, total=False):
@@ -103,13 +98,9 @@ SYNTHESIS_CLEARED: dict[str, Any] = {
 }
 
 
-def _success_rate(trajectories: list[Trajectory]) -> float:
-    if not trajectories:
-        return 0.0
-    return sum(is_success(t.score) for t in trajectories) / len(trajectories)
-
-
 # --------------------------------------------------------------------------- nodes
+# Each node: read what the stage needs from the cycle's files, call the stage
+# (graph/stages.py), record its figures in the state.
 
 
 async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
@@ -122,154 +113,22 @@ async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[st
 
 
 async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    from ..agents.rollout import rollout as run
-
-    rt = runtime.context
-    config = rt.config
     cycle = state.get("cycle", 0) + 1
-    tasks = rt.pool.sample(cycle, rt.history, config.pool)
-    seed_everything(config.seed, cycle, "rollout")
-    started = time.perf_counter()
-    trajectories = await run(
-        rt.policy,
-        rt.make_env,
-        tasks,
-        k=config.rollout.k,
-        temperature=config.rollout.temperature,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
-        cycle=cycle,
-        description=f"cycle {cycle} · rollout",
-    )
-    elapsed = time.perf_counter() - started
-    # SEAL's diagnosis: a label per turn (BFCL) or step (world) and the graded progress,
-    # stored on each trajectory and counted per cycle.
-    from ..envs.diagnosis import count_labels
-    from ..envs.registry import annotate
-
-    trajectories = annotate(trajectories, {task.id: task for task in tasks})
-    rt.files(cycle).write_rollouts(trajectories)
-    sources = Counter(task.source for task in tasks)
-    figures = RolloutFigures(
-        tasks=len(tasks),
-        seed_tasks=sources.get("seed", 0),
-        synthesized_tasks=sources.get("synthesized", 0),
-        episodes=len(trajectories),
-        success=_success_rate(trajectories),
-        diagnosis=count_labels(trajectories),
-        tokens=sum(t.completion_tokens for t in trajectories),
-        time_s=elapsed,
-    )
-    rt.say(
-        f"cycle {cycle} · rollout: {len(tasks)} tasks ({figures.synthesized_tasks} synthesized)"
-        f" × {config.rollout.k} = {len(trajectories)} episodes, success {figures.success:.1%}"
-        f" [{elapsed:.0f} s]"
-    )
+    _, figures = await stages.rollout(runtime.context, cycle)
     return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures.model_dump()}}
 
 
-def flag_map(
-    trajectories: Sequence[Trajectory],
-    flagged: Sequence[FlaggedTrajectory],
-    kept: Sequence[FlaggedTrajectory],
-    kinds: Sequence[SignalKind],
-) -> SignalFigures:
-    """Where the flags land: counts by kind and by family, before and after the budget.
-
-    ``flag_precision`` is the share of kept items (the synthesis budget) whose family
-    is below 50% success over this cycle's rollouts: the families the agent cannot
-    do yet.
-    """
-    from ..memory.signals import failure_rates
-
-    rates = failure_rates(trajectories)
-    families = sorted({t.family for t in trajectories})
-
-    def of_family(items: Sequence[FlaggedTrajectory], family: str) -> tuple[dict[str, int], int]:
-        """Items of the family by kind (kinds with none left out), and how many items."""
-        mine = [item for item in items if item.trajectory.family == family]
-        counts = Counter(kind for item in mine for kind in item.kinds)
-        return {kind: counts[kind] for kind in kinds if counts.get(kind, 0)}, len(mine)
-
-    by_family: dict[str, FamilyFlags] = {}
-    for family in families:
-        flagged_kinds, flagged_items = of_family(flagged, family)
-        kept_kinds, kept_items = of_family(kept, family)
-        by_family[family] = FamilyFlags(
-            rollout_success=round(1.0 - rates.get(family, 0.0), 4),
-            flagged=flagged_kinds,
-            flagged_items=flagged_items,
-            kept=kept_kinds,
-            kept_items=kept_items,
-        )
-    by_kind = Counter(kind for item in flagged for kind in item.kinds)
-    kept_by_kind = Counter(kind for item in kept for kind in item.kinds)
-    weak = [item for item in kept if rates.get(item.trajectory.family, 0.0) > 0.5]
-    return SignalFigures(
-        flagged=len(flagged),
-        kept=len(kept),
-        by_kind={kind: by_kind.get(kind, 0) for kind in kinds},
-        kept_by_kind={kind: kept_by_kind.get(kind, 0) for kind in kinds},
-        by_family=by_family,
-        flag_precision=len(weak) / len(kept) if kept else 0.0,
-    )
-
-
 async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    from ..memory.signals import (
-        apply_budget,
-        attach_nearest_misses,
-        detect_signals,
-        select_oracle,
-        select_random,
-    )
-
-    rt = runtime.context
-    cycle = state["cycle"]
-    started = time.perf_counter()
-    trajectories = rt.files(cycle).rollouts()
-    flagged = detect_signals(
-        trajectories, rt.history, rt.patterns, rt.config.signals, cycle, budgeted=False
-    )
-    validation: dict[str, float] | None = None
-    if rt.config.signals.selection == "random":
-        kept = select_random(trajectories, rt.config.signals, cycle, rt.config.seed)
-    elif rt.config.signals.selection == "oracle":
-        validation = await validation_by_family(rt, cycle)
-        kept = select_oracle(trajectories, validation, rt.config.signals, cycle, rt.config.seed)
-    else:
-        kept = apply_budget(flagged, rt.config.signals, trajectories)
-    # The summarizer reads each flagged episode beside its task's nearest miss; the
-    # failure agent's episodes of the previous cycle (hard negatives) count too.
-    misses = list(trajectories)
-    if cycle > 1:
-        misses += rt.files(cycle - 1).failure_rollouts()
-    kept = attach_nearest_misses(kept, misses)
-    rt.files(cycle).write_flagged(kept)
-    figures = flag_map(trajectories, flagged, kept, rt.config.signals.detector_kinds)
-    figures.nearest_misses = sum(item.nearest_miss is not None for item in kept)
-    figures.oracle_validation = validation
-    figures.time_s = time.perf_counter() - started
-    found = ", ".join(f"{k} {n}" for k, n in figures.by_kind.items())
-    rt.say(
-        f"cycle {cycle} · signals: flagged {len(flagged)} ({found}); kept {len(kept)}, "
-        f"{figures.flag_precision or 0.0:.0%} of them on families under 50% rollout success"
-    )
+    rt, cycle = runtime.context, state["cycle"]
+    _, figures = await stages.signals(rt, cycle, rt.files(cycle).rollouts())
     return {"current": {**state.get("current", {}), "signals": figures.model_dump()}}
 
 
 async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    """The synthesis subgraph's input: the cycle's kept flagged items and their parent tasks."""
-
-    rt = runtime.context
-    cycle = state["cycle"]
-    flagged = rt.files(cycle).flagged()
-    if not rt.config.synthesis.enabled:
-        flagged = []  # the static arm: the pool stays the seed tasks
-    parent_ids = {item.trajectory.task_id for item in flagged}
-    parents = [task for task in rt.pool.tasks if task.id in parent_ids]
-    # JSON in the cycle's state, as everywhere else in it (the subgraph validates it).
+    """The synthesis pass's input: the cycle's kept flagged items and their parent tasks."""
+    rt, cycle = runtime.context, state["cycle"]
+    flagged, parents = stages.synthesis_input(rt, rt.files(cycle).flagged())
+    # JSON in the cycle's state, as everywhere else in it (the synthesis graph validates it).
     return {
         "flagged": [item.model_dump(mode="json") for item in flagged],
         "parents": [task.model_dump(mode="json") for task in parents],
@@ -294,51 +153,13 @@ async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[s
 
 
 async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    """The synthesis subgraph's output: the cycle's files and the synthesize figures."""
-
-    rt = runtime.context
-    cycle = state["cycle"]
-    result = SynthesisResult.from_output(state)
-    rt.files(cycle).write_synthesized(result.accepted)
-    # Every rejection with its stage and reason, not only the most common ones.
-    rt.files(cycle).write_rejections(result.rejections)
-    reasons = Counter(r.reason for r in result.rejections)
-    stage_counts = {
-        k: v for k, v in result.counts.items() if not k.startswith(("kind:", REPLY_ERRORS))
-    }
-    figures = SynthesisFigures.model_validate(
-        {
-            **stage_counts,
-            "accepted": len(result.accepted),
-            "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
-            "by_family": dict(Counter(task.family for task in result.accepted)),
-            "candidate_kinds": {
-                key.removeprefix("kind:"): value
-                for key, value in result.counts.items()
-                if key.startswith("kind:")
-            },
-            "reply_errors": {
-                key.removeprefix(REPLY_ERRORS): value
-                for key, value in result.counts.items()
-                if key.startswith(REPLY_ERRORS)
-            },
-            "top_rejections": dict(reasons.most_common(3)),
-            "rejections": len(result.rejections),
-            "roles": result.roles,
-            # Tasks of a killed attempt of this pass that the pass took out of the store.
-            "removed_on_resume": (state.get("counts") or {}).get("removed", 0),
-            "time_s": time.time() - state.get("synthesis_started", time.time()),
-        }
-    )
-    rt.say(
-        f"cycle {cycle} · synthesize: {figures.candidates} candidates, "
-        f"{figures.duplicates} duplicates, {figures.accepted} accepted"
-        + (
-            f", {sum(figures.reply_errors.values())} unreadable endpoint replies"
-            if figures.reply_errors
-            else ""
-        )
-        + f" [{figures.time_s:.0f} s]"
+    """The synthesis pass's output: the cycle's files and the synthesize figures."""
+    figures = stages.record_synthesis(
+        runtime.context,
+        state["cycle"],
+        SynthesisResult.from_output(state),
+        time_s=time.time() - state.get("synthesis_started", time.time()),
+        removed=(state.get("counts") or {}).get("removed", 0),
     )
     return {
         "current": {**state.get("current", {}), "synthesize": figures.model_dump()},
@@ -347,55 +168,25 @@ async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) ->
 
 
 async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-
-    rt = runtime.context
-    cycle = state["cycle"]
-    started = time.perf_counter()
-    accepted = rt.files(cycle).synthesized()
-    added = rt.pool.add(accepted)
-    counts = rt.pool.counts()
-    figures = PoolFigures(
-        added=added,
-        seed=counts.get("seed", 0),
-        synthesized=counts.get("synthesized", 0),
-        size=len(rt.pool),
-        time_s=time.perf_counter() - started,
-    )
-    rt.say(f"cycle {cycle} · pool: +{added} tasks, {len(rt.pool)} in all")
+    rt, cycle = runtime.context, state["cycle"]
+    figures = stages.update_pool(rt, cycle, rt.files(cycle).synthesized())
     return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
 async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    rt = runtime.context
-    cycle = state["cycle"]
-    started = time.perf_counter()
-    from .training_step import train_cycle
-
-    result = await train_cycle(rt, cycle, state.get("adapter"))
-    # A hard-negatives step's result carries the failure agent's figures too.
-    figures = TrainFigures(**result.model_dump(), stage_time_s=time.perf_counter() - started)
-    adapter = result.adapter_dir
-    if result.skipped:
-        rt.say(f"cycle {cycle} · train: skipped ({result.skipped})")
-    else:
-        loss = f"{result.final_loss:.3f}" if result.final_loss is not None else "n/a"
-        rt.say(
-            f"cycle {cycle} · train ({result.algorithm}): {result.examples} examples, "
-            f"{result.steps} steps, loss {loss} [{result.train_time_s:.0f} s]"
-        )
+    result, figures = await stages.train(runtime.context, state["cycle"], state.get("adapter"))
     return {
-        "adapter": adapter,
+        "adapter": result.adapter_dir,
         "current": {**state.get("current", {}), "train": figures.model_dump()},
     }
 
 
 async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
-    rt = runtime.context
-    cycle = state["cycle"]
+    rt, cycle = runtime.context, state["cycle"]
     every = rt.config.evaluation.every
     figures = None
     if cycle % every == 0 or cycle >= rt.config.cycles:
-        figures = (await evaluate_agent(rt, cycle)).model_dump()
+        figures = (await stages.evaluate(rt, cycle)).model_dump()
     else:
         rt.say(f"cycle {cycle} · evaluate: skipped (evaluation.every = {every})")
     summary = CycleSummary.model_validate({**state.get("current", {}), "evaluate": figures})

@@ -73,7 +73,7 @@ class SignalFigures(BaseModel):
         default=None,
         description="Oracle selection only: validation success per family it selected by.",
     )
-    # graph.cycle.flag_map builds the figures before the stage ends; the node sets the time.
+    # graph.stages.flag_map builds the figures before the stage ends; the stage sets the time.
     time_s: float = Field(default=0.0, description="Seconds the stage took.")
 
 

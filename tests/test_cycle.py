@@ -511,3 +511,38 @@ def test_evaluation_every_skips_the_cycles_between_and_keeps_the_last(
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert rows[1]["heldout_success"] is None and rows[2]["heldout_success"] is not None
     assert Path(result.report).stat().st_size > 10_000
+
+
+def test_the_stage_functions_run_a_cycle_by_hand(tmp_path, agent_server, tiny_build):
+    """The library API beside coevolve.run: the stages called one by one (as the loop's
+    nodes call them) write the cycle's files and return what they made."""
+    import asyncio
+
+    from coevolve.config import CoevolveConfig
+    from coevolve.graph import stages
+
+    config = CoevolveConfig.model_validate(
+        endpoint_config(tmp_path / "run", agent_server, tiny_build)
+    )
+    rt = stages.build_runtime(config, progress=False)
+
+    async def one_cycle():
+        trajectories, rolled = await stages.rollout(rt, 1)
+        flagged, flags = await stages.signals(rt, 1, trajectories)
+        synthesized, made = await stages.synthesize(rt, 1, flagged)
+        pooled = stages.update_pool(rt, 1, synthesized.accepted)
+        trained, _ = await stages.train(rt, 1, adapter=None)
+        evaluation = await stages.evaluate(rt, 1)
+        return trajectories, rolled, flagged, flags, synthesized, made, pooled, trained, evaluation
+
+    trajectories, rolled, flagged, flags, synthesized, made, pooled, trained, evaluation = (
+        asyncio.run(one_cycle())
+    )
+    files = rt.files(1)
+    assert rolled.episodes == len(trajectories) == 48 and files.rollouts() == trajectories
+    assert flags.kept == len(flagged) > 0 and files.flagged() == flagged
+    assert made.accepted == len(synthesized.accepted) > 0
+    assert files.synthesized() == synthesized.accepted
+    assert pooled.added == len(synthesized.accepted)
+    assert trained.steps == 2 and files.train_record.exists()
+    assert evaluation.episodes == 18 and files.evaluation_episodes.exists()
