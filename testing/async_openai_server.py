@@ -1,4 +1,6 @@
-"""The scripted server's chat completions on one asyncio event loop, for throughput benchmarks.
+"""The scripted server's asyncio transport, for throughput benchmarks: the same app
+(``ScriptedOpenAIServer``: its script, ``next_reply`` and ``completion``) as the
+threaded transport, on one event loop.
 
 ``ScriptedOpenAIServer`` answers each connection in a thread of its own: right for
 tests (a reply can block, drop the connection, fail), but at 64 requests in flight
@@ -83,7 +85,7 @@ async def _answer(
         return 400, _error("the request body is not JSON")
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return 400, _error("'messages' must be a list of messages")
-    reply = app._next_reply(body)
+    reply = app.next_reply(body)
     await asyncio.sleep(app.delay_s + reply.delay_s)
     return 200, app.completion(body, reply)
 

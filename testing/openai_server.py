@@ -293,7 +293,7 @@ class ScriptedOpenAIServer:
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
         try:
-            reply = self._next_reply(body)
+            reply = self.next_reply(body)
             wait = self.delay_s + reply.delay_s
             if wait > 0:
                 self._stopping.wait(wait)  # stop() cuts the wait short
@@ -318,7 +318,7 @@ class ScriptedOpenAIServer:
         else:
             self._send_json(handler, record, 200, self.completion(body, reply))
 
-    def _next_reply(self, body: dict[str, Any]) -> Reply:
+    def next_reply(self, body: dict[str, Any]) -> Reply:
         script = self.script
         if script is None:
             return echo_reply(body)
