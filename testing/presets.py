@@ -53,3 +53,33 @@ def quick_bench() -> dict[str, Any]:
     """The config sections of ``bench learning --quick`` (bench-quick.yaml), bootstrap
     section included (the tiny model, in full)."""
     return {**load_preset("bench-quick"), "bootstrap": tiny_bootstrap().model_dump(mode="json")}
+
+
+def endpoint_run(
+    run_dir: str | Path, base_url: str, model: str, train_model: str | Path, **changes: Any
+) -> dict[str, Any]:
+    """A run config (as a dict) whose policy is the endpoint at ``base_url`` serving
+    ``model``, trained on the local ``train_model``: small rollouts, pool, signals and
+    steps, for tests of the loop against a scripted server; ``changes`` laid over it."""
+    config = {
+        "run_dir": str(run_dir),
+        "cycles": 2,
+        # The tiny model reads 1024 positions and the world's 31 tool schemas fill 5k: the
+        # prompts carry none (the endpoint default would send and train them).
+        "policy": {
+            "kind": "endpoint",
+            "endpoint": "agent",
+            "train_model": str(train_model),
+            "tools_in_prompt": False,
+        },
+        "endpoints": {
+            "agent": {"base_url": base_url, "model": model, "concurrency": 4, "timeout_s": 20}
+        },
+        "rollout": {"k": 2, "max_tool_calls": 6},
+        "pool": {"rollout_tasks": 24, "replay_demonstrations": 4},
+        "signals": {"rare_min_observations": 8, "budget": 6},
+        "synthesis": {"max_concurrency": 1},
+        "training": {"max_steps": 2, "batch_size": 2},
+        "evaluation": {"per_family": 1},
+    }
+    return merged(config, changes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..agents.policy import AssistantMessage
 from ..records import Task
 from .openai_server import Reply
 
@@ -47,3 +48,37 @@ def reference_replies(
         return Reply.text(task.reference_answer if last and task.reference_answer else "Done.")
 
     return reply
+
+
+class HalfRightPolicy:
+    """An in-process policy for tests: plays the reference in half the episodes and stops
+    one call early in the others, so the K rollouts of a task disagree (a boundary signal)."""
+
+    version = "half-right"
+    needs_tasks = True
+
+    def __init__(self) -> None:
+        self.parity: dict[int, bool] = {}  # the engine keeps one message list per episode
+
+    async def generate(
+        self,
+        conversations: Sequence[Sequence[dict[str, Any]]],
+        tools: Sequence[Sequence[dict[str, Any]]],
+        temperature: float | None = None,
+        tasks: Sequence[Task] | None = None,
+    ) -> list[AssistantMessage]:
+        assert tasks is not None, "the engine hands needs_tasks policies their tasks"
+        replies = []
+        for conversation, task in zip(conversations, tasks, strict=True):
+            done = sum(m["role"] == "tool" for m in conversation)
+            reference = task.reference_calls
+            right = self.parity.setdefault(id(conversation), len(self.parity) % 2 == 0)
+            if done < len(reference) and (right or done < len(reference) - 1):
+                call = reference[done].model_copy(update={"id": f"c{done}"})
+                replies.append(AssistantMessage(tool_calls=[call]))
+            else:
+                replies.append(AssistantMessage(content=task.reference_answer or "Done."))
+        return replies
+
+    async def aclose(self) -> None:
+        pass

@@ -29,7 +29,7 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.memory.store import TaskStore
-from coevolve.testing.presets import tiny_bootstrap
+from coevolve.testing.presets import endpoint_run, tiny_bootstrap
 from coevolve.testing.reference_agent import reference_replies
 
 TINY = tiny_bootstrap()
@@ -51,32 +51,15 @@ def agent_server(tmp_path_factory):
 
 
 def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> dict:
-    return {
-        "run_dir": str(run_dir),
-        "cycles": cycles,
-        # The tiny model reads 1024 positions and the world's 31 tool schemas fill 5k: the
-        # prompts carry none (the endpoint default would send and train them).
-        "policy": {
-            "kind": "endpoint",
-            "endpoint": "agent",
-            "train_model": str(model_dir),
-            "tools_in_prompt": False,
-        },
-        "endpoints": {
-            "agent": {
-                "base_url": server.base_url,
-                "model": server.model,
-                "concurrency": 4,
-                "timeout_s": 20,
-            }
-        },
-        "rollout": {"k": 2, "max_tool_calls": 6},
-        "pool": {"rollout_tasks": 24, "replay_demonstrations": 4, "synthesized_weight": 100.0},
-        "signals": {"rare_min_observations": 8, "rare_theta_percent": 10, "budget": 6},
-        "synthesis": {"max_concurrency": 1},
-        "training": {"max_steps": 2, "batch_size": 2},
-        "evaluation": {"per_family": 1},
-    }
+    return endpoint_run(
+        run_dir,
+        server.base_url,
+        server.model,
+        model_dir,
+        cycles=cycles,
+        pool={"synthesized_weight": 100.0},
+        signals={"rare_theta_percent": 10},
+    )
 
 
 def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build, monkeypatch):

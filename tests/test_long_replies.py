@@ -48,6 +48,7 @@ from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import CandidateTask, SynthesisContext
 from coevolve.testing.openai_server import Reply
+from coevolve.testing.reference_agent import HalfRightPolicy
 
 LONG = 200_000
 # The shape that was slowest for the old parser: a model repeating one object.
@@ -65,34 +66,6 @@ class Pair(BaseModel):
 def endpoint(server, **options) -> EndpointConfig:
     settings = {"base_url": server.base_url, "model": server.model, "timeout_s": 10.0}
     return EndpointConfig(**{**settings, "max_retries": 0, **options})
-
-
-class HalfRightPolicy:
-    """Plays the reference in half the rollouts and stops early in the others (boundary)."""
-
-    version = "half-right"
-    needs_tasks = True
-
-    def __init__(self):
-        self.parity = {}
-
-    async def generate(self, conversations, tools, temperature=None, tasks=None):
-        from coevolve.agents.policy import AssistantMessage
-
-        replies = []
-        for conversation, task in zip(conversations, tasks, strict=True):
-            done = sum(m["role"] == "tool" for m in conversation)
-            reference = task.reference_calls
-            right = self.parity.setdefault(id(conversation), len(self.parity) % 2 == 0)
-            if done < len(reference) and (right or done < len(reference) - 1):
-                call = reference[done].model_copy(update={"id": f"c{done}"})
-                replies.append(AssistantMessage(tool_calls=[call]))
-            else:
-                replies.append(AssistantMessage(content=task.reference_answer or "Done."))
-        return replies
-
-    async def aclose(self):
-        pass
 
 
 @pytest.fixture(scope="module")

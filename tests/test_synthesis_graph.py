@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
-from coevolve.agents.policy import AssistantMessage
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import RolesConfig
 from coevolve.agents.rollout import run_rollouts
@@ -26,36 +25,10 @@ from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.testing.openai_server import Reply
+from coevolve.testing.reference_agent import HalfRightPolicy
 from coevolve.testing.role_replies import role_of, role_reply
 
 TASKS = load_split("validation", size=18)
-
-
-class HalfRightPolicy:
-    """Unit-test policy: plays the reference in some rollouts and stops early in others,
-    so the K rollouts of a task disagree (a boundary signal)."""
-
-    version = "half-right"
-    needs_tasks = True
-
-    def __init__(self):
-        self.parity = {}  # the engine keeps one message list per episode
-
-    async def generate(self, conversations, tools, temperature=None, tasks=None):
-        replies = []
-        for conversation, task in zip(conversations, tasks, strict=True):
-            done = sum(m["role"] == "tool" for m in conversation)
-            reference = task.reference_calls
-            right = self.parity.setdefault(id(conversation), len(self.parity) % 2 == 0)
-            if done < len(reference) and (right or done < len(reference) - 1):
-                call = reference[done].model_copy(update={"id": f"c{done}"})
-                replies.append(AssistantMessage(tool_calls=[call]))
-            else:
-                replies.append(AssistantMessage(content=task.reference_answer or "Done."))
-        return replies
-
-    async def aclose(self):
-        pass
 
 
 @pytest.fixture(scope="module")

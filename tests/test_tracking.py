@@ -21,6 +21,7 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.outputs.tracking import TrackingConfig, TrainTracking, cycle_metrics, require_backends
+from coevolve.testing.presets import endpoint_run
 from coevolve.testing.reference_agent import reference_replies
 
 
@@ -39,33 +40,17 @@ def agent_server():
 
 
 def config_file(tmp_path: Path, server, model_dir: Path, cycles: int) -> Path:
-    config = {
-        "run_dir": str(tmp_path / "run"),
-        "cycles": cycles,
-        # The tiny model reads 1024 positions and the world's 31 tool schemas fill 5k: the
-        # prompts carry none (the endpoint default would send and train them).
-        "policy": {
-            "kind": "endpoint",
-            "endpoint": "agent",
-            "train_model": str(model_dir),
-            "tools_in_prompt": False,
-        },
-        "endpoints": {
-            "agent": {
-                "base_url": server.base_url,
-                "model": server.model,
-                "concurrency": 4,
-                "timeout_s": 20,
-                "max_retries": 0,
-            }
-        },
-        "rollout": {"k": 2, "max_tool_calls": 6},
-        "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-        "signals": {"rare_min_observations": 8, "budget": 4},
-        "synthesis": {"max_concurrency": 1},
-        "training": {"max_steps": 3, "batch_size": 2},
-        "evaluation": {"per_family": 1},
-    }
+    config = endpoint_run(
+        tmp_path / "run",
+        server.base_url,
+        server.model,
+        model_dir,
+        cycles=cycles,
+        endpoints={"agent": {"max_retries": 0}},
+        pool={"rollout_tasks": 6},
+        signals={"budget": 4},
+        training={"max_steps": 3},
+    )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
