@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
 from ..envs.base import TASK_ERRORS
 from ..records import Task, Trajectory, is_success
-from .datasets import PreferencePair, every_item_failed, json_arguments, split_opening
+from .datasets import (
+    PreferencePair,
+    demonstrations_by_task,
+    every_item_failed,
+    json_arguments,
+    split_opening,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -220,19 +225,10 @@ def expert_conversations(
 ) -> dict[str, list[Message]]:
     """The expert conversation of each task: its reference solution replayed, kept only when
     it verifies; otherwise the shortest verified success among ``successes``."""
-    experts: dict[str, list[Message]] = {}
-    crashed: list[str] = []
-    for task in tasks:
-        try:
-            messages, score = reference_conversation(make_env(), task, system_prompt)
-        except TASK_ERRORS as err:  # a broken reference must not end the cycle
-            crashed.append(f"{task.id}: {type(err).__name__}: {err}")
-            logger.warning("reference of %s", crashed[-1])
-            continue
-        if is_success(score):
-            experts[task.id] = json_arguments(messages)
-    if tasks and len(crashed) == len(tasks):
-        raise every_item_failed("reference replays", len(tasks), crashed[0])
+    experts = {
+        task.id: json_arguments(messages)
+        for task, messages in demonstrations_by_task(tasks, make_env, system_prompt)
+    }
     for trajectory in sorted(successes, key=lambda t: len(t.messages)):
         if (
             trajectory.task_id not in experts
