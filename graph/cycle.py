@@ -141,6 +141,7 @@ async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[s
 
     Called from this node, it checkpoints into the cycle's saver under this node's
     namespace, so a pass killed half-way resumes inside it; Studio draws its nodes."""
+    # LangGraph types a compiled graph's input loosely: Any here.
     graph_input: Any = {
         "flagged": state.get("flagged", []),
         "parents": state.get("parents", []),

@@ -269,7 +269,7 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def _say(rt: Any, cycle: int, figures: dict[str, Any]) -> None:
+def _say(rt: CycleRuntime, cycle: int, figures: dict[str, Any]) -> None:
     target = figures["target"]
     failure = figures.get("failure_agent")
     text = (

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
@@ -33,6 +33,10 @@ from ..envs.base import SupportsVariants
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, Task, Verdict
 from .runtime import SynthesisRuntime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..memory.store import DedupResult, TaskStore
+
 from .synthesis_state import (
     REPLY_ERRORS,
     BranchState,
@@ -302,8 +306,8 @@ async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> di
 
 
 def _add_novel(
-    store: Any, tasks: list[Task], cap: int | None, where: dict[str, Any] | None = None
-) -> Any:
+    store: TaskStore, tasks: list[Task], cap: int | None, where: dict[str, Any] | None = None
+) -> DedupResult:
     """``store.add_if_novel``, stopping once ``cap`` tasks are stored (in the judged order)."""
     if cap is None:
         return store.add_if_novel(tasks, where)
@@ -364,6 +368,7 @@ async def synthesize(
 
     Raises ``SynthesisError`` when every flagged item failed with an exception."""
     config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
+    # LangGraph types a compiled graph's input, config and output loosely: Any here.
     graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
     out: Any = await graph.ainvoke(graph_input, config=cast(Any, config), context=runtime)
     return SynthesisResult.from_output(out)
