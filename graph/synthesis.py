@@ -33,10 +33,6 @@ from ..envs.base import SupportsVariants
 from ..memory.signals import FlaggedTrajectory
 from ..records import CandidateTask, Neighbour, Task, Verdict
 from .runtime import SynthesisRuntime
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..memory.store import DedupResult, TaskStore
-
 from .synthesis_state import (
     REPLY_ERRORS,
     BranchState,
@@ -47,6 +43,9 @@ from .synthesis_state import (
     SynthesisResult,
     SynthesisState,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..memory.store import DedupResult, TaskStore
 
 log = logging.getLogger("coevolve.synthesis")
 
