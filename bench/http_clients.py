@@ -8,7 +8,7 @@ the client's work is counted: ``time.process_time`` of this process over
 31 tool schemas (about 10 KB, as a rollout's do) and answered with one tool call.
 Clients: ``lean_http.LeanPool`` (what the endpoint policy uses), httpx through
 ``lean_http.HttpxPool``, aiohttp's ``ClientSession``, and the openai SDK's
-``chat.completions.create`` (httpx underneath). Every client sends the same bytes
+``chat.completions.create`` (on the httpx it is built on). Every client sends the same bytes
 and reads the body as JSON. CPU time counts this process only, so a machine shared
 with other jobs moves the wall time far more than the CPU figures; both are printed.
 """
@@ -103,9 +103,11 @@ async def _aiohttp(base_url: str, body: bytes, requests: int, concurrency: int) 
 
 
 async def _openai_sdk(base_url: str, body: bytes, requests: int, concurrency: int) -> None:
-    import httpx
     from openai import AsyncOpenAI
 
+    from coevolve.agents.lean_http import _httpx_module
+
+    httpx = _httpx_module()  # the httpx the SDK is built on (httpx2 for openai 3)
     request = orjson.loads(body)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     client = AsyncOpenAI(
