@@ -14,7 +14,7 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
 # Named by module, since most of these modules are heavy; an error whose module was never
 # imported cannot have been raised.
 KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
-    ("config_base", "ConfigError"),
+    ("common.config_base", "ConfigError"),
     ("training.smollm2", "BaseModelError"),
     ("agents.policy", "PolicyError"),
     ("agents.llm", "ReplyError"),
@@ -28,7 +28,7 @@ def is_known_error(err: BaseException) -> bool:
     a person rather than a bug's traceback)."""
     import sys
 
-    package = __name__.rpartition(".")[0]
+    package = __name__.split(".")[0]  # the package's root (this module is common.errors)
     for module, name in KNOWN_ERRORS:
         error_class = getattr(sys.modules.get(f"{package}.{module}"), name, None)
         if isinstance(error_class, type) and isinstance(err, error_class):

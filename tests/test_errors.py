@@ -175,3 +175,14 @@ def test_a_tracker_failing_is_logged_but_a_bug_in_our_logger_propagates(
     monkeypatch.setitem(tracking._LOGGERS, "tensorboard", buggy)
     with pytest.raises(TypeError, match="stepp"):
         tracking.log_cycle(config, tmp_path, summary)
+
+
+def test_every_known_error_names_a_class_that_exists() -> None:
+    # The names are strings (their modules are heavy): a moved module must fail here.
+    import importlib
+
+    from coevolve.common.errors import KNOWN_ERRORS
+
+    for module, name in KNOWN_ERRORS:
+        error_class = getattr(importlib.import_module(f"coevolve.{module}"), name)
+        assert isinstance(error_class, type) and issubclass(error_class, Exception)
