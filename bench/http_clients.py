@@ -23,9 +23,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import orjson
+
+from coevolve.agents.lean_http import HttpxPool, LeanPool
 
 
 def _free_port() -> int:
@@ -61,23 +64,11 @@ async def _drive(call: Callable[[], Awaitable[Any]], requests: int, concurrency:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _lean(base_url: str, body: bytes, requests: int, concurrency: int) -> None:
-    from coevolve.agents.lean_http import LeanPool
-
-    pool = LeanPool(base_url, {"content-type": "application/json"}, 30.0, concurrency)
-
-    async def call() -> None:
-        response = await pool.request("POST", "/chat/completions", body)
-        orjson.loads(response.body)
-
-    await _drive(call, requests, concurrency)
-    await pool.aclose()
-
-
-async def _httpx(base_url: str, body: bytes, requests: int, concurrency: int) -> None:
-    from coevolve.agents.lean_http import HttpxPool
-
-    pool = HttpxPool(base_url, {"content-type": "application/json"}, 30.0, concurrency)
+async def _pool(
+    pool_class: type[Any], base_url: str, body: bytes, requests: int, concurrency: int
+) -> None:
+    """One of lean_http's pools (``LeanPool``, or ``HttpxPool`` over httpx)."""
+    pool = pool_class(base_url, {"content-type": "application/json"}, 30.0, concurrency)
 
     async def call() -> None:
         response = await pool.request("POST", "/chat/completions", body)
@@ -124,7 +115,13 @@ async def _openai_sdk(base_url: str, body: bytes, requests: int, concurrency: in
     await client.close()
 
 
-CLIENTS = {"lean_http": _lean, "httpx": _httpx, "aiohttp": _aiohttp, "openai-sdk": _openai_sdk}
+Client = Callable[[str, bytes, int, int], Awaitable[None]]
+CLIENTS: dict[str, Client] = {
+    "lean_http": partial(_pool, LeanPool),
+    "httpx": partial(_pool, HttpxPool),
+    "aiohttp": _aiohttp,
+    "openai-sdk": _openai_sdk,
+}
 
 
 def main() -> None:
