@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -115,7 +115,7 @@ async def _openai_sdk(base_url: str, body: bytes, requests: int, concurrency: in
     await client.close()
 
 
-Client = Callable[[str, bytes, int, int], Awaitable[None]]
+Client = Callable[[str, bytes, int, int], Coroutine[Any, Any, None]]
 CLIENTS: dict[str, Client] = {
     "lean_http": partial(_pool, LeanPool),
     "httpx": partial(_pool, HttpxPool),
