@@ -19,10 +19,10 @@ from typing import Any, TypeVar, cast
 from langgraph.graph.state import CompiledStateGraph
 from langgraph_sdk.runtime import ServerRuntime
 
-from .cycle import builder as cycle_builder
+from .cycle import graph as cycle_graph
 from .runtime import CycleRuntime, SynthesisRuntime
 from .runtime_factory import build_runtime, spec_synthesis_runtime
-from .synthesis import builder as synthesis_builder
+from .synthesis import graph as synthesis_graph
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 Form = TypeVar("Form")
@@ -84,6 +84,7 @@ def _bound(
     form: type[object],
     runtime: CycleRuntime | SynthesisRuntime | None,
 ) -> ContextBoundGraph:
+    # A copy, as Pregel.copy makes one: the module's compiled graph is left as it is.
     attributes = {key: value for key, value in vars(compiled).items() if key != "__orig_class__"}
     # Studio's form is the schema it shows; the nodes get the runtime built from it.
     attributes["context_schema"] = form
@@ -99,7 +100,7 @@ def cycle(runtime: ServerRuntime) -> ContextBoundGraph:
 
         form = _form(StudioCycleContext, execution.context)
         bound = build_runtime(load_config(form.config), progress=False)
-    return _bound(cycle_builder.compile(), StudioCycleContext, bound)
+    return _bound(cycle_graph, StudioCycleContext, bound)
 
 
 def synthesis(runtime: ServerRuntime) -> ContextBoundGraph:
@@ -109,4 +110,4 @@ def synthesis(runtime: ServerRuntime) -> ContextBoundGraph:
     if execution is not None:
         form = _form(StudioSynthesisContext, execution.context)
         bound = spec_synthesis_runtime(**asdict(form))
-    return _bound(synthesis_builder.compile(), StudioSynthesisContext, bound)
+    return _bound(synthesis_graph, StudioSynthesisContext, bound)
