@@ -15,20 +15,14 @@ from .runtime import CycleRuntime, seed_everything
 
 async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
     from ..agents.evaluation import evaluate as summarize
-    from ..agents.rollout import rollout as run
 
     config = rt.config
     seed_everything(config.seed, cycle, "evaluate")
     started = time.perf_counter()
-    trajectories = await run(
-        rt.policy,
-        rt.make_env,
+    trajectories = await rt.play(
         rt.eval_tasks,
         k=1,
         temperature=config.rollout.eval_temperature,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
         cycle=cycle,
         description=f"cycle {cycle} · evaluate",
     )
@@ -62,7 +56,6 @@ async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]
     """The current agent's greedy success per family on the validation split (oracle
     selection only: the ablation's reference arm may read validation, a product run never)."""
     from ..agents.evaluation import evaluate as summarize
-    from ..agents.rollout import rollout as run
     from ..envs.catalog import first_per_family, load_tasks
 
     config = rt.config
@@ -72,17 +65,8 @@ async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]
     )
     seed_everything(config.seed, cycle, "oracle-validation")
     started = time.perf_counter()
-    trajectories = await run(
-        rt.policy,
-        rt.make_env,
-        tasks,
-        k=1,
-        temperature=0.0,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
-        cycle=cycle,
-        description=f"cycle {cycle} · oracle: validation",
+    trajectories = await rt.play(
+        tasks, k=1, temperature=0.0, cycle=cycle, description=f"cycle {cycle} · oracle: validation"
     )
     report = summarize(
         trajectories,

@@ -77,7 +77,6 @@ async def train_with_hard_negatives(
     ``rt`` is the cycle's ``CycleRuntime``. Returns the target's result; the caller
     swaps ``adapter_dir`` into the policy.
     """
-    from ..agents.rollout import rollout as run_rollout
     from ..outputs.tracking import for_training
     from ..training.hard_negatives import (
         expert_conversations,
@@ -126,9 +125,7 @@ async def train_with_hard_negatives(
             async with failure_agent_policy(
                 rt.policy, failure_before, config.policy.hot_load
             ) as failure_policy:
-                failure_trajectories = await run_rollout(
-                    failure_policy,
-                    rt.make_env,
+                failure_trajectories = await rt.play(
                     tasks,
                     k=settings.failure_rollouts or config.rollout.k,
                     temperature=(
@@ -136,11 +133,9 @@ async def train_with_hard_negatives(
                         if settings.failure_temperature is not None
                         else config.rollout.temperature
                     ),
-                    max_tool_calls=config.rollout.max_tool_calls,
-                    system_prompt=config.policy.system_prompt,
-                    progress=rt.progress,
                     cycle=cycle,
                     description=f"cycle {cycle} · failure agent",
+                    policy=failure_policy,
                 )
             version = f"failure:{Path(failure_before).name if failure_before else 'base'}"
             failure_trajectories = [

@@ -12,12 +12,12 @@ Python, NumPy and torch per (seed, cycle, stage).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..records import Task
+from ..records import Task, Trajectory
 from .cycle_files import CycleFiles
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,6 +104,34 @@ class CycleRuntime:
             ),
             replace_cycle=True,
             on_start=lambda cycle: seed_everything(seed, cycle, "synthesize"),
+        )
+
+    async def play(
+        self,
+        tasks: Sequence[Task],
+        *,
+        k: int,
+        temperature: float | None,
+        cycle: int,
+        description: str,
+        policy: Policy | None = None,
+    ) -> list[Trajectory]:
+        """``k`` episodes of every task, as every stage plays them: the run's environment,
+        tool-call bound (``rollout.max_tool_calls``) and system prompt; by the run's policy,
+        or ``policy`` (the hard-negatives failure agent)."""
+        from ..agents.rollout import rollout
+
+        return await rollout(
+            policy or self.policy,
+            self.make_env,
+            tasks,
+            k=k,
+            temperature=temperature,
+            max_tool_calls=self.config.rollout.max_tool_calls,
+            system_prompt=self.config.policy.system_prompt,
+            progress=self.progress,
+            cycle=cycle,
+            description=description,
         )
 
     def files(self, cycle: int) -> CycleFiles:

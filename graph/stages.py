@@ -68,7 +68,6 @@ def _success_rate(trajectories: Sequence[Trajectory]) -> float:
 
 async def rollout(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], RolloutFigures]:
     """The cycle's tasks sampled from the pool and played K times each, diagnosed."""
-    from ..agents.rollout import rollout as play
     from ..envs.diagnosis import count_labels
     from ..envs.registry import annotate
 
@@ -76,15 +75,10 @@ async def rollout(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], Rollo
     tasks = rt.pool.sample(cycle, rt.history, config.pool)
     seed_everything(config.seed, cycle, "rollout")
     started = time.perf_counter()
-    trajectories = await play(
-        rt.policy,
-        rt.make_env,
+    trajectories = await rt.play(
         tasks,
         k=config.rollout.k,
         temperature=config.rollout.temperature,
-        max_tool_calls=config.rollout.max_tool_calls,
-        system_prompt=config.policy.system_prompt,
-        progress=rt.progress,
         cycle=cycle,
         description=f"cycle {cycle} · rollout",
     )
