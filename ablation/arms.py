@@ -39,6 +39,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo-spread": {
         "training": {"algorithm": "grpo", "grpo": {"prompts": "spread", "dynamic_sampling": True}}
     },
+    # The two ways to feed the tasks no rollout solved (issue 34, chosen on validation): SFT
+    # steps on their reference solutions before GRPO, or the reference episode in the group.
+    "grpo-demonstrations": {"training": {"algorithm": "grpo", "grpo": {"demonstration_steps": 4}}},
+    "grpo-reference": {"training": {"algorithm": "grpo", "grpo": {"reference_episodes": True}}},
     "seal": {"training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=True)}},
     "seal-no-reweighting": {
         "training": {"algorithm": "grpo", "seal": _seal(reweight=False, adaptation=True)}

@@ -24,7 +24,8 @@ def bench_learning(
         typer.Option(
             help="Comma-separated arms (default: all): static, random, coevolve, "
             "coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
-            "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, seal, "
+            "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, "
+            "grpo-demonstrations, grpo-reference, seal, "
             "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives. "
             "Finished (arm, seed) units are skipped on a rerun."
         ),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from coevolve.common.config_base import merged
+from coevolve.records import Task
 from coevolve.testing.presets import tiny_training
 from coevolve.training.algorithm_config import GrpoConfig
 from coevolve.training.config import TrainingConfig
@@ -473,3 +474,88 @@ def test_grpo_tasks_by_spread_put_the_boundary_first():
     assert [t.id for t in chosen] == [tasks[1].id, tasks[3].id, tasks[4].id]
     filled = tasks_by_spread(tasks, trajectories, minimum=5)
     assert [t.id for t in filled][3:] == [tasks[0].id, tasks[2].id]  # all-fail before solved
+
+
+def test_generation_round_runs_on_the_merged_adapter_and_unmerges_after(tiny_build):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from coevolve.training.multiturn_grpo import merged_for_generation
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_build, dtype=torch.float32)
+    # init_lora_weights=False: B is not zero, so merging changes the weights for real.
+    model = get_peft_model(
+        base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    model.eval()
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "merged")]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        unmerged_logits = model(ids).logits
+    with merged_for_generation(model):
+        assert layers and all(layer.merged for layer in layers)
+        with torch.no_grad():
+            merged_logits = model(ids).logits
+    assert not any(layer.merged for layer in layers)
+    torch.testing.assert_close(merged_logits, unmerged_logits, atol=1e-4, rtol=1e-4)
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter, before[name], atol=1e-6, rtol=1e-6)
+
+    # A plain model, or one already merged, is left as it is.
+    plain = torch.nn.Linear(2, 2)
+    with merged_for_generation(plain):
+        pass
+    model.merge_adapter()
+    with merged_for_generation(model):
+        assert all(layer.merged for layer in layers)
+    assert all(layer.merged for layer in layers)
+
+
+def test_a_group_whose_episodes_all_failed_gets_the_reference_episode(tiny_build, tmp_path):
+    """The tiny model never solves a real BFCL task: its group gets the task's reference
+    episode in place of its last one, played, parsed and verified like a generated one,
+    so the group has reward spread (training/reference_episodes.py)."""
+    bfcl = _bfcl_tasks()
+    hopeless = bfcl[1]  # one call per user turn: its reference fits max_tool_calls 2
+    assert [len(turn.reference_calls) for turn in hopeless.turns] == [1, 1]
+    tasks = [hopeless, _abstention_task(bfcl[2]), _abstention_task(bfcl[3])]
+    settings = merged(MULTI_TURN, {"grpo": {"reference_episodes": True, "max_tool_calls": 2}})
+    config = tiny_training(**settings)
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    size = config.grpo.num_generations
+    rows = {Task.model_validate_json(row["task"]).id: row for row in trainer.train_dataset}
+    batch = [dict(rows[task.id]) for task in tasks for _ in range(size)]
+
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(batch)
+    episodes = trainer.rollout_func.last_episodes
+    group = episodes[:size]
+    assert not any(episode.score for episode in group[:-1])  # the model's own: all failed
+    reference = group[-1]
+    assert reference.score == 1.0 and reference.finished and reference.user_turns == 2
+    end_of_turn = trainer.processing_class.convert_tokens_to_ids("<|im_end|>")
+    assert len(reference.replies) == 4  # a call and an answer in each user turn
+    assert all(reply[-1] == end_of_turn for reply in reference.replies)
+    calls = [step.call.name for step in reference.steps]
+    assert calls == [turn.reference_calls[0].name for turn in hopeless.turns]
+    # TRL trains on it as on any episode: its replies are the loss tokens, its reward 1,
+    # and the group now has gradient.
+    row = size - 1
+    loss_mask = (output["completion_mask"] * output["tool_mask"])[row]
+    assert loss_mask.sum().item() == sum(map(len, reference.replies))
+    rewards = list(trainer._logs["rewards"]["verifier_score"])[-len(episodes) :]
+    assert rewards == [episode.score for episode in episodes]
+    assert output["advantages"].view(-1, size)[0].abs().sum() > 0
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items() if values}
+    assert metrics["reference/replaced"] >= 1 / len(tasks)
+    assert metrics["reference/all_fail_groups"] >= metrics["reference/replaced"]
+
+
+def test_reference_episodes_need_the_multi_turn_rollout_and_own_generation():
+    with pytest.raises(ValueError, match=r"grpo\.rollout: multi_turn or auto"):
+        GrpoConfig(reference_episodes=True, rollout="tool_loop")
+    with pytest.raises(ValueError, match=r"grpo\.vllm: off"):
+        GrpoConfig(reference_episodes=True, vllm="colocate")
+    assert GrpoConfig(reference_episodes=True).rollout == "auto"

@@ -40,6 +40,15 @@ class GroupFigures(BaseModel):
     final_with_spread: float | None = Field(
         default=None, description="Dynamic sampling: share of the trained groups with spread."
     )
+    all_failed: float | None = Field(
+        default=None,
+        description="Reference episodes: share of a round's groups whose episodes all failed.",
+    )
+    given_reference: float | None = Field(
+        default=None,
+        description="Reference episodes: share of a round's groups given the task's reference "
+        "episode in place of one of theirs.",
+    )
 
 
 class TrainResult(BaseModel):

@@ -172,6 +172,14 @@ class GrpoConfig(Section):
         description="Learning rate of those SFT steps (None: learning_rate; GRPO's rate is "
         "often far below what SFT needs).",
     )
+    reference_episodes: bool = Field(
+        default=False,
+        description="Give a group whose episodes all failed the task's reference episode in "
+        "place of its last one, so the group has reward spread and the reference's replies a "
+        "positive advantage (ToolExpander; training/reference_episodes.py). The other way to "
+        "feed all-fail tasks is demonstration_steps. Plays with the multi-turn rollout and the "
+        "trainer's own generation (grpo.vllm: off).",
+    )
     max_refills: int = Field(
         default=2,
         ge=0,
@@ -233,6 +241,16 @@ class GrpoConfig(Section):
             problems.append(
                 "the multi-turn rollout generates with vLLM only colocated (every process "
                 "would have to call the server together); set grpo.vllm: colocate"
+            )
+        if self.reference_episodes and self.rollout == "tool_loop":
+            problems.append(
+                "grpo.reference_episodes plays references with the multi-turn rollout; set "
+                "grpo.rollout: multi_turn or auto"
+            )
+        if self.reference_episodes and self.vllm != "off":
+            problems.append(
+                "grpo.reference_episodes needs the trainer's own generation (a reference reply "
+                "has no vLLM sampling log-probabilities); set grpo.vllm: off"
             )
         if problems:
             raise ValueError("; ".join(problems))

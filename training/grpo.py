@@ -159,9 +159,12 @@ def trl_parses_calls(tokenizer: Any) -> bool:
 
 def choose_rollout(config: TrainingConfig, tasks: Sequence[Task], tokenizer: Any) -> str:
     """``tool_loop`` or ``multi_turn``: the config's choice, or for ``auto`` multi_turn when a
-    task has more than one user turn or TRL cannot parse the model's calls."""
+    task has more than one user turn, TRL cannot parse the model's calls, or reference
+    episodes are asked for."""
     if config.grpo.rollout != "auto":
         return config.grpo.rollout
+    if config.grpo.reference_episodes:
+        return "multi_turn"  # the only rollout that plays a scripted reference
     if any(len(task.turns) > 1 for task in tasks) or not trl_parses_calls(tokenizer):
         return "multi_turn"
     return "tool_loop"
@@ -240,6 +243,7 @@ def make_grpo_trainer(
     trainer_arguments: dict[str, Any] = {}
     if multi_turn:
         from .multiturn_grpo import MultiTurnRollout, verifier_score
+        from .reference_episodes import ReferenceEpisodes
 
         trainer_arguments["rollout_func"] = MultiTurnRollout(
             training_env,
@@ -247,6 +251,9 @@ def make_grpo_trainer(
             max_steps_per_turn=config.grpo.max_tool_calls,
             max_completion_tokens=config.grpo.max_completion_length,
             max_reply_tokens=config.grpo.max_reply_tokens,
+            reference_episodes=(
+                ReferenceEpisodes(training_env) if config.grpo.reference_episodes else None
+            ),
         )
         reward_funcs: list[Any] = [verifier_score]
     else:

@@ -48,9 +48,10 @@ trainer while it generates (``batch_rows``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..agents.policy import AssistantMessage, Message, parse_assistant_text
 from ..agents.rendering import (
@@ -63,6 +64,9 @@ from ..agents.rendering import (
 from ..agents.rollout import act, verify
 from ..envs.base import Environment
 from ..records import ModelTurn, Step, Task, Trajectory
+
+if TYPE_CHECKING:
+    from .reference_episodes import ReferenceEpisodes
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +206,39 @@ def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenera
     return replies
 
 
+@contextmanager
+def merged_for_generation(model: Any) -> Iterator[None]:
+    """The LoRA adapter merged into the base weights while a round's replies are sampled.
+
+    Unmerged, every projection of every decoding step runs the base matmul plus
+    the adapter's two small ones, dropout and a scaled add: on a CPU those small
+    ops cost more than the base matmul itself. Merged, a step costs what the
+    plain model's does. Unmerging subtracts the same delta again, so the float32
+    weights come back to within rounding (about 1e-7 relative per round); 16-bit
+    weights would drift by more, so they are left unmerged, as is a model
+    without an unmerged LoRA adapter.
+    """
+    import torch
+
+    lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "merged")]
+    mergeable = (
+        callable(getattr(model, "merge_adapter", None))
+        and bool(lora_layers)
+        and not any(layer.merged for layer in lora_layers)
+        and next(model.parameters()).dtype == torch.float32
+    )
+    if not mergeable:
+        yield
+        return
+    with torch.no_grad():
+        model.merge_adapter()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            model.unmerge_adapter()
+
+
 def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
     """Replies from the trainer's vLLM engine (``training.grpo.vllm: colocate``), which TRL
     has synced with the current weights before calling the rollout.
@@ -258,6 +295,7 @@ class MultiTurnRollout:
         max_steps_per_turn: int,
         max_completion_tokens: int,
         max_reply_tokens: int | None = None,
+        reference_episodes: ReferenceEpisodes | None = None,
     ) -> None:
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
@@ -270,6 +308,7 @@ class MultiTurnRollout:
         self.max_reply_tokens = min(
             max_reply_tokens or max_completion_tokens, max_completion_tokens
         )
+        self.reference_episodes = reference_episodes
         self.last_episodes: list[MultiTurnEpisode] = []
         self.__name__ = type(self).__name__  # TRL names the function in logs
 
@@ -291,20 +330,30 @@ class MultiTurnRollout:
         else:
             from trl.models import unwrap_model_for_generation
 
-            with unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            ) as model:
+            with (
+                unwrap_model_for_generation(
+                    trainer.model_wrapped,
+                    trainer.accelerator,
+                    gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                ) as model,
+                merged_for_generation(model),
+            ):
                 episodes = self.play(
                     model_replies(model, tokenizer, float(trainer.temperature)),
                     tokenizer,
                     tasks,
                     prompts,
                 )
-        self.last_episodes = episodes
         mode = "train" if trainer.model.training else "eval"
         metrics = trainer._metrics[mode]
+        if self.reference_episodes is not None:
+            groups = max(len(episodes) // trainer.num_generations, 1)
+            episodes, all_failed, replaced = self.reference_episodes.substitute(
+                self, episodes, tokenizer, prompts, trainer.num_generations
+            )
+            metrics["reference/all_fail_groups"].append(all_failed / groups)
+            metrics["reference/replaced"].append(replaced / groups)
+        self.last_episodes = episodes
         metrics["multi_turn/user_turns"].append(
             sum(e.user_turns for e in episodes) / max(len(episodes), 1)
         )

@@ -315,4 +315,6 @@ def group_figures(metrics: dict[str, float]) -> GroupFigures:
         dropped=metrics.get("dynamic/dropped"),
         refilled=metrics.get("dynamic/refilled"),
         final_with_spread=metrics.get("dynamic/final_with_spread"),
+        all_failed=metrics.get("reference/all_fail_groups"),
+        given_reference=metrics.get("reference/replaced"),
     )
