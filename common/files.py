@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,12 +83,12 @@ def read_jsonl(path: str | Path, skip_torn: bool = False) -> list[Any]:
     return rows
 
 
-def dump_jsonl(path: str | Path, rows: Iterable[BaseModel | dict]) -> None:
+def dump_jsonl(path: str | Path, rows: Iterable[BaseModel | Mapping[str, object]]) -> None:
     """Write records or dicts as JSON lines, atomically."""
     write_atomically(
         path,
         "".join(
-            (row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)) + "\n"
+            (row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(dict(row))) + "\n"
             for row in rows
         ),
     )

@@ -50,10 +50,11 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
+from pydantic import JsonValue
 
 from ..outputs.summary import (
     CycleSummary,
@@ -73,14 +74,14 @@ class CycleState(TypedDict, total=False):
     adapter: str | None  # the adapter the policy serves now (None: the base model)
     # The figures of the cycle in progress: "cycle", then each stage's figures model
     # (coevolve.outputs.summary) dumped under the stage's name.
-    current: dict[str, Any]
+    current: dict[str, JsonValue]
     # One CycleSummary per finished cycle, dumped (read them with CycleSummary.model_validate).
-    finished: Annotated[list[dict[str, Any]], operator.add]
+    finished: Annotated[list[dict[str, JsonValue]], operator.add]
     # The synthesis subgraph reads and writes these keys (those of its input and output
     # schemas); they hold a pass's items only while the stage runs (record_synthesis
     # empties them).
-    flagged: list[dict[str, Any]]  # the cycle's kept flagged items, as JSON
-    parents: list[dict[str, Any]]  # their parent tasks, as JSON
+    flagged: list[dict[str, JsonValue]]  # the cycle's kept flagged items, as JSON
+    parents: list[dict[str, JsonValue]]  # their parent tasks, as JSON
     accepted: list[Task]
     counts: dict[str, int]
     rejections: list[Rejection]
@@ -88,7 +89,7 @@ class CycleState(TypedDict, total=False):
     synthesis_started: float  # wall-clock time the stage started
 
 
-SYNTHESIS_CLEARED: dict[str, Any] = {
+SYNTHESIS_CLEARED: CycleState = {
     "flagged": [],
     "parents": [],
     "accepted": [],
@@ -103,7 +104,7 @@ SYNTHESIS_CLEARED: dict[str, Any] = {
 # (graph/stages.py), record its figures in the state.
 
 
-async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt = runtime.context
     started = time.perf_counter()
     evaluation = await shared_baseline(rt)
@@ -112,19 +113,19 @@ async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[st
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}
 
 
-async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     cycle = state.get("cycle", 0) + 1
     _, figures = await stages.rollout(runtime.context, cycle)
     return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures.model_dump()}}
 
 
-async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     _, figures = await stages.signals(rt, cycle, rt.files(cycle).rollouts())
     return {"current": {**state.get("current", {}), "signals": figures.model_dump()}}
 
 
-async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis pass's input: the cycle's kept flagged items and their parent tasks."""
     rt, cycle = runtime.context, state["cycle"]
     flagged, parents = stages.synthesis_input(rt, rt.files(cycle).flagged())
@@ -136,24 +137,22 @@ async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[
     }
 
 
-async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis graph on the pass's input, with the cycle's synthesis runtime.
 
     Called from this node, it checkpoints into the cycle's saver under this node's
     namespace, so a pass killed half-way resumes inside it; Studio draws its nodes."""
-    # LangGraph types a compiled graph's input loosely: Any here.
+    # LangGraph types a compiled graph's input and output loosely: Any here, and a cast.
     graph_input: Any = {
         "flagged": state.get("flagged", []),
         "parents": state.get("parents", []),
         "cycle": state["cycle"],
     }
-    output: dict[str, Any] = await synthesis_graph.ainvoke(
-        graph_input, context=runtime.context.synthesis_runtime()
-    )
-    return output
+    output = await synthesis_graph.ainvoke(graph_input, context=runtime.context.synthesis_runtime())
+    return cast(CycleState, output)  # the pass's output keys (SynthesisOutput) are the cycle's
 
 
-async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis pass's output: the cycle's files and the synthesize figures."""
     figures = stages.record_synthesis(
         runtime.context,
@@ -168,13 +167,13 @@ async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) ->
     }
 
 
-async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     figures = stages.update_pool(rt, cycle, rt.files(cycle).synthesized())
     return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
-async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     result, figures = await stages.train(runtime.context, state["cycle"], state.get("adapter"))
     return {
         "adapter": result.adapter_dir,
@@ -182,7 +181,7 @@ async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, 
     }
 
 
-async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> dict[str, Any]:
+async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     every = rt.config.evaluation.every
     figures = None

@@ -20,11 +20,11 @@ is the only place that knows their names:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from ..common.files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
 from ..memory.signals import FlaggedTrajectory
@@ -56,7 +56,7 @@ class CycleFiles:
     def _path(self, name: str) -> Path:
         return self.folder / name
 
-    def _write(self, name: str, records: Iterable[BaseModel | dict[str, Any]]) -> None:
+    def _write(self, name: str, records: Iterable[BaseModel | Mapping[str, object]]) -> None:
         dump_jsonl(self._path(name), records)
 
     def _read(self, name: str, model: type[Record]) -> list[Record]:
@@ -109,12 +109,12 @@ class CycleFiles:
         """The step handed to a training process of its own (``training.launcher``)."""
         return self._path("train-step.json")
 
-    def train_data(self) -> list[dict[str, Any]]:
+    def train_data(self) -> list[dict[str, JsonValue]]:
         """What the step trained on: SFT rows (messages, tools, weight) or DPO pairs."""
         path = self._path("train_data.jsonl")
         return list(read_jsonl(path)) if path.exists() else []
 
-    def write_train_data(self, rows: Iterable[BaseModel | dict[str, Any]]) -> None:
+    def write_train_data(self, rows: Iterable[BaseModel | Mapping[str, object]]) -> None:
         self._write("train_data.jsonl", rows)
 
     # ----------------------------------------------------------------- evaluate

@@ -15,12 +15,13 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..records import Task, Trajectory
 from .cycle_files import CycleFiles
 
 if TYPE_CHECKING:  # pragma: no cover
+    from chromadb.api.types import Where
     from rich.console import Console
 
     from ..agents.policy import Policy
@@ -49,7 +50,7 @@ class SynthesisRuntime:
     max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
     judge_veto: bool = True  # accept only verified replays the judge agrees with
     # Which stored tasks dedup compares with: a Chroma where-filter (JSON), None for all.
-    dedup_where: dict[str, Any] | None = None
+    dedup_where: Where | None = None  # a Chroma metadata filter
     # Inside a checkpointed run (the cycle graph) a pass may run again after a kill,
     # whole or from dedup on: it then first takes the synthesized tasks of its cycle
     # out of the store (before prepare reads the store and before dedup writes it), so

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .runtime import CycleRuntime, SynthesisRuntime
 
@@ -153,8 +153,8 @@ def synthesis_runtime(
 
 def spec_synthesis_runtime(
     env: str = "world",
-    roles: Mapping[str, Any] | None = None,
-    endpoints: Mapping[str, Mapping[str, Any]] | None = None,
+    roles: Mapping[str, object] | None = None,
+    endpoints: Mapping[str, Mapping[str, object]] | None = None,
     store_path: str | None = None,
     threshold: float = 0.8,
 ) -> SynthesisRuntime:

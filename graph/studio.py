@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from langgraph.graph.state import CompiledStateGraph
 from langgraph_sdk.runtime import ServerRuntime
+from pydantic import JsonValue
 
 from .cycle import graph as cycle_graph
 from .runtime import CycleRuntime, SynthesisRuntime
@@ -41,8 +42,8 @@ class StudioSynthesisContext:
     offline roles and an in-memory task store, so a pass runs without a model)."""
 
     env: str = "world"
-    roles: dict[str, Any] = field(default_factory=dict)  # a RolesConfig, as JSON
-    endpoints: dict[str, Any] = field(default_factory=dict)  # name -> EndpointConfig
+    roles: dict[str, JsonValue] = field(default_factory=dict)  # a RolesConfig, as JSON
+    endpoints: dict[str, JsonValue] = field(default_factory=dict)  # name -> EndpointConfig
     store_path: str | None = None
     threshold: float = 0.8
 

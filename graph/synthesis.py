@@ -45,6 +45,9 @@ from .synthesis_state import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from chromadb.api.types import Where
+    from langchain_core.runnables import RunnableConfig
+
     from ..memory.store import DedupResult, TaskStore
 
 log = logging.getLogger("coevolve.synthesis")
@@ -61,7 +64,7 @@ async def _remove_cycle(rt: SynthesisRuntime, cycle: int) -> int:
 # --------------------------------------------------------------------------- nodes
 
 
-async def prepare(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def prepare(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> SynthesisState:
     """Validate the input (Studio sends JSON), report which role implementations run, and
     look up every parent's nearest stored tasks in one batch (the abstractor's "do not repeat")."""
     rt = runtime.context
@@ -143,7 +146,7 @@ class SynthesisError(RuntimeError):
     """Every flagged item of a pass failed with an exception: the pass did not run."""
 
 
-def _with_reply_errors(update: dict[str, Any], errors: Mapping[str, int]) -> dict[str, Any]:
+def _with_reply_errors(update: BranchState, errors: Mapping[str, int]) -> BranchState:
     """A node's update with the reply errors its role met added to its counts."""
     if not errors:
         return update
@@ -153,7 +156,7 @@ def _with_reply_errors(update: dict[str, Any], errors: Mapping[str, int]) -> dic
     return {**update, "counts": counts}
 
 
-def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, Any]:
+def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> BranchState:
     """A role's failure on one item: re-raised if it is a bug (a programming error in our
     code or a role's ends the pass), else a rejection and a count."""
     if isinstance(err, PROGRAMMING_ERRORS):
@@ -164,7 +167,7 @@ def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> dict[str, A
     }
 
 
-async def summarize(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def summarize(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item = runtime.context, state["item"]
     with counting_reply_errors() as errors:
         try:
@@ -174,7 +177,7 @@ async def summarize(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> d
     return _with_reply_errors({"context": context}, errors)
 
 
-async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item, context = runtime.context, state["item"], state.get("context")
     if context is None:
         return {"rounds": []}
@@ -185,11 +188,15 @@ async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dic
             return _with_reply_errors({"rounds": [], **_crashed("explore", item, err)}, errors)
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
-    update = {"rounds": rounds, "counts": {"explored": int(explored)}, "rejections": rejections}
+    update: BranchState = {
+        "rounds": rounds,
+        "counts": {"explored": int(explored)},
+        "rejections": rejections,
+    }
     return _with_reply_errors(update, errors)
 
 
-async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item, context = runtime.context, state["item"], state.get("context")
     rounds = state.get("rounds", [])
     if context is None or not rounds:
@@ -219,7 +226,7 @@ async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> di
     )
 
 
-async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item = runtime.context, state["item"]
     judged, rejections = [], []
     signal = primary_signal(item)
@@ -238,7 +245,11 @@ async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> dict[
             )
         else:
             rejections.append(_reject("judge", item, verdict.reason, candidate.query))
-    update = {"judged": judged, "counts": {"judged_ok": len(judged)}, "rejections": rejections}
+    update: BranchState = {
+        "judged": judged,
+        "counts": {"judged_ok": len(judged)},
+        "rejections": rejections,
+    }
     return _with_reply_errors(update, errors)
 
 
@@ -251,7 +262,7 @@ async def _verdict(rt: SynthesisRuntime, candidate: CandidateTask) -> Verdict:
         return Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
 
 
-async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> dict[str, Any]:
+async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> SynthesisState:
     """Store the novel accepted candidates; duplicates of the store or the batch are dropped.
 
     A pass in which every flagged item failed with an exception raises ``SynthesisError``
@@ -305,7 +316,7 @@ async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> di
 
 
 def _add_novel(
-    store: TaskStore, tasks: list[Task], cap: int | None, where: dict[str, Any] | None = None
+    store: TaskStore, tasks: list[Task], cap: int | None, where: Where | None = None
 ) -> DedupResult:
     """``store.add_if_novel``, stopping once ``cap`` tasks are stored (in the judged order)."""
     if cap is None:
@@ -366,8 +377,8 @@ async def synthesize(
     """Run one synthesis pass with an injected runtime on ``graph`` (no checkpoints).
 
     Raises ``SynthesisError`` when every flagged item failed with an exception."""
-    config: dict[str, Any] = {"max_concurrency": max_concurrency} if max_concurrency else {}
-    # LangGraph types a compiled graph's input, config and output loosely: Any here.
+    config: RunnableConfig = {"max_concurrency": max_concurrency} if max_concurrency else {}
+    # LangGraph types a compiled graph's input and output loosely: Any here, and a cast.
     graph_input: Any = {"flagged": list(flagged), "parents": list(parents), "cycle": cycle}
-    out: Any = await graph.ainvoke(graph_input, config=cast(Any, config), context=runtime)
+    out = cast(SynthesisOutput, await graph.ainvoke(graph_input, config=config, context=runtime))
     return SynthesisResult.from_output(out)

@@ -8,8 +8,7 @@ its way through the four roles; their reducers merge the parallel branches.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict
 
 from pydantic import BaseModel
 
@@ -99,7 +98,7 @@ class SynthesisResult(BaseModel):
     roles: dict[str, str]
 
     @classmethod
-    def from_output(cls, out: Mapping[str, Any]) -> SynthesisResult:
+    def from_output(cls, out: SynthesisOutput) -> SynthesisResult:
         """The result of a pass from the graph's output (also the cycle graph's state)."""
         found = out.get("counts") or {}
         counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
+
+from pydantic import JsonValue
 
 from ..agents.policy import LoraApiMissing
 from .runtime import CycleRuntime, RunError, seed_everything
@@ -25,10 +27,31 @@ from .runtime import CycleRuntime, RunError, seed_everything
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..envs.base import Environment
     from ..memory.signals import FlaggedTrajectory
+    from ..outputs.tracking import TrainTracking
     from ..records import Task, Trajectory
+    from ..training.datasets import PreferencePair, TrainingConversation
     from ..training.seal import ReweightSettings
     from ..training.trainers import TrainResult
+
+
+class TrainStepArguments(TypedDict):
+    """What a cycle hands its training step, in process or launched (``train_adapter``)."""
+
+    model_dir: Path
+    output_dir: Path
+    previous_adapter: str | Path | None
+    conversations: list[TrainingConversation]
+    pairs: list[PreferencePair]
+    tasks: list[Task]
+    make_env: Callable[[], Environment]
+    system_prompt: str | None
+    progress: bool
+    tracking: TrainTracking | None
+    capability_state_path: Path
+    example_weights: list[float] | None
+    tools_in_prompt: bool
 
 
 async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
@@ -186,7 +209,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         elif training.algorithm == "dpo":
             files.write_train_data(pairs)
         seed = seed_everything(config.seed, cycle, "train")
-        step: dict[str, Any] = dict(
+        step = TrainStepArguments(
             model_dir=rt.model_dir,
             output_dir=output_dir,
             previous_adapter=previous_adapter,
@@ -275,16 +298,16 @@ def tasks_by_spread(
 
 
 def prompt_tools(
-    rt: CycleRuntime, tasks_by_id: dict[str, Any]
-) -> Callable[[str], list[dict[str, Any]] | None]:
+    rt: CycleRuntime, tasks_by_id: Mapping[str, Task]
+) -> Callable[[str], list[dict[str, JsonValue]] | None]:
     """``task id -> the tool schemas its prompt carries`` (None when prompts carry none): a
     fresh environment reset to the task, as a rollout starts, so training renders the
     prompt the policy is served."""
     if not rt.config.policy.renders_tools:
         return lambda task_id: None
-    cache: dict[str, list[dict[str, Any]] | None] = {}
+    cache: dict[str, list[dict[str, JsonValue]] | None] = {}
 
-    def tools_of(task_id: str) -> list[dict[str, Any]] | None:
+    def tools_of(task_id: str) -> list[dict[str, JsonValue]] | None:
         if task_id not in cache:
             task = tasks_by_id.get(task_id)
             if task is None:

@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..records import CandidateTask, Neighbour, Task
 
 if TYPE_CHECKING:
-    from chromadb.api.types import EmbeddingFunction
+    from chromadb.api.types import EmbeddingFunction, Where
 
 TASK_JSON_KEY = "task_json"
 
@@ -212,9 +212,7 @@ class TaskStore:
 
     # ---------------------------------------------------------------- writing
 
-    def add_if_novel(
-        self, tasks: Sequence[Task], where: dict[str, Any] | None = None
-    ) -> DedupResult:
+    def add_if_novel(self, tasks: Sequence[Task], where: Where | None = None) -> DedupResult:
         """Store the tasks that are not near-duplicates; report the others.
 
         The batch is embedded in one call. Each task is compared with its
@@ -303,7 +301,7 @@ class TaskStore:
     # ---------------------------------------------------------------- reading
 
     def nearest(
-        self, query: str | Task | CandidateTask, k: int = 5, where: dict[str, Any] | None = None
+        self, query: str | Task | CandidateTask, k: int = 5, where: Where | None = None
     ) -> list[Neighbour]:
         """The ``k`` stored tasks most similar to ``query``, most similar first.
 
@@ -316,7 +314,7 @@ class TaskStore:
         self,
         queries: Sequence[str | Task | CandidateTask],
         k: int = 5,
-        where: dict[str, Any] | None = None,
+        where: Where | None = None,
     ) -> list[list[Neighbour]]:
         """``nearest`` for many queries at once: one embedding pass and one Chroma query."""
         if k <= 0 or not queries:
@@ -414,7 +412,7 @@ class TaskStore:
         return found
 
     def _nearest_ids(
-        self, vectors: np.ndarray, where: dict[str, Any] | None = None
+        self, vectors: np.ndarray, where: Where | None = None
     ) -> list[tuple[str, float] | None]:
         """For each vector, the nearest stored (id, similarity), or None if the store is empty."""
         if len(vectors) == 0 or self.count() == 0:

@@ -63,14 +63,14 @@ def export_tables(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         cycle = files.cycle
         for row in files.train_data():
             if "messages" in row:
-                tools = row.get("tools")
+                tools, weight = row.get("tools"), row.get("weight", 1.0)
                 sft.append(
                     {
                         "messages": row["messages"],
                         # a JSON string: tool schemas differ in their keys, and Arrow would
                         # merge them into one struct with nulls (TRL reads the string)
                         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
-                        "weight": float(row.get("weight", 1.0)),
+                        "weight": float(weight) if isinstance(weight, int | float) else 1.0,
                         "cycle": cycle,
                     }
                 )
