@@ -61,7 +61,7 @@ from ..agents.rendering import (
     reply_drop_ids,
     turn_from_ids,
 )
-from ..agents.rollout import act, verify
+from ..agents.rollout import respond, verify
 from ..envs.base import Environment
 from ..records import ModelTurn, Step, Task, Trajectory
 
@@ -457,23 +457,26 @@ class MultiTurnRollout:
             content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text
         )
         history = [*episode.messages, message.to_openai()]
-        new_messages: list[Message] = []
-        if message.is_final:
+        outcome = respond(
+            episode.env,
+            message,
+            episode.user_turns - 1,
+            episode.calls_this_turn,
+            self.max_steps_per_turn,
+        )
+        episode.steps.extend(outcome.steps)
+        new_messages = outcome.follow
+        if outcome.answered:
             episode.final_answer = message.content
-            query = episode.env.end_turn(message.content)
-            if query is None:
-                episode.messages = history
-                episode.done = True
-                return
-            new_messages.append({"role": "user", "content": query})
         else:
-            steps, new_messages = act(episode.env, message, episode.user_turns - 1)
-            episode.steps.extend(steps)
-            episode.calls_this_turn += 1  # one step, however many calls (BFCL's counting)
-            if episode.calls_this_turn >= self.max_steps_per_turn:
-                episode.messages = [*history, *new_messages]
+            episode.calls_this_turn += 1
+        if outcome.ended:
+            episode.messages = [*history, *new_messages]
+            if outcome.finished:
+                episode.done = True
+            else:
                 self._stop(episode, f"{self.max_steps_per_turn} tool-calling replies in one turn")
-                return
+            return
         delta = rendered_delta(tokenizer, history, new_messages, self._tools(episode.env), eot_text)
         if not closed:
             # Cut at max_reply_tokens: the template closes the message with the
