@@ -1,7 +1,8 @@
 """Benchmark: seconds per GRPO step on SmolLM2-135M-Instruct, single-turn world and multi-turn BFCL.
 
     .venv/bin/python bench/grpo_step.py [--model DIR] [--kinds world,bfcl] [--steps 2] \
-        [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024]
+        [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024] \
+        [--micro-batch N] [--threads N]
 
 Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 ``--steps`` optimisation steps, each on a fresh generation round of
@@ -12,7 +13,8 @@ plain-call replies, so ``grpo.rollout: auto`` picks it for the world too. The
 world's tasks are single-turn (train split); BFCL's are multi_turn_base
 (train split), every user turn played. Prints, per kind, seconds per step
 (TRL's ``step_time``: generation, reward and the update), the mean episode in
-generated / environment tokens and user turns, and the whole run's wall time.
+generated / environment tokens and user turns, the whole run's wall time and the
+process's peak resident memory so far (Linux ``ru_maxrss``).
 
 The model defaults to the converted SmolLM2 base (``training/smollm2.py``,
 cached under ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``; the first conversion
@@ -64,9 +66,21 @@ def main() -> None:
         help="episodes per forward/backward (default: the whole round); full-vocabulary "
         "logits of 8 episodes of 1k tokens need ~20 GB, so use 2 for BFCL at 1024 tokens",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's). Two processes of 2 threads on 2 cores wait on "
+        "each other at every op: give each 1 to run two side by side",
+    )
     args = parser.parse_args()
 
+    import resource
+
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
     from coevolve.common.tokenization import load_tokenizer
@@ -139,7 +153,8 @@ def main() -> None:
             f"user turns per episode {', '.join(f'{t:.2f}' for t in turns)} "
             f"(tasks have {', '.join(str(len(t.turns)) for t in tasks)}); "
             f"reward {rewards}; "
-            f"wall {wall:.1f} s, load {os.getloadavg()[0]:.1f}",
+            f"wall {wall:.1f} s, load {os.getloadavg()[0]:.1f}, peak resident "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB so far",
             flush=True,
         )
 
