@@ -40,6 +40,11 @@ Each episode also becomes a ``Trajectory`` (steps, messages, the token ids of
 every reply as ``model_turns``), so ``env.diagnose`` labels it for SEAL's
 advantage weights exactly as a rollout's trajectory.
 
+With ``grpo.reference_episodes`` a group whose episodes all failed gets the
+task's reference episode in place of its last one, played by the same ``play``
+with scripted replies (``training/reference_episodes.py``). While the trainer's
+own model samples, its LoRA adapter is merged (``merged_for_generation``).
+
 What TRL's ``rollout_func`` gets is only the prompts; the task of each prompt
 comes from the batch's rows, which ``multi_turn_trainer_class`` keeps on the
 trainer while it generates (``batch_rows``).
