@@ -480,7 +480,7 @@ def test_generation_round_runs_on_the_merged_adapter_and_unmerges_after(tiny_bui
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from coevolve.training.multiturn_grpo import merged_for_generation
+    from coevolve.training.adapters import merged_for_generation
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_build, dtype=torch.float32)

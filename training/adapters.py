@@ -5,6 +5,8 @@ saving an adapter atomically."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,3 +158,39 @@ def model_and_peft(
     if previous_adapter is not None:
         return model, None
     return model, config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
+
+
+@contextmanager
+def merged_for_generation(model: Any) -> Iterator[None]:
+    """The LoRA adapter merged into the base weights while a round's replies are sampled.
+
+    Unmerged, every projection of every decoding step runs the base matmul plus
+    the adapter's two small ones, dropout and a scaled add; merged, a step costs
+    what the plain model's does. The gain is small: 8 episodes x 48 tokens on
+    SmolLM2 with LoRA r 16 on every projection, one thread beside a bench unit,
+    took 11.4-12.0 s unmerged and 9.2-12.6 s merged. (Two threads beside that
+    unit took 91-127 s either way: oversubscribed cores, not the adapter.)
+    Unmerging subtracts the same delta again, so the float32
+    weights come back to within rounding (about 1e-7 relative per round); 16-bit
+    weights would drift by more, so they are left unmerged, as is a model
+    without an unmerged LoRA adapter.
+    """
+    import torch
+
+    lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "merged")]
+    mergeable = (
+        callable(getattr(model, "merge_adapter", None))
+        and bool(lora_layers)
+        and not any(layer.merged for layer in lora_layers)
+        and next(model.parameters()).dtype == torch.float32
+    )
+    if not mergeable:
+        yield
+        return
+    with torch.no_grad():
+        model.merge_adapter()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            model.unmerge_adapter()

@@ -43,7 +43,7 @@ advantage weights exactly as a rollout's trajectory.
 With ``grpo.reference_episodes`` a group whose episodes all failed gets the
 task's reference episode in place of its last one, played by the same ``play``
 with scripted replies (``training/reference_episodes.py``). While the trainer's
-own model samples, its LoRA adapter is merged (``merged_for_generation``).
+own model samples, its LoRA adapter is merged (``adapters.merged_for_generation``).
 
 What TRL's ``rollout_func`` gets is only the prompts; the task of each prompt
 comes from the batch's rows, which ``multi_turn_trainer_class`` keeps on the
@@ -53,10 +53,9 @@ trainer while it generates (``batch_rows``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..agents.policy import AssistantMessage, Message, parse_assistant_text
 from ..agents.rendering import (
@@ -69,9 +68,7 @@ from ..agents.rendering import (
 from ..agents.rollout import respond, verify
 from ..envs.base import Environment
 from ..records import ModelTurn, Step, Task, Trajectory
-
-if TYPE_CHECKING:
-    from .reference_episodes import ReferenceEpisodes
+from .adapters import merged_for_generation
 
 logger = logging.getLogger(__name__)
 
@@ -211,42 +208,6 @@ def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenera
     return replies
 
 
-@contextmanager
-def merged_for_generation(model: Any) -> Iterator[None]:
-    """The LoRA adapter merged into the base weights while a round's replies are sampled.
-
-    Unmerged, every projection of every decoding step runs the base matmul plus
-    the adapter's two small ones, dropout and a scaled add; merged, a step costs
-    what the plain model's does. The gain is small: 8 episodes x 48 tokens on
-    SmolLM2 with LoRA r 16 on every projection, one thread beside a bench unit,
-    took 11.4-12.0 s unmerged and 9.2-12.6 s merged. (Two threads beside that
-    unit took 91-127 s either way: oversubscribed cores, not the adapter.)
-    Unmerging subtracts the same delta again, so the float32
-    weights come back to within rounding (about 1e-7 relative per round); 16-bit
-    weights would drift by more, so they are left unmerged, as is a model
-    without an unmerged LoRA adapter.
-    """
-    import torch
-
-    lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "merged")]
-    mergeable = (
-        callable(getattr(model, "merge_adapter", None))
-        and bool(lora_layers)
-        and not any(layer.merged for layer in lora_layers)
-        and next(model.parameters()).dtype == torch.float32
-    )
-    if not mergeable:
-        yield
-        return
-    with torch.no_grad():
-        model.merge_adapter()
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            model.unmerge_adapter()
-
-
 def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
     """Replies from the trainer's vLLM engine (``training.grpo.vllm: colocate``), which TRL
     has synced with the current weights before calling the rollout.
@@ -285,6 +246,20 @@ def vllm_replies(trainer: Any, eot: int) -> ReplyGenerator:
     return replies
 
 
+class GroupFiller(Protocol):
+    """Changes a generation round's groups after they are played (``ReferenceEpisodes``):
+    returns the episodes, the groups that all failed and the groups it changed."""
+
+    def substitute(
+        self,
+        rollout: MultiTurnRollout,
+        episodes: list[MultiTurnEpisode],
+        tokenizer: Any,
+        openings: Sequence[Sequence[Message]],
+        group_size: int,
+    ) -> tuple[list[MultiTurnEpisode], int, int]: ...
+
+
 class MultiTurnRollout:
     """TRL ``rollout_func`` playing whole multi-turn episodes (module docstring).
 
@@ -303,7 +278,7 @@ class MultiTurnRollout:
         max_steps_per_turn: int,
         max_completion_tokens: int,
         max_reply_tokens: int | None = None,
-        reference_episodes: ReferenceEpisodes | None = None,
+        reference_episodes: GroupFiller | None = None,
     ) -> None:
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")

@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..agents.conversation import reference_conversation
 from ..agents.policy import Message
 from ..agents.rendering import encode, end_of_turn_id, render_conversation
 from ..envs.base import TASK_ERRORS, Environment
 from ..records import Task, is_success
-
-if TYPE_CHECKING:
-    from .multiturn_grpo import MultiTurnEpisode, MultiTurnRollout, ReplyGenerator
+from .multiturn_grpo import (
+    MultiTurnEpisode,
+    MultiTurnRollout,
+    ReplyGenerator,
+    TemplateNotPrefixPreserving,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,6 @@ def reference_reply_ids(
     """The ids of each assistant message of ``conversation``, as the model would generate
     them after what precedes it: the template's rendering of the message, cut after its
     end-of-turn token (what generation stops at)."""
-    from .multiturn_grpo import TemplateNotPrefixPreserving
-
     eot_text = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
     replies = []
     for index, message in enumerate(conversation):
