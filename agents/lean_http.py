@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import ssl
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -47,7 +48,13 @@ class Response:
 class Pool(Protocol):
     """Connections to one server: ``request`` sends one request and reads its response."""
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> Response: ...
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response: ...
 
     async def aclose(self) -> None: ...
 
@@ -104,8 +111,20 @@ class LeanPool:
         self._slots = asyncio.Semaphore(max_connections)
         self._open: set[_Connection] = set()
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        """One request; ``headers`` are sent besides the pool's own (Host, User-Agent and
+        those it was opened with)."""
         head = f"{method} {self.base_path}{path} HTTP/1.1\r\n".encode("latin-1") + self._head_tail
+        if headers:
+            head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode(
+                "latin-1"
+            )
         if body is not None:
             head += b"Content-Length: %d\r\n" % len(body)
         head += b"\r\n"
@@ -340,10 +359,18 @@ class HttpxPool:
         )
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits)
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
         httpx = self._httpx
         try:
-            response = await self._client.request(method, self.base_url + path, content=body)
+            response = await self._client.request(
+                method, self.base_url + path, content=body, headers=dict(headers or {})
+            )
         except httpx.TimeoutException:
             raise RequestTimeout(f"no response within {self.timeout_s:g} s") from None
         except httpx.TransportError as err:

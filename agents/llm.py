@@ -39,6 +39,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import BaseModel, SecretStr
 
 from .json_reply import SchemaT, balanced_spans, iter_json_values, parse_json_reply
+from .lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .per_loop import PerLoop
 from .replies import (
     ReplyError,
@@ -103,20 +104,63 @@ class StructuredOutputError(RuntimeError):
 # --------------------------------------------------------------------------- models
 
 
-class _PerLoopTransport(httpx.AsyncBaseTransport):
-    """An httpx transport with one connection pool per event loop (see ``per_loop``)."""
+# Request headers the pool writes itself, or that would change what it reads back:
+# it does not decompress, so no Accept-Encoding is passed on.
+_POOL_OWN_HEADERS = frozenset(
+    {"host", "content-length", "connection", "accept-encoding", "transfer-encoding", "user-agent"}
+)
+# Response headers about a body the pool has already de-chunked (and never compressed).
+_DECODED_HEADERS = frozenset({"transfer-encoding", "content-encoding", "content-length"})
 
-    def __init__(self, **options: Any):
-        self._pools = PerLoop(lambda: httpx.AsyncHTTPTransport(**options))
+
+class _PoolTransport(httpx.AsyncBaseTransport):
+    """httpx's transport for the roles' chat models, sending on the project's one HTTP
+    client (``lean_http``, as the endpoint policy does): one pool per server and event
+    loop (see ``per_loop``). langchain-openai and the openai SDK above it stay as
+    they are; only the bytes go out the same way as the policy's."""
+
+    def __init__(self, timeout_s: float, max_connections: int):
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self._pools: PerLoop[dict[str, Pool]] = PerLoop(dict)
+
+    def _pool(self, origin: str) -> Pool:
+        pools = self._pools.get()
+        if origin not in pools:
+            pools[origin] = open_pool(origin, {}, self.timeout_s, self.max_connections)
+        return pools[origin]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._pools.get().handle_async_request(request)
+        url = request.url
+        pool = self._pool(f"{url.scheme}://{url.netloc.decode('ascii')}")
+        body = await request.aread()
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() not in _POOL_OWN_HEADERS
+        }
+        try:
+            response = await pool.request(
+                request.method, url.raw_path.decode("ascii"), body or None, headers
+            )
+        except RequestTimeout as err:
+            raise httpx.ReadTimeout(str(err), request=request) from None
+        except TransportError as err:
+            raise httpx.ConnectError(str(err), request=request) from None
         mark_answered()  # from here on, a failure is about what the server sent
-        return response
+        return httpx.Response(
+            response.status,
+            headers=[
+                (name, value)
+                for name, value in response.headers.items()
+                if name not in _DECODED_HEADERS
+            ],
+            content=response.body,
+            request=request,
+        )
 
     async def aclose(self) -> None:
-        pool = self._pools.pop()
-        if pool is not None:
+        for pool in (self._pools.pop() or {}).values():
             await pool.aclose()
 
 
@@ -160,9 +204,7 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
     Replies longer than ``endpoint.reply_limit()`` characters raise ``ReplyTooLongError``.
     """
     client = httpx.AsyncClient(
-        transport=_PerLoopTransport(
-            limits=httpx.Limits(max_connections=max(endpoint.concurrency, 1) * 2)
-        ),
+        transport=_PoolTransport(endpoint.timeout_s, max(endpoint.concurrency, 1) * 2),
         timeout=endpoint.timeout_s,
     )
     chat_class: Any = _bounded_chat_class()

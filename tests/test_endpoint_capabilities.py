@@ -244,3 +244,31 @@ def test_a_server_that_honours_only_max_tokens_and_refuses_json_schema_with_a_50
     assert ask(chat_model(other)).a == 1
     [body] = server.chat_bodies()
     assert body["max_completion_tokens"] == 512 and "max_tokens" not in body
+
+
+def test_the_roles_send_on_the_policys_http_client(scripted_server):
+    """The roles' chat models keep langchain-openai and the openai SDK, but the bytes go
+    out on lean_http's pool (the endpoint policy's client): one pool per server and event
+    loop, its connection kept alive across calls of one loop."""
+    from coevolve.agents.lean_http import LeanPool
+    from coevolve.agents.llm import _PoolTransport
+
+    server = scripted_server([Reply.json_content({"a": 7, "b": "x"})], repeat_last=True)
+    model = chat_model(endpoint(server))
+    transport = model.http_async_client._transport
+    assert isinstance(transport, _PoolTransport)
+
+    async def twice():
+        first = await structured_call(model, Pair, [HumanMessage("hi")])
+        second = await structured_call(model, Pair, [HumanMessage("again")])
+        pools = transport._pools.get()
+        return first, second, pools
+
+    first, second, pools = asyncio.run(twice())
+    assert (first.a, second.b) == (7, "x")
+    assert list(pools) == [server.base_url.split("/v1")[0]]
+    pool = next(iter(pools.values()))
+    assert isinstance(pool, LeanPool) and len(pool._open) == 1  # one kept-alive connection
+    last = server.requests[-1]
+    assert last.body["messages"][-1]["content"] == "again"
+    assert last.headers.get("authorization") == "Bearer EMPTY"  # the SDK's headers pass through
