@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import ssl
+import threading
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,6 +77,39 @@ def _proxied(scheme: str, host: str) -> bool:
     if not (proxies.get(scheme) or proxies.get("all")):
         return False
     return not urllib.request.proxy_bypass(host)
+
+
+class SyncPool:
+    """A pool for callers without an event loop (Chroma calls embedding functions
+    synchronously): one daemon thread runs a loop that owns an ``open_pool`` pool, and
+    ``request`` blocks on it. Safe to call from several threads; a forked child makes
+    its own thread and pool on first use."""
+
+    def __init__(
+        self, base_url: str, headers: dict[str, str], timeout_s: float, max_connections: int
+    ):
+        self._options = (base_url, headers, timeout_s, max_connections)
+        self._lock = threading.Lock()
+        self._owner: tuple[int, asyncio.AbstractEventLoop, Pool] | None = None
+
+    def _loop_and_pool(self) -> tuple[asyncio.AbstractEventLoop, Pool]:
+        with self._lock:
+            if self._owner is None or self._owner[0] != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="coevolve-http", daemon=True).start()
+                self._owner = (os.getpid(), loop, open_pool(*self._options))
+            return self._owner[1], self._owner[2]
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Response:
+        loop, pool = self._loop_and_pool()
+        future = asyncio.run_coroutine_threadsafe(pool.request(method, path, body, headers), loop)
+        return future.result()
 
 
 # --------------------------------------------------------------------------- lean pool

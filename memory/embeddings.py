@@ -10,23 +10,28 @@
   float32 here (3.8 vs 6.9 ms per short task text on one core), pairwise
   similarities within 0.006 of float32's.
 * ``OpenAIEmbedding`` — any OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM,
-  a hosted API, the scripted test server), retried by the openai client on
-  5xx, 408, 429, timeouts and dropped connections. A run selects it with
+  a hosted API, the scripted test server), sent on the project's one HTTP client
+  (``agents/lean_http.py``, as the policy and the roles send) and retried as the
+  openai client retries: 5xx, 408, 409, 429, timeouts and dropped connections, with
+  the server's Retry-After or a jittered exponential backoff. A run selects it with
   ``synthesis.embedding_endpoint``.
 
 Both are Chroma ``EmbeddingFunction`` s registered under their ``name()``, so a
 collection built with one records that name and the ``get_config()`` (never an
 API key) and Chroma can rebuild it when the collection is reopened; pass the
 same function again when reopening (the ``TaskStore`` does). Importing this
-module imports chromadb (~1 s) but neither torch nor transformers nor openai:
+module imports chromadb (~1 s) but neither torch nor transformers:
 those load on first use. The model is loaded once per process and shared by
 every ``MiniLMEmbedding`` with the same settings.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +264,32 @@ class MiniLMEmbedding(EmbeddingFunction[Documents]):
 
 # Statuses the openai client retries besides 5xx (openai._base_client._should_retry).
 _RETRIED_STATUSES = (408, 409, 429)
+_RETRY_BASE_S, _RETRY_MAX_S = 0.5, 8.0
+
+
+def _backoff_s(attempt: int, retry_after: str | None) -> float:
+    """The wait before the next attempt: the server's Retry-After (seconds, up to a
+    minute), else a jittered exponential backoff, as the openai client waits."""
+    try:
+        asked = float(retry_after) if retry_after is not None else None
+    except ValueError:
+        asked = None
+    if asked is not None and 0 <= asked <= 60:
+        return asked
+    return min(_RETRY_MAX_S, _RETRY_BASE_S * 2**attempt) * (1 - 0.25 * random.random())
+
+
+def _error_message(body: bytes) -> str:
+    """An error response's message: OpenAI's ``{"error": {"message": ...}}``, else the text."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(error, str):
+        return error
+    return body[:300].decode("utf-8", "replace")
 
 
 @register_embedding_function
@@ -267,9 +298,9 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
 
     ``api_key_env`` names the environment variable holding the key (read at
     each client creation, never stored in the collection's config); None sends
-    the placeholder key "EMPTY", as vLLM expects. The openai client retries a
-    5xx, 408, 409, 429, a timeout or a dropped connection ``max_retries`` times
-    with its own jittered exponential backoff (and the server's Retry-After);
+    the placeholder key "EMPTY", as vLLM expects. A 5xx, 408, 409, 429, a timeout
+    or a dropped connection is retried ``max_retries`` times after the server's
+    Retry-After or a jittered exponential backoff (the openai client's policy);
     other errors, and failures after the retries, raise ``EmbeddingError``
     naming the endpoint. Vectors are returned unit length.
     """
@@ -321,39 +352,56 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
             )
         return key
 
-    def _openai(self) -> Any:
+    def _pool(self) -> Any:
         if self._client is None:
-            import openai
+            from ..agents.lean_http import SyncPool
 
-            self._client = openai.OpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key(),
-                timeout=self.timeout_s,
-                max_retries=self.max_retries,
-            )
+            headers = {
+                "Authorization": f"Bearer {self._api_key()}",
+                "Content-Type": "application/json",
+            }
+            self._client = SyncPool(self.base_url, headers, self.timeout_s, max_connections=4)
         return self._client
 
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        import openai
+    def _post(self, body: bytes, where: str) -> dict[str, Any]:
+        """POST /embeddings, retried as the openai client retries (module docstring);
+        the decoded JSON body of a 2xx answer."""
+        from ..agents.lean_http import TransportError
 
-        client = self._openai()
-        options: dict[str, Any] = {"encoding_format": "float"}
+        pool = self._pool()
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = pool.request("POST", "/embeddings", body)
+            except TransportError as err:  # refused, reset, or no answer in time
+                if last:
+                    raise EmbeddingError(self._exhausted(where, err)) from err
+                time.sleep(_backoff_s(attempt, None))
+                continue
+            if response.status < 300:
+                try:
+                    return json.loads(response.body)
+                except ValueError as err:  # a body that is not JSON
+                    raise EmbeddingError(f"{where}: bad response: {err}") from err
+            status = response.status
+            message = _error_message(response.body)
+            if not (status in _RETRIED_STATUSES or status >= 500):
+                raise EmbeddingError(f"{where}: HTTP {status}: {message}")
+            if last:
+                failure = RuntimeError(f"HTTP {status}: {message}")
+                raise EmbeddingError(self._exhausted(where, failure))
+            time.sleep(_backoff_s(attempt, response.headers.get("retry-after")))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        payload: dict[str, Any] = {"input": texts, "model": self.model, "encoding_format": "float"}
         if self.dimensions is not None:
-            options["dimensions"] = self.dimensions
+            payload["dimensions"] = self.dimensions
         where = f"embedding endpoint {self.base_url} (model {self.model})"
+        response = self._post(json.dumps(payload).encode(), where)
         try:
-            response = client.embeddings.create(input=texts, model=self.model, **options)
-        except openai.APIConnectionError as err:  # timeouts are APIConnectionErrors
-            raise EmbeddingError(self._exhausted(where, err)) from err
-        except openai.APIStatusError as err:
-            if err.status_code in _RETRIED_STATUSES or err.status_code >= 500:
-                raise EmbeddingError(self._exhausted(where, err)) from err
-            raise EmbeddingError(f"{where}: HTTP {err.status_code}: {err.message}") from err
-        except (openai.APIError, ValueError) as err:  # a body that is not JSON
-            raise EmbeddingError(f"{where}: bad response: {err}") from err
-        try:
-            data = sorted(response.data, key=lambda item: item.index)
-            vectors = np.asarray([item.embedding for item in data], dtype=np.float32)
+            data = sorted(response["data"], key=lambda item: item["index"])
+            vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise EmbeddingError(f"{where}: not an embeddings response: {err!r}") from err
         if len(vectors) != len(texts):

@@ -559,3 +559,14 @@ def test_minilm_config_round_trip(minilm):
     assert MiniLMEmbedding.name() == "coevolve-minilm" and minilm.default_space() == "cosine"
     vectors = rebuilt(["hello world", "hello world"])
     assert len(vectors) == 2 and float(vectors[0] @ vectors[1]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_openai_embedding_from_a_server_that_is_not_there_fails_clearly():
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    embedding = OpenAIEmbedding(f"http://127.0.0.1:{port}/v1", "m", max_retries=1)
+    with pytest.raises(EmbeddingError, match=r"failed after 2 attempts; last error TransportError"):
+        embedding(["x"])
