@@ -30,6 +30,7 @@ import orjson
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from ..common.lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .completion_body import (
     completion_problem,
     encode_request,
@@ -39,7 +40,6 @@ from .completion_body import (
     shown,
 )
 from .config import EndpointConfig
-from .lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .per_loop import PerLoop
 from .policy import (
     AssistantMessage,

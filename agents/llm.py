@@ -38,8 +38,8 @@ import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import BaseModel, SecretStr
 
+from ..common.lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .json_reply import SchemaT, balanced_spans, iter_json_values, parse_json_reply
-from .lean_http import Pool, RequestTimeout, TransportError, open_pool
 from .per_loop import PerLoop
 from .replies import (
     ReplyError,

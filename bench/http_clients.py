@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from coevolve.agents.lean_http import HttpxPool, LeanPool
+from coevolve.common.lean_http import HttpxPool, LeanPool
 
 
 def _free_port() -> int:
@@ -96,7 +96,7 @@ async def _aiohttp(base_url: str, body: bytes, requests: int, concurrency: int) 
 async def _openai_sdk(base_url: str, body: bytes, requests: int, concurrency: int) -> None:
     from openai import AsyncOpenAI
 
-    from coevolve.agents.lean_http import _httpx_module
+    from coevolve.common.lean_http import _httpx_module
 
     httpx = _httpx_module()  # the httpx the SDK is built on (httpx2 for openai 3)
     request = orjson.loads(body)

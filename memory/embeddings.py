@@ -11,7 +11,7 @@
   similarities within 0.006 of float32's.
 * ``OpenAIEmbedding`` — any OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM,
   a hosted API, the scripted test server), sent on the project's one HTTP client
-  (``agents/lean_http.py``, as the policy and the roles send) and retried as the
+  (``common/lean_http.py``, as the policy and the roles send) and retried as the
   openai client retries: 5xx, 408, 409, 429, timeouts and dropped connections, with
   the server's Retry-After or a jittered exponential backoff. A run selects it with
   ``synthesis.embedding_endpoint``.
@@ -354,7 +354,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
 
     def _pool(self) -> Any:
         if self._client is None:
-            from ..agents.lean_http import SyncPool
+            from ..common.lean_http import SyncPool
 
             headers = {
                 "Authorization": f"Bearer {self._api_key()}",
@@ -366,7 +366,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
     def _post(self, body: bytes, where: str) -> dict[str, Any]:
         """POST /embeddings, retried as the openai client retries (module docstring);
         the decoded JSON body of a 2xx answer."""
-        from ..agents.lean_http import TransportError
+        from ..common.lean_http import TransportError
 
         pool = self._pool()
         for attempt in range(self.max_retries + 1):

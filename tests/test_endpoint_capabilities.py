@@ -250,8 +250,8 @@ def test_the_roles_send_on_the_policys_http_client(scripted_server):
     """The roles' chat models keep langchain-openai and the openai SDK, but the bytes go
     out on lean_http's pool (the endpoint policy's client): one pool per server and event
     loop, its connection kept alive across calls of one loop."""
-    from coevolve.agents.lean_http import LeanPool
     from coevolve.agents.llm import _PoolTransport
+    from coevolve.common.lean_http import LeanPool
 
     server = scripted_server([Reply.json_content({"a": 7, "b": "x"})], repeat_last=True)
     model = chat_model(endpoint(server))

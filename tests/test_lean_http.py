@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from coevolve.agents.lean_http import (
+from coevolve.common.lean_http import (
     HttpxPool,
     LeanPool,
     RequestTimeout,
