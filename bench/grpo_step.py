@@ -63,8 +63,8 @@ def main() -> None:
         "--micro-batch",
         type=int,
         default=None,
-        help="episodes per forward/backward (default: the whole round); full-vocabulary "
-        "logits of 8 episodes of 1k tokens need ~20 GB, so use 2 for BFCL at 1024 tokens",
+        help="episodes per forward/backward (grpo.micro_batch_size; default: the config's, 2); "
+        "0: the whole round at once, as before that setting existed",
     )
     parser.add_argument(
         "--threads",
@@ -102,6 +102,9 @@ def main() -> None:
         f"{args.generations} episodes, torch threads {torch.get_num_threads()}, "
         f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
     )
+    micro: dict[str, int | None] = {}
+    if args.micro_batch is not None:
+        micro["micro_batch_size"] = args.micro_batch or None
     for kind in args.kinds.split(","):
         tasks, make_env = _tasks(kind, args.prompts)
         budget = {"world": args.world_tokens, "bfcl": args.bfcl_tokens}[kind]
@@ -109,14 +112,12 @@ def main() -> None:
             algorithm="grpo",
             device="cpu",
             max_steps=args.steps,
-            batch_size=args.micro_batch or args.prompts * args.generations,
-            gradient_accumulation_steps=(
-                args.prompts * args.generations // args.micro_batch if args.micro_batch else 1
-            ),
+            batch_size=args.prompts * args.generations,
             grpo=GrpoConfig(
                 prompts_per_step=args.prompts,
                 num_generations=args.generations,
                 max_completion_length=budget,
+                **micro,
             ),
             max_length=budget + 1024,
         )

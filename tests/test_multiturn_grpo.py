@@ -524,6 +524,9 @@ def test_a_group_whose_episodes_all_failed_gets_the_reference_episode(tiny_build
     settings = merged(MULTI_TURN, {"grpo": {"reference_episodes": True, "max_tool_calls": 2}})
     config = tiny_training(**settings)
     trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    # grpo.micro_batch_size: 2 episodes per forward pass, still batch_size (12) a step.
+    assert trainer.args.per_device_train_batch_size == 2
+    assert trainer.args.gradient_accumulation_steps == 6
     size = config.grpo.num_generations
     rows = {Task.model_validate_json(row["task"]).id: row for row in trainer.train_dataset}
     batch = [dict(rows[task.id]) for task in tasks for _ in range(size)]
@@ -559,3 +562,18 @@ def test_reference_episodes_need_the_multi_turn_rollout_and_own_generation():
     with pytest.raises(ValueError, match=r"grpo\.vllm: off"):
         GrpoConfig(reference_episodes=True, vllm="colocate")
     assert GrpoConfig(reference_episodes=True).rollout == "auto"
+
+
+def test_micro_batches_keep_the_examples_per_step():
+    from coevolve.training.trainer_common import micro_batches
+
+    config = tiny_training(batch_size=12, gradient_accumulation_steps=2)
+    assert micro_batches(config, 2) == {
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 12,
+    }
+    assert micro_batches(config, 5)["per_device_train_batch_size"] == 4  # a divisor of 12
+    assert micro_batches(config, None) == {
+        "per_device_train_batch_size": 12,
+        "gradient_accumulation_steps": 2,
+    }

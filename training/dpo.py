@@ -19,7 +19,7 @@ from .adapters import model_and_peft
 from .config import TrainingConfig
 from .datasets import PreferencePair
 from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
-from .trainer_common import common_arguments
+from .trainer_common import common_arguments, micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..outputs.tracking import TrainTracking
@@ -36,15 +36,9 @@ def dpo_arguments(
     (the largest divisor of ``batch_size`` up to it), accumulated to ``batch_size`` pairs per
     optimisation step; sequences cut at ``max_length``; reference log-probs computed per
     batch, not precomputed."""
-    micro = config.dpo.micro_batch_size or config.batch_size
-    micro = max(
-        d for d in range(1, min(micro, config.batch_size) + 1) if config.batch_size % d == 0
-    )
     return {
         **common_arguments(config, device, output_dir, progress, tracking),
-        "per_device_train_batch_size": micro,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps
-        * (config.batch_size // micro),
+        **micro_batches(config, config.dpo.micro_batch_size),
         "max_length": config.max_length,
         "precompute_ref_log_probs": False,
     }

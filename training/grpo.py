@@ -77,6 +77,7 @@ from .seal import (
     reweight_step,
     scale_advantages,
 )
+from .trainer_common import micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ def make_grpo_trainer(
         reward_funcs = [environment_score]
 
     args = GRPOConfig(
-        **arguments,
+        **{**arguments, **micro_batches(config, config.grpo.micro_batch_size)},
         num_generations=config.grpo.num_generations,
         generation_batch_size=config.grpo.prompts_per_step * config.grpo.num_generations,
         max_completion_length=config.grpo.max_completion_length,

@@ -209,3 +209,19 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def micro_batches(config: TrainingConfig, micro_batch_size: int | None) -> dict[str, int]:
+    """``per_device_train_batch_size`` and ``gradient_accumulation_steps`` for
+    ``micro_batch_size`` examples per forward pass (the largest divisor of ``batch_size``
+    up to it; None: ``batch_size`` at once), still ``batch_size x
+    gradient_accumulation_steps`` examples per optimisation step."""
+    micro = micro_batch_size or config.batch_size
+    micro = max(
+        d for d in range(1, min(micro, config.batch_size) + 1) if config.batch_size % d == 0
+    )
+    return {
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps
+        * (config.batch_size // micro),
+    }
