@@ -102,9 +102,8 @@ def main() -> None:
         f"{args.generations} episodes, torch threads {torch.get_num_threads()}, "
         f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}"
     )
-    micro: dict[str, int | None] = {}
-    if args.micro_batch is not None:
-        micro["micro_batch_size"] = args.micro_batch or None
+    # --micro-batch 0: the whole round at once (grpo.micro_batch_size None)
+    micro = {} if args.micro_batch is None else {"micro_batch_size": args.micro_batch or None}
     for kind in args.kinds.split(","):
         tasks, make_env = _tasks(kind, args.prompts)
         budget = {"world": args.world_tokens, "bfcl": args.bfcl_tokens}[kind]
@@ -117,8 +116,7 @@ def main() -> None:
                 prompts_per_step=args.prompts,
                 num_generations=args.generations,
                 max_completion_length=budget,
-                **micro,
-            ),
+            ).model_copy(update=micro),
             max_length=budget + 1024,
         )
         work = Path(tempfile.mkdtemp(prefix="coevolve-grpo-bench-"))

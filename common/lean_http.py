@@ -1,4 +1,9 @@
-"""A small HTTP/1.1 client on asyncio, for the endpoint policy's hot loop.
+"""A small HTTP/1.1 client on asyncio: the project's one HTTP client.
+
+The endpoint policy sends on it; so do the synthesis roles (an httpx transport
+under langchain-openai, ``agents/llm.py``) and the embeddings (``SyncPool``,
+``memory/embeddings.py``). Why this and not aiohttp: docs/benchmarks.md, "Which
+HTTP client".
 
 At rollout fan-out (64 requests in flight, thousands per step) the client's CPU per
 request sets the pace, not the server: the openai SDK spends 1-2 ms per request and
@@ -83,7 +88,8 @@ class SyncPool:
     """A pool for callers without an event loop (Chroma calls embedding functions
     synchronously): one daemon thread runs a loop that owns an ``open_pool`` pool, and
     ``request`` blocks on it. Safe to call from several threads; a forked child makes
-    its own thread and pool on first use."""
+    its own thread and pool on first use. One thread per ``SyncPool``, for the life of
+    the process (it holds no more than idle connections)."""
 
     def __init__(
         self, base_url: str, headers: dict[str, str], timeout_s: float, max_connections: int

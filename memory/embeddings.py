@@ -33,11 +33,14 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
 from chromadb.utils.embedding_functions import register_embedding_function
+
+if TYPE_CHECKING:
+    from ..common.lean_http import SyncPool
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -325,7 +328,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self._client: Any = None
+        self._client: SyncPool | None = None
 
     @classmethod
     def from_endpoint(cls, endpoint: Any, **options: Any) -> OpenAIEmbedding:
@@ -352,7 +355,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
             )
         return key
 
-    def _pool(self) -> Any:
+    def _pool(self) -> SyncPool:
         if self._client is None:
             from ..common.lean_http import SyncPool
 
