@@ -71,9 +71,8 @@ def main() -> None:
         row: dict[str, Any] = {"cycle": files.cycle}
         for agent, episodes in (("target", target), ("failure_agent", failure)):
             if episodes:
-                figures = hard_negative_share(episodes, args.threshold)
-                figures["zero"] = sum(is_failure(t) and not t.failure_grade for t in episodes)
-                row[agent] = figures
+                zero = sum(is_failure(t) and not t.failure_grade for t in episodes)
+                row[agent] = {**hard_negative_share(episodes, args.threshold), "zero": zero}
         row["failure_pairs"] = len(
             failure_pairs(target, failure, args.pairs_per_task, args.threshold)
         )

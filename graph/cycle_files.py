@@ -22,13 +22,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, JsonValue
 
 from ..common.files import dump_jsonl, load_jsonl, read_jsonl, write_atomically
 from ..memory.signals import FlaggedTrajectory
 from ..records import Task, Trajectory
+
+if TYPE_CHECKING:
+    from ..training.hard_negative_pairs import HardNegativeFigures
 
 Record = TypeVar("Record", bound=BaseModel)
 
@@ -135,9 +138,9 @@ class CycleFiles:
     def write_failure_rollouts(self, trajectories: Sequence[Trajectory]) -> None:
         self._write("failure_rollouts.jsonl", trajectories)
 
-    def hard_negative_figures(self) -> dict[str, Any] | None:
+    def hard_negative_figures(self) -> HardNegativeFigures | None:
         path = self._path("hard_negatives.json")
         return json.loads(path.read_text()) if path.exists() else None
 
-    def write_hard_negative_figures(self, figures: dict[str, Any]) -> None:
+    def write_hard_negative_figures(self, figures: HardNegativeFigures) -> None:
         write_atomically(self._path("hard_negatives.json"), json.dumps(figures, indent=2) + "\n")

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from ..records import Trajectory, is_success
+from ..training.hard_negative_pairs import HardNegativeFigures
 from ..training.trainers import TrainResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +48,8 @@ class HardNegativeTrainResult(TrainResult):
     failure_adapter: str | None = Field(
         default=None, description="The failure agent's adapter after this cycle (None: the base)."
     )
-    hard_negatives: dict[str, Any] = Field(
-        default_factory=dict,
+    hard_negatives: HardNegativeFigures | None = Field(
+        default=None,
         description="Shares of hard negatives per agent, pair counts, the failure agent's time.",
     )
 
@@ -148,15 +149,12 @@ async def train_with_hard_negatives(
     trajectories = with_failure_grades(trajectories, by_id)
 
     # 2. Shares of hard negatives, per agent.
-    shares = {
-        "threshold": settings.hard_threshold,
-        "target": hard_negative_share(trajectories, settings.hard_threshold),
-        "failure_agent": (
-            hard_negative_share(failure_trajectories, settings.hard_threshold)
-            if settings.failure_agent
-            else None
-        ),
-    }
+    target_share = hard_negative_share(trajectories, settings.hard_threshold)
+    failure_share = (
+        hard_negative_share(failure_trajectories, settings.hard_threshold)
+        if settings.failure_agent
+        else None
+    )
 
     # 3. The failure agent: DPO on (failure, failure) pairs from both agents.
     failure_result: TrainResult | None = None
@@ -233,8 +231,10 @@ async def train_with_hard_negatives(
             progress=rt.progress,
             tracking=for_training(config, rt.run_dir, cycle),
         )
-    figures = {
-        **shares,
+    figures: HardNegativeFigures = {
+        "threshold": settings.hard_threshold,
+        "target": target_share,
+        "failure_agent": failure_share,
         "failure_pairs": len(f_pairs),
         "failure_pairs_hard": sum(p.hard for p in f_pairs),
         "failure_pairs_with_success": sum(
@@ -264,7 +264,7 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def _say(rt: CycleRuntime, cycle: int, figures: dict[str, Any]) -> None:
+def _say(rt: CycleRuntime, cycle: int, figures: HardNegativeFigures) -> None:
     target = figures["target"]
     failure = figures.get("failure_agent")
     text = (

@@ -13,9 +13,10 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
+from typing_extensions import TypedDict
 
 from ..agents.policy import Message
 from ..envs.base import TASK_ERRORS
@@ -91,7 +92,37 @@ def is_failure(trajectory: Trajectory) -> bool:
     return bool(opening) and any(m.get("role") == "assistant" for m in rest)
 
 
-def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) -> dict[str, Any]:
+class AgentShare(TypedDict):
+    """One agent's episodes and how many of their failures are hard negatives."""
+
+    episodes: int
+    success: float | None  # share of episodes that succeeded
+    failures: int
+    hard: int  # failures graded at or above the threshold
+    share: float | None  # hard / failures
+    mean_failure_grade: float | None
+
+
+class HardNegativeFigures(TypedDict):
+    """A hard-negative cycle's figures (``hard_negatives.json``, the summary's
+    ``train.hard_negatives``)."""
+
+    threshold: float
+    target: AgentShare
+    failure_agent: AgentShare | None  # None without a failure agent
+    failure_pairs: int
+    failure_pairs_hard: int
+    failure_pairs_with_success: int
+    target_pairs: int
+    target_pairs_hard: int
+    target_pairs_by_source: dict[str, int]
+    experts: int
+    failure_rollout_time_s: float
+    failure_train_time_s: float
+    failure_time_s: float
+
+
+def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) -> AgentShare:
     """How many of the episodes' failures are hard negatives (failure grade >= ``threshold``).
 
     ``share`` is hard / failures (None without failures); ``success`` the share of
