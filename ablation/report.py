@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator
@@ -247,6 +248,14 @@ def family_pairs(report: AblationReport) -> list[str]:
     return product or against
 
 
+def curve_text(values: Sequence[float], percent: bool = False) -> str:
+    """Success by cycle as text, cycle 0 first; a cycle not evaluated
+    (``evaluation.every``) shows as "–"."""
+    return " → ".join(
+        "–" if math.isnan(v) else (f"{v:.1%}" if percent else f"{100 * v:.1f}") for v in values
+    )
+
+
 def print_report(console: Any, report: AblationReport) -> None:
     from rich.table import Table
 
@@ -267,7 +276,7 @@ def print_report(console: Any, report: AblationReport) -> None:
         table.add_row(
             arm,
             fmt(report.final[arm]),
-            " → ".join(f"{100 * p.mean:.1f}" for p in report.curves[arm]),
+            curve_text([p.mean for p in report.curves[arm]]),
             *(
                 f"{100 * runs[s].success_by_cycle[-1]:.1f}%" if s in runs else ""
                 for s in report.seeds

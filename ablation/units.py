@@ -12,7 +12,15 @@ from typing import Any
 
 from .arms import ARMS, arm_config
 from .figures import plot_curves, plot_family_curves, plot_family_differences
-from .report import AblationReport, ArmRun, family_pairs, seed_families, split_label, summarize
+from .report import (
+    AblationReport,
+    ArmRun,
+    curve_text,
+    family_pairs,
+    seed_families,
+    split_label,
+    summarize,
+)
 
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
@@ -178,7 +186,7 @@ def run_ablation(
                 json.dumps({"config": fingerprint, "run": runs[-1].model_dump()}, indent=2)
             )
             if console is not None:
-                curve = " → ".join(f"{s:.1%}" for s in runs[-1].success_by_cycle)
+                curve = curve_text(runs[-1].success_by_cycle, percent=True)
                 measure = split_label(config.evaluation.split)
                 console.print(f"  {measure} success by cycle: {curve} [{result.elapsed_s:.0f} s]")
     if not runs:

@@ -462,3 +462,12 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
     text = console.export_text()
     assert "final validation success" in text and "held-out" not in text
     assert plot_curves(report, tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_a_cycle_not_evaluated_shows_as_a_dash_not_nan():
+    import math
+
+    from coevolve.ablation.report import curve_text
+
+    assert curve_text([0.236, math.nan, 0.491], percent=True) == "23.6% → – → 49.1%"
+    assert curve_text([0.236, math.nan, 0.491]) == "23.6 → – → 49.1"
