@@ -22,8 +22,10 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
     # Beyond ten arms the default colour cycle repeats; tab20 keeps every arm its own colour.
     colours = plt.get_cmap("tab20" if len(report.arms) > 10 else "tab10")
     for index, arm in enumerate(report.arms):
-        points = report.curves[arm]
-        xs = list(range(len(points)))
+        # Cycles not evaluated (evaluation.every) are left out, so the line joins the rest.
+        evaluated = [(x, p) for x, p in enumerate(report.curves[arm]) if not math.isnan(p.mean)]
+        xs = [x for x, _ in evaluated]
+        points = [p for _, p in evaluated]
         colour = colours(index % colours.N)
         curves.plot(xs, [100 * p.mean for p in points], marker="o", label=arm, color=colour)
         lows = [100 * p.low for p in points]
