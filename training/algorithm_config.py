@@ -134,9 +134,9 @@ class GrpoConfig(Section):
         description="Episodes per forward/backward pass of the update; the step still averages "
         "batch_size x gradient_accumulation_steps episodes by accumulating. The update keeps "
         "every episode's full-vocabulary logits (SmolLM2: 49k entries a token): a quickstart "
-        "GRPO step of 8 episodes at once peaked at 15.5 GB, 2 at a time at 7.8 GB (the whole "
-        "process, one thread). Uses the largest divisor of batch_size up to this; None: "
-        "batch_size episodes at once.",
+        "GRPO step of 8 episodes at once peaked at 15.5 GB; 2 at a time, the whole process "
+        "peaked at 7.8 GB in one unit and 11.8 GB in another (one thread). Uses the largest "
+        "divisor of batch_size up to this; None: batch_size episodes at once.",
     )
     max_completion_length: int = Field(
         default=384,
