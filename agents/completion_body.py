@@ -2,9 +2,9 @@
 
 What is wrong with a body (``completion_problem``), the assistant message it
 holds with its token ids and log-probabilities (``message_from_completion``),
-a server's Retry-After (``retry_after_s``), and the start of a body for an error
-message (``shown``, ``error_detail``). Request bodies are encoded once, with
-orjson (``encode_request``).
+and the start of a body for an error message (``shown``). Request bodies are
+encoded once, with orjson (``encode_request``). An error body's message and a
+Retry-After header are read by the HTTP client (``common/lean_http.py``).
 """
 
 from __future__ import annotations
@@ -33,34 +33,8 @@ def shown(data: bytes) -> str:
     return repr(data[:200].decode("utf-8", "replace"))
 
 
-def error_detail(data: bytes, reason: str) -> str:
-    """The server's own words: the message of an OpenAI-style ``{"error": {...}}`` body,
-    else the body's text, else the HTTP reason phrase."""
-    try:
-        body: Any = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        text = data[:200].decode("utf-8", "replace").strip()
-        return text or reason
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body = body["error"]
-    if isinstance(body, dict):
-        # vLLM answers some errors as {"message": ...} or FastAPI's {"detail": ...}.
-        for key in ("message", "detail"):
-            if isinstance(body.get(key), str) and body[key]:
-                return str(body[key])
-    return reason or data[:200].decode("utf-8", "replace")
-
-
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is rare enough to ignore)."""
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None
 
 
 def completion_problem(body: Any) -> str | None:

@@ -30,13 +30,18 @@ import orjson
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from ..common.lean_http import Pool, RequestTimeout, TransportError, open_pool
+from ..common.lean_http import (
+    Pool,
+    RequestTimeout,
+    TransportError,
+    error_detail,
+    open_pool,
+    retry_after_s,
+)
 from .completion_body import (
     completion_problem,
     encode_request,
-    error_detail,
     message_from_completion,
-    retry_after_s,
     shown,
 )
 from .config import EndpointConfig

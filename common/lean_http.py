@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import orjson
+
 # Most bytes of one response kept in memory: far above any chat completion (token
 # ids and log-probs of a long reply are a few MB); a server that sends more is broken.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -64,6 +66,32 @@ class Pool(Protocol):
     ) -> Response: ...
 
     async def aclose(self) -> None: ...
+
+
+def error_detail(data: bytes, reason: str) -> str:
+    """The server's own words: the message of an OpenAI-style ``{"error": {...}}`` body,
+    else the body's text, else the HTTP reason phrase."""
+    try:
+        body: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        text = data[:200].decode("utf-8", "replace").strip()
+        return text or reason
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    if isinstance(body, dict):
+        # vLLM answers some errors as {"message": ...} or FastAPI's {"detail": ...}.
+        for key in ("message", "detail"):
+            if isinstance(body.get(key), str) and body[key]:
+                return str(body[key])
+    return reason or data[:200].decode("utf-8", "replace")
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare enough to ignore)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
 
 
 def open_pool(

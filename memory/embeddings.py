@@ -273,26 +273,12 @@ _RETRY_BASE_S, _RETRY_MAX_S = 0.5, 8.0
 def _backoff_s(attempt: int, retry_after: str | None) -> float:
     """The wait before the next attempt: the server's Retry-After (seconds, up to a
     minute), else a jittered exponential backoff, as the openai client waits."""
-    try:
-        asked = float(retry_after) if retry_after is not None else None
-    except ValueError:
-        asked = None
-    if asked is not None and 0 <= asked <= 60:
+    from ..common.lean_http import retry_after_s
+
+    asked = retry_after_s(retry_after)
+    if asked is not None and asked <= 60:
         return asked
     return min(_RETRY_MAX_S, _RETRY_BASE_S * 2**attempt) * (1 - 0.25 * random.random())
-
-
-def _error_message(body: bytes) -> str:
-    """An error response's message: OpenAI's ``{"error": {"message": ...}}``, else the text."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
-    if isinstance(error, str):
-        return error
-    return body[:300].decode("utf-8", "replace")
 
 
 @register_embedding_function
@@ -369,7 +355,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
     def _post(self, body: bytes, where: str) -> dict[str, Any]:
         """POST /embeddings, retried as the openai client retries (module docstring);
         the decoded JSON body of a 2xx answer."""
-        from ..common.lean_http import TransportError
+        from ..common.lean_http import TransportError, error_detail
 
         pool = self._pool()
         for attempt in range(self.max_retries + 1):
@@ -387,7 +373,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
                 except ValueError as err:  # a body that is not JSON
                     raise EmbeddingError(f"{where}: bad response: {err}") from err
             status = response.status
-            message = _error_message(response.body)
+            message = error_detail(response.body, response.reason)
             if not (status in _RETRIED_STATUSES or status >= 500):
                 raise EmbeddingError(f"{where}: HTTP {status}: {message}")
             if last:

@@ -97,7 +97,6 @@ class ReferenceEpisodes:
     def __init__(self, make_env: Callable[[], Environment]) -> None:
         self.make_env = make_env
         self._replies: dict[str, list[list[int]] | None] = {}
-        self.substituted = 0  # groups given a reference episode, over the run
 
     def substitute(
         self,
@@ -127,7 +126,6 @@ class ReferenceEpisodes:
             if reference is not None:
                 episodes[start + group_size - 1] = reference
                 replaced += 1
-        self.substituted += replaced
         return episodes, all_failed, replaced
 
     def _play(
@@ -160,8 +158,9 @@ class ReferenceEpisodes:
     ) -> list[list[int]] | None:
         if task.id not in self._replies:
             self._replies[task.id] = None
+            env = self.make_env()
             try:
-                messages, score = reference_conversation(self.make_env(), task, None)
+                messages, score = reference_conversation(env, task, None)
             except TASK_ERRORS as err:  # one broken reference must not end the step
                 logger.warning("reference of %s: %s: %s", task.id, type(err).__name__, err)
                 return None
@@ -169,8 +168,7 @@ class ReferenceEpisodes:
                 return None
             # The group's own opening, then the demonstration after its first query.
             conversation = [*opening, *messages[1:]]
-            env = self.make_env()
-            env.reset(task)
+            # The replay reset the environment to the task: its tools are the task's.
             tools = env.tools() if rollout.tools_in_prompt else None
             self._replies[task.id] = reference_reply_ids(tokenizer, conversation, tools)
         return self._replies[task.id]
