@@ -2,17 +2,22 @@
 
     .venv/bin/python bench/grpo_step.py [--model DIR] [--kinds world,bfcl] [--steps 2] \
         [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024] \
-        [--micro-batch N] [--threads N]
+        [--batch N] [--micro-batch N] [--old-logps rollout|forward] [--threads N]
 
 Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
-``--steps`` optimisation steps, each on a fresh generation round of
-``--prompts`` tasks x ``--generations`` episodes (batch = the round, or
-``--micro-batch`` episodes per forward/backward with gradient accumulation). Both kinds go through the multi-turn rollout
+``--steps`` optimisation steps. A generation round plays ``--prompts`` tasks x
+``--generations`` episodes; an optimisation step takes ``--batch`` of them (default:
+the whole round, so every step generates; the loop's quickstart takes 8 of a round
+of 32, so one step in four generates), ``--micro-batch`` episodes per
+forward/backward with gradient accumulation. Both kinds go through the multi-turn rollout
 (``training/multiturn_grpo.py``): TRL's own tool loop cannot parse SmolLM2's
 plain-call replies, so ``grpo.rollout: auto`` picks it for the world too. The
 world's tasks are single-turn (train split); BFCL's are multi_turn_base
 (train split), every user turn played. Prints, per kind, seconds per step
-(TRL's ``step_time``: generation, reward and the update), the mean episode in
+(TRL's ``step_time``: generation, reward and the update) and where it went: the
+rollout (``rollout_func``: generation and the environment), TRL's no-grad
+log-probability passes (old policy, reference) and the rest (the update's forward
+and backward), the mean episode in
 generated / environment tokens and user turns, the whole run's wall time and the
 process's peak resident memory so far (Linux ``ru_maxrss``).
 
@@ -60,11 +65,25 @@ def main() -> None:
     parser.add_argument("--world-tokens", type=int, default=384, help="episode token budget")
     parser.add_argument("--bfcl-tokens", type=int, default=1024, help="episode token budget")
     parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="episodes per optimisation step (default: the round, prompts x generations); "
+        "must divide the round",
+    )
+    parser.add_argument(
         "--micro-batch",
         type=int,
         default=None,
         help="episodes per forward/backward (grpo.micro_batch_size; default: the config's, 2); "
         "0: the whole round at once, as before that setting existed",
+    )
+    parser.add_argument(
+        "--old-logps",
+        choices=("rollout", "forward"),
+        default="rollout",
+        help="where a round that feeds several steps gets the old policy's log-probs: from the "
+        "rollout that sampled the tokens (default), or TRL's no-grad forward pass (as before)",
     )
     parser.add_argument(
         "--threads",
@@ -104,6 +123,10 @@ def main() -> None:
     )
     # --micro-batch 0: the whole round at once (grpo.micro_batch_size None)
     micro = {} if args.micro_batch is None else {"micro_batch_size": args.micro_batch or None}
+    round_size = args.prompts * args.generations
+    batch = args.batch or round_size
+    if round_size % batch:
+        raise SystemExit(f"--batch {batch} must divide the round of {round_size} episodes")
     for kind in args.kinds.split(","):
         tasks, make_env = _tasks(kind, args.prompts)
         budget = {"world": args.world_tokens, "bfcl": args.bfcl_tokens}[kind]
@@ -111,7 +134,7 @@ def main() -> None:
             algorithm="grpo",
             device="cpu",
             max_steps=args.steps,
-            batch_size=args.prompts * args.generations,
+            batch_size=batch,
             grpo=GrpoConfig(
                 prompts_per_step=args.prompts,
                 num_generations=args.generations,
@@ -134,12 +157,16 @@ def main() -> None:
         if trainer is None:
             raise SystemExit(f"{kind}: {reason}")
         quiet_trainer(trainer, progress=False)
+        trainer.old_logps_from_rollout = args.old_logps == "rollout"
+        rollout_func = trainer.rollout_func
+        phases = _time_phases(trainer)
         started = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - started
         logs = [entry for entry in trainer.state.log_history if "step_time" in entry]
         seconds = [entry["step_time"] for entry in logs]
-        episodes = trainer.rollout_func.last_episodes
+        rest = sum(seconds) - phases["rollout"] - phases["no-grad log-probs"]
+        episodes = rollout_func.last_episodes
         generated = sum(sum(e.env_mask) for e in episodes) / len(episodes)
         environment = sum(len(e.env_mask) - sum(e.env_mask) for e in episodes) / len(episodes)
         turns = [entry.get("multi_turn/user_turns", float("nan")) for entry in logs]
@@ -152,10 +179,51 @@ def main() -> None:
             f"user turns per episode {', '.join(f'{t:.2f}' for t in turns)} "
             f"(tasks have {', '.join(str(len(t.turns)) for t in tasks)}); "
             f"reward {rewards}; "
+            f"phases over all steps: rollout {phases['rollout']:.1f} s, no-grad log-probs "
+            f"{phases['no-grad log-probs']:.1f} s ({phases['no-grad passes']:.0f} batches), "
+            f"update and the rest {rest:.1f} s; "
             f"wall {wall:.1f} s, load {os.getloadavg()[0]:.1f}, peak resident "
             f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB so far",
             flush=True,
         )
+
+
+def _time_phases(trainer: object) -> dict[str, float]:
+    """Seconds spent in the rollout and in TRL's no-grad log-probability passes, summed
+    over the run (the trainer's own methods, wrapped on this instance)."""
+    import torch
+
+    phases = {"rollout": 0.0, "no-grad log-probs": 0.0, "no-grad passes": 0.0}
+    rollout = trainer.rollout_func  # type: ignore[attr-defined]
+    logps = trainer._get_per_token_logps_and_entropies  # type: ignore[attr-defined]
+
+    class TimedRollout:
+        """The rollout, timed; its attributes (``last_episodes``, which the trainer reads
+        for the old policy's log-probs) pass through."""
+
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return rollout(*args, **kwargs)
+            finally:
+                phases["rollout"] += time.perf_counter() - started
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(rollout, name)
+
+    def timed_logps(*args: object, **kwargs: object) -> object:
+        if torch.is_grad_enabled():
+            return logps(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return logps(*args, **kwargs)
+        finally:
+            phases["no-grad log-probs"] += time.perf_counter() - started
+            phases["no-grad passes"] += 1
+
+    trainer.rollout_func = TimedRollout()  # type: ignore[attr-defined]
+    trainer._get_per_token_logps_and_entropies = timed_logps  # type: ignore[attr-defined]
+    return phases
 
 
 if __name__ == "__main__":

@@ -265,3 +265,34 @@ def test_kv_reuse_samples_like_reencoding_with_the_same_seed(random_model):
     second = [r.raw for r in _generate(reusing, conversations, temperature=1.0)]
     assert first == second
     assert len(set(first)) > 1
+
+
+def test_a_prompt_several_rows_share_is_encoded_once_and_changes_no_token(random_model):
+    """K rollouts of one task, or a GRPO group, give several rows one prompt: its keys and
+    values are computed once (kv_reuse's shared prefill), and greedy replies and their
+    log-probs are what each prompt gets alone."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from coevolve.agents.kv_reuse import PrefixCache, generate_batch
+
+    policy = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=8)
+    model = AutoModelForCausalLM.from_pretrained(random_model, dtype=torch.float32).eval()
+    conversations = _conversations(2)
+    first, second = [policy._prompt_ids(messages, None) for messages in conversations]
+    prompts = [first, first, second, first, second, first]
+    settings = {
+        "max_new_tokens": MAX_NEW,
+        "eos_token_id": policy.eos_token_id,
+        "pad_token_id": policy.pad_token_id,
+        "temperature": 0.0,
+    }
+    cache, scores = PrefixCache(), []
+    together = generate_batch(model, prompts, cache, logprobs=scores, **settings)
+    # Each shared prompt up to its last token once, then one token per row.
+    assert cache.encoded_tokens == (len(first) - 1) + (len(second) - 1) + len(prompts)
+    for ids, reply, reply_scores in zip(prompts, together, scores, strict=True):
+        alone_scores: list[list[float]] = []
+        alone = generate_batch(model, [ids], PrefixCache(), logprobs=alone_scores, **settings)
+        assert reply == alone[0]
+        assert reply_scores == pytest.approx(alone_scores[0], abs=1e-4)

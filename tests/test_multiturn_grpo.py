@@ -134,10 +134,10 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
             assert (following[0] == end_of_turn) == (reply[-1] != end_of_turn)
         # ... and exactly what the model sampled in that context: the log-probability
         # the model gives each id over prompt + completion equals the one it had when
-        # sampling it (kv_reuse's record, before temperature).
+        # sampling it (kv_reuse's record, after temperature, as TRL scales its own).
         ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0].float()
+            logits = model(input_ids=ids).logits[0].float() / config.grpo.temperature
         scores = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
         start = len(episode.prompt_ids)
         positions = [start + i - 1 for i, m in enumerate(episode.env_mask) if m]
@@ -554,6 +554,81 @@ def test_a_group_whose_episodes_all_failed_gets_the_reference_episode(tiny_build
     metrics = {key: values[-1] for key, values in trainer._metrics["train"].items() if values}
     assert metrics["reference/replaced"] >= 1 / len(tasks)
     assert metrics["reference/all_fail_groups"] >= metrics["reference/replaced"]
+
+
+def test_old_policy_log_probs_come_from_the_rollout_and_match_trls_pass(tiny_build, tmp_path):
+    """A round of 12 episodes feeds 3 optimisation steps of 4, so TRL needs the old
+    policy's log-probs: the sampled episodes bring their own, equal to TRL's no-grad pass;
+    the reference episode (scripted replies) is the only row that pass computes."""
+    from trl import GRPOTrainer
+
+    bfcl = _bfcl_tasks()
+    tasks = [bfcl[1], _abstention_task(bfcl[2]), _abstention_task(bfcl[3])]
+    settings = merged(
+        MULTI_TURN, {"batch_size": 4, "grpo": {"reference_episodes": True, "max_tool_calls": 2}}
+    )
+    config = tiny_training(**settings)
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    assert trainer.args.steps_per_generation > trainer.args.gradient_accumulation_steps
+    size = config.grpo.num_generations
+    rows = {Task.model_validate_json(row["task"]).id: row for row in trainer.train_dataset}
+    batch = [dict(rows[task.id]) for task in tasks for _ in range(size)]
+
+    computed_rows = []
+    own_pass = GRPOTrainer._get_per_token_logps_and_entropies
+    forward_pass = type(trainer)._unpadded_logps
+
+    def counting(self, model, input_ids, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            computed_rows.append(input_ids.size(0))
+        return forward_pass(self, model, input_ids, *args, **kwargs)
+
+    trainer.model.train()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(trainer), "_unpadded_logps", counting)
+        output = trainer._generate_and_score_completions(batch)
+    episodes = trainer.rollout_func.last_episodes
+    scripted = [row for row, e in enumerate(episodes) if e.old_policy_logprobs() is None]
+    assert scripted == [size - 1]  # the hopeless task's group got its reference episode
+    assert computed_rows == [1]  # TRL's pass ran for that row alone
+    old = output["old_per_token_logps"]
+
+    # TRL's own pass over the whole round, on the weights that sampled it (no dropout).
+    trainer.model.eval()
+    ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    with torch.no_grad():
+        expected, _, _ = own_pass(trainer, trainer.model, ids, mask, old.size(1), batch_size=4)
+    loss_mask = (output["completion_mask"] * output["tool_mask"]).bool()
+    torch.testing.assert_close(old[loss_mask], expected[loss_mask], atol=2e-4, rtol=0)
+    # The trainer's own pass skips the columns a chunk of rows does not attend to, and
+    # gives what TRL's pass over the padded width gives.
+    with torch.no_grad():
+        unpadded, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, old.size(1), batch_size=2
+        )
+    assert unpadded.shape == expected.shape
+    torch.testing.assert_close(unpadded[loss_mask], expected[loss_mask], atol=2e-4, rtol=0)
+    metrics = trainer._metrics["train"]["old_logps/from_rollout"]
+    assert metrics[-1] == pytest.approx(1 - 1 / len(episodes))
+
+    # One optimisation step on them trains the adapter.
+    trainer.model.train()
+    trainer.train()
+    assert trainer.state.global_step == config.max_steps
+
+
+def test_trimmed_columns_keep_what_some_row_attends_and_the_completion():
+    from coevolve.training.multiturn_trainer import trimmed_columns
+
+    # Rows of width 8, completion in the last 3 columns: left padding in columns 0-1,
+    # right padding in column 7.
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 0, 0]])
+    assert trimmed_columns(mask, 3) == (2, 7)
+    # Never into the completion from the left, and one completion column at least.
+    assert trimmed_columns(torch.tensor([[0, 0, 0, 0, 1, 0]]), 2) == (4, 5)
+    assert trimmed_columns(torch.tensor([[1, 1, 0, 0, 0, 0]]), 3) == (0, 4)
+    assert trimmed_columns(torch.zeros((2, 5), dtype=torch.long), 2) == (0, 5)
 
 
 def test_reference_episodes_need_the_multi_turn_rollout_and_own_generation():

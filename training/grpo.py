@@ -6,8 +6,10 @@
   user turn of the task in one rollout, the model's replies kept as the ids it
   generated, tool results and later user turns appended as rendered ids masked
   out of the loss (``env_mask``), replies parsed as the in-process policy parses
-  them (plain call lines too). ``MultiTurnGRPOTrainer`` keeps the batch's rows
-  on the trainer, because the rollout_func gets only the prompts.
+  them (plain call lines too). ``MultiTurnGRPOTrainer``
+  (``training/multiturn_trainer.py``) keeps the batch's rows on the trainer,
+  because the rollout_func gets only the prompts, takes the old policy's
+  log-probs from the rollout, and runs no forward pass over padding.
 - **tool_loop**: TRL's ``environment_factory`` loop, described below.
 - **auto** (default): multi_turn when a task has more than one user turn (BFCL
   multi-turn) or TRL has no parser for the model's calls (SmolLM2's plain-calls
@@ -70,6 +72,7 @@ from ..envs.base import Environment
 from ..records import Task
 from .config import TrainingConfig
 from .grpo_environment import EpisodeEnvironment, environment_class, environment_score
+from .multiturn_trainer import multi_turn_trainer_class
 from .seal import (
     CapabilityState,
     ReweightSettings,
@@ -278,6 +281,7 @@ def make_grpo_trainer(
         beta=config.grpo.beta,
         epsilon=config.grpo.epsilon,
         epsilon_high=config.grpo.epsilon_high,
+        disable_dropout=config.grpo.disable_dropout,
         log_completions=False,
         **vllm_arguments(config),
     )
@@ -309,26 +313,6 @@ def make_grpo_trainer(
             **trainer_arguments,
         )
     return trainer, examples, None
-
-
-@cache
-def multi_turn_trainer_class() -> type:
-    """``MultiTurnGRPOTrainer``: TRL's GRPOTrainer that keeps the rows of the batch it is
-    generating on ``batch_rows``, because TRL's ``rollout_func`` receives only the prompts
-    and ``MultiTurnRollout`` needs each prompt's task."""
-    from trl import GRPOTrainer
-
-    class MultiTurnGRPOTrainer(GRPOTrainer):
-        batch_rows: list[dict[str, Any]] | None = None
-
-        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-            self.batch_rows = inputs
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                self.batch_rows = None
-
-    return MultiTurnGRPOTrainer
 
 
 @cache
