@@ -58,7 +58,7 @@ def bench_learning(
 
     import yaml
 
-    from ..ablation import ARMS, print_report, run_ablation
+    from ..bench.learning import ARMS, print_report, run_ablation
     from ..config import ConfigError, load_config
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
@@ -128,9 +128,9 @@ def bench_by_seed_tasks(
     from pydantic import ValidationError
     from rich.table import Table
 
-    from ..ablation import AblationReport
-    from ..ablation.figures import VERDICT_PAIRS, plot_by_seed_tasks
-    from ..ablation.report import points_text
+    from ..bench.learning import AblationReport
+    from ..bench.learning.figures import VERDICT_PAIRS, plot_by_seed_tasks
+    from ..bench.learning.report import points_text
 
     by_size: dict[int, AblationReport] = {}
     for item in reports:

@@ -3,7 +3,7 @@
 The cycle graph (graph/cycle.py) builds one figures model per stage it runs and
 keeps them in its state as plain dicts (``model_dump``), because the state is
 checkpointed as JSON-friendly values. Everything that reads them (the runner's
-``RunResult``, report.py, tracking.py, ablation/) parses a finished cycle
+``RunResult``, report.py, tracking.py, bench/learning/) parses a finished cycle
 into a ``CycleSummary`` once and reads attributes.
 
 The field names are the keys summary.json, the checkpoints and the ``coevolve

@@ -590,7 +590,7 @@ def test_a_run_with_hard_negatives_records_shares_per_cycle(tmp_path, tiny_build
 
 
 def test_ablation_arms_switch_only_the_negatives():
-    from coevolve.ablation import ARMS, arm_config
+    from coevolve.bench.learning import ARMS, arm_config
     from coevolve.config import load_config
 
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")

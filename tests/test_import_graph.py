@@ -2,7 +2,8 @@
 
 Every import counts, imports inside functions included; only ``if TYPE_CHECKING:``
 blocks are left out (they never run). Relative imports are resolved, only modules
-of the package are nodes, and tests/, bench/ and examples/ are not part of it.
+of the package are nodes, and tests/, examples/ and the scripts in bench/ are not part
+of it (the learning bench, bench/learning/, is).
 
 Run as a script to draw the graph at folder level as Mermaid (the "Import graph"
 section of docs/architecture.md):
@@ -20,7 +21,8 @@ from pathlib import Path
 
 PACKAGE = "coevolve"
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-EXCLUDED_FOLDERS = frozenset({"tests", "bench", "examples"})
+EXCLUDED_FOLDERS = frozenset({"tests", "examples"})
+SCRIPT_FOLDER = "bench"  # its scripts run from a clone; bench/learning/ is the package's
 ROOT_MODULES = "root modules"
 
 
@@ -30,6 +32,8 @@ def module_files(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if parts[0] in EXCLUDED_FOLDERS or any(part.startswith(".") for part in parts):
+            continue
+        if parts[0] == SCRIPT_FOLDER and len(parts) == 2 and parts[1] != "__init__":
             continue
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -195,7 +199,7 @@ CONFIG_ROOT = f"{PACKAGE}.config"
 CONFIG_ENTRY_POINTS = frozenset(
     {
         f"{PACKAGE}.runner",  # coevolve.run / resume: a path, a dict or a CoevolveConfig
-        f"{PACKAGE}.ablation.units",  # coevolve bench learning: one whole config per arm
+        f"{PACKAGE}.bench.learning.units",  # coevolve bench learning: one whole config per arm
         # The composition: the policy, roles, store and evaluation tasks of a run from a
         # whole CoevolveConfig; the cycle's runtime that carries that config to the nodes;
         # LangGraph Studio's runtime from a YAML path.

@@ -35,11 +35,14 @@ def declared() -> set[str]:
 
 
 def imported_modules() -> set[str]:
-    """Top-level modules the package's own source imports (tests, bench, examples aside)."""
+    """Top-level modules the package's own source imports (tests, bench scripts, examples
+    aside; the learning bench, bench/learning/, is the package's)."""
     found: set[str] = set()
     for path in ROOT.rglob("*.py"):
         parts = path.relative_to(ROOT).parts
-        if parts[0] in {"tests", "bench", "examples"} or parts[0].startswith("."):
+        if parts[0] in {"tests", "examples"} or parts[0].startswith("."):
+            continue
+        if parts[0] == "bench" and len(parts) == 2 and parts[1] != "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

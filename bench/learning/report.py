@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator
 
-from ..agents.evaluation import split_label
+from ...agents.evaluation import split_label
 from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
 
 # Differences a reader asks about first: each arm against static and random,
@@ -229,7 +229,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
 
 def seed_families(config: Any) -> dict[str, int]:
     """The seed set's tasks per family: the first ``pool.seed_tasks`` of the training split."""
-    from ..envs.catalog import load_tasks
+    from ...envs.catalog import load_tasks
 
     seeds = load_tasks(
         config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed

@@ -25,7 +25,7 @@ from .report import (
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
     """Held-out success per family, cycle 0 first, from a run's metrics.jsonl ({} if missing)."""
-    from ..common.files import read_jsonl
+    from ...common.files import read_jsonl
 
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.exists():
@@ -46,7 +46,7 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     """
     from pydantic import ValidationError
 
-    from ..config import CoevolveConfig
+    from ...config import CoevolveConfig
 
     if saved_config is None:
         return False
@@ -70,8 +70,8 @@ def was_killed(run_dir: Path, fingerprint: str) -> bool:
     Such a run (killed by the OOM killer, a closed session) continues from its last
     finished stage instead of starting over: a GRPO unit costs half an hour here.
     """
-    from ..config import ConfigError, load_config
-    from ..runner import CHECKPOINTS
+    from ...config import ConfigError, load_config
+    from ...runner import CHECKPOINTS
 
     saved = run_dir / "config.yaml"
     if not ((run_dir / CHECKPOINTS).exists() and saved.is_file()):
@@ -98,8 +98,8 @@ def run_ablation(
     ``run_missing=False`` runs nothing: the report covers the finished units only
     (a bench run in pieces, read between them).
     """
-    from ..config import load_config
-    from ..runner import resume, run
+    from ...config import load_config
+    from ...runner import resume, run
 
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.ablation import (
+from coevolve.bench.learning import (
     ARMS,
     REFERENCE_EFFECT,
     ArmRun,
@@ -71,7 +71,7 @@ def test_paired_differences_pair_by_seed():
 
 
 def test_power_is_a_paired_t_tests_from_scipy():
-    from coevolve.ablation.stats import paired_power, seeds_for_power, t_quantile
+    from coevolve.bench.learning.stats import paired_power, seeds_for_power, t_quantile
 
     # G*Power's one-sample t-test, d = 1, two-sided alpha 0.05, n = 10: power 0.8031.
     assert paired_power(1.0, 1.0, 10) == pytest.approx(0.8031, abs=1e-4)
@@ -146,7 +146,7 @@ def test_paired_differences_per_family_read_each_family():
 
 def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
     """The signals bench has no static or random arm: its own pairs are still reported."""
-    from coevolve.ablation import family_curves_of, plot_family_curves
+    from coevolve.bench.learning import family_curves_of, plot_family_curves
 
     runs = []
     for arm, finals in (
@@ -452,7 +452,7 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
     """Tuning runs evaluate validation: the tables and figures say validation, not held-out."""
     from rich.console import Console
 
-    from coevolve.ablation import plot_curves, print_report
+    from coevolve.bench.learning import plot_curves, print_report
 
     runs = [_run("static", 0, 0.3), _run("coevolve", 0, 0.35)]
     report = summarize(runs, ["static", "coevolve"], [0], "test")
@@ -467,7 +467,7 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
 def test_a_cycle_not_evaluated_shows_as_a_dash_not_nan():
     import math
 
-    from coevolve.ablation.report import curve_text
+    from coevolve.bench.learning.report import curve_text
 
     assert curve_text([0.236, math.nan, 0.491], percent=True) == "23.6% → – → 49.1%"
     assert curve_text([0.236, math.nan, 0.491]) == "23.6 → – → 49.1"

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..common.config_base import merged
+from ...common.config_base import merged
 
 
 def _seal(reweight: bool, adaptation: bool) -> dict[str, Any]:
