@@ -83,9 +83,8 @@ def multi_turn_trainer_class() -> type:
             **kwargs: Any,
         ) -> tuple[Any, Any, Any]:
             if self._old_logps_pending and not torch.is_grad_enabled() and not compute_entropy:
-                self._old_logps_pending = (
-                    False  # the round's first no-grad pass is the old policy's
-                )
+                # The round's first no-grad pass is the old policy's; later ones are TRL's.
+                self._old_logps_pending = False
                 return self._old_logps(model, input_ids, attention_mask, logits_to_keep, batch_size)
             return self._unpadded_logps(
                 model,
