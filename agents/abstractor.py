@@ -55,16 +55,31 @@ def text_similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, left, right, autojunk=False).ratio()
 
 
+def similar(a: str, b: str, threshold: float = REPEAT_SIMILARITY) -> bool:
+    """``text_similarity(a, b) >= threshold``, decided from difflib's cheap upper bounds
+    when they already fall short: most pairs differ in length or letters, and the full
+    ratio is quadratic in the text."""
+    left, right = normalise(a), normalise(b)
+    if left == right:
+        return True
+    matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
+    return (
+        matcher.real_quick_ratio() >= threshold
+        and matcher.quick_ratio() >= threshold
+        and matcher.ratio() >= threshold
+    )
+
+
 def repeats(
     texts: Sequence[str], neighbours: Sequence[Neighbour], avoid: Sequence[str]
 ) -> str | None:
     """Why a candidate repeats an existing task (its texts vs. neighbours and do-not-repeat), or None."""
     for text in texts:
         for neighbour in neighbours:
-            if text_similarity(text, neighbour.text) >= REPEAT_SIMILARITY:
+            if similar(text, neighbour.text):
                 return f"repeats existing task {neighbour.id}: {neighbour.text!r}"
         for other in avoid:
-            if text_similarity(text, other) >= REPEAT_SIMILARITY:
+            if similar(text, other):
                 return f"repeats a do-not-repeat task: {other!r}"
     return None
 

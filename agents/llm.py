@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 
-from ..common.lean_http import Pool, RequestTimeout, TransportError, open_pool
+from .completion_body import encode_request
 from .json_reply import SchemaT, balanced_spans, iter_json_values, parse_json_reply
-from .per_loop import PerLoop
+from .pool_transport import PoolTransport
 from .replies import (
     ReplyError,
     ReplyKind,
@@ -51,7 +51,6 @@ from .replies import (
     describe_error,
     field_of,
     limited,
-    mark_answered,
     model_label,
     names_response_format,
     reply_length,
@@ -104,66 +103,6 @@ class StructuredOutputError(RuntimeError):
 # --------------------------------------------------------------------------- models
 
 
-# Request headers the pool writes itself, or that would change what it reads back:
-# it does not decompress, so no Accept-Encoding is passed on.
-_POOL_OWN_HEADERS = frozenset(
-    {"host", "content-length", "connection", "accept-encoding", "transfer-encoding", "user-agent"}
-)
-# Response headers about a body the pool has already de-chunked (and never compressed).
-_DECODED_HEADERS = frozenset({"transfer-encoding", "content-encoding", "content-length"})
-
-
-class _PoolTransport(httpx.AsyncBaseTransport):
-    """httpx's transport for the roles' chat models, sending on the project's one HTTP
-    client (``lean_http``, as the endpoint policy does): one pool per server and event
-    loop (see ``per_loop``). langchain-openai and the openai SDK above it stay as
-    they are; only the bytes go out the same way as the policy's."""
-
-    def __init__(self, timeout_s: float, max_connections: int):
-        self.timeout_s = timeout_s
-        self.max_connections = max_connections
-        self._pools: PerLoop[dict[str, Pool]] = PerLoop(dict)
-
-    def _pool(self, origin: str) -> Pool:
-        pools = self._pools.get()
-        if origin not in pools:
-            pools[origin] = open_pool(origin, {}, self.timeout_s, self.max_connections)
-        return pools[origin]
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        pool = self._pool(f"{url.scheme}://{url.netloc.decode('ascii')}")
-        body = await request.aread()
-        headers = {
-            name: value
-            for name, value in request.headers.items()
-            if name.lower() not in _POOL_OWN_HEADERS
-        }
-        try:
-            response = await pool.request(
-                request.method, url.raw_path.decode("ascii"), body or None, headers
-            )
-        except RequestTimeout as err:
-            raise httpx.ReadTimeout(str(err), request=request) from None
-        except TransportError as err:
-            raise httpx.ConnectError(str(err), request=request) from None
-        mark_answered()  # from here on, a failure is about what the server sent
-        return httpx.Response(
-            response.status,
-            headers=[
-                (name, value)
-                for name, value in response.headers.items()
-                if name not in _DECODED_HEADERS
-            ],
-            content=response.body,
-            request=request,
-        )
-
-    async def aclose(self) -> None:
-        for pool in (self._pools.pop() or {}).values():
-            await pool.aclose()
-
-
 @functools.cache
 def _bounded_chat_class() -> type[ChatOpenAI]:
     """``ChatOpenAI`` that refuses a reply longer than ``max_reply_chars`` before reading it.
@@ -184,6 +123,8 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
         # The name the length limit is sent under (EndpointConfig.length_field): langchain
         # sends max_completion_tokens, which many OpenAI-compatible servers ignore.
         length_field: str = "max_tokens"
+        # The pool under the SDK's client (chat_model): chat completions post on it directly.
+        pool_transport: Any = Field(default=None, exclude=True)
 
         def _get_request_payload(self, input_: Any, *, stop: Any = None, **kwargs: Any) -> dict:
             payload = super()._get_request_payload(input_, stop=stop, **kwargs)
@@ -195,6 +136,38 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
             check_reply_length(response, self.max_reply_chars, self.model_name)
             return super()._create_chat_result(response, generation_info)
 
+        async def _agenerate(
+            self,
+            messages: list[BaseMessage],
+            stop: list[str] | None = None,
+            run_manager: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            # The request langchain built goes out as it is, on the pool, without the
+            # SDK's typed methods and their per-call transform (agents/pool_transport.py).
+            payload = self._get_request_payload(messages, stop=stop, **kwargs)
+            transport, base, key = self.pool_transport, self.openai_api_base, self.openai_api_key
+            if (
+                not isinstance(transport, PoolTransport)
+                or not base
+                or not isinstance(key, SecretStr)
+                or payload.get("stream")
+                or self._use_responses_api(payload)
+            ):
+                return await super()._agenerate(messages, stop, run_manager, **kwargs)
+            payload.pop("stream", None)
+            headers = {
+                "authorization": f"Bearer {key.get_secret_value()}",
+                "content-type": "application/json",
+                **(self.default_headers or {}),
+            }
+            if self.openai_organization:
+                headers["openai-organization"] = self.openai_organization
+            response = await transport.post_json(
+                base.rstrip("/") + "/chat/completions", encode_request(payload), headers
+            )
+            return self._create_chat_result(response)
+
     return BoundedChatOpenAI
 
 
@@ -203,10 +176,8 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
 
     Replies longer than ``endpoint.reply_limit()`` characters raise ``ReplyTooLongError``.
     """
-    client = httpx.AsyncClient(
-        transport=_PoolTransport(endpoint.timeout_s, max(endpoint.concurrency, 1) * 2),
-        timeout=endpoint.timeout_s,
-    )
+    transport = PoolTransport(endpoint.timeout_s, max(endpoint.concurrency, 1) * 2)
+    client = httpx.AsyncClient(transport=transport, timeout=endpoint.timeout_s)
     chat_class: Any = _bounded_chat_class()
     return chat_class(
         max_reply_chars=endpoint.reply_limit(),
@@ -222,6 +193,7 @@ def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> Ch
         max_completion_tokens=endpoint.max_tokens,
         temperature=endpoint.temperature if temperature is None else temperature,
         http_async_client=client,
+        pool_transport=transport,
     )
 
 

@@ -1,7 +1,8 @@
 """A small HTTP/1.1 client on asyncio: the project's one HTTP client.
 
-The endpoint policy sends on it; so do the synthesis roles (an httpx transport
-under langchain-openai, ``agents/llm.py``) and the embeddings (``SyncPool``,
+The endpoint policy sends on it; so do the synthesis roles (their chat completions
+posted directly, anything else through an httpx transport under langchain-openai:
+``agents/pool_transport.py``) and the embeddings (``SyncPool``,
 ``memory/embeddings.py``). Why this and not aiohttp: docs/benchmarks.md, "Which
 HTTP client".
 

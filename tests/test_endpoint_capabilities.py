@@ -250,13 +250,13 @@ def test_the_roles_send_on_the_policys_http_client(scripted_server):
     """The roles' chat models keep langchain-openai and the openai SDK, but the bytes go
     out on lean_http's pool (the endpoint policy's client): one pool per server and event
     loop, its connection kept alive across calls of one loop."""
-    from coevolve.agents.llm import _PoolTransport
+    from coevolve.agents.pool_transport import PoolTransport
     from coevolve.common.lean_http import LeanPool
 
     server = scripted_server([Reply.json_content({"a": 7, "b": "x"})], repeat_last=True)
     model = chat_model(endpoint(server))
     transport = model.http_async_client._transport
-    assert isinstance(transport, _PoolTransport)
+    assert isinstance(transport, PoolTransport)
 
     async def twice():
         first = await structured_call(model, Pair, [HumanMessage("hi")])
@@ -272,3 +272,41 @@ def test_the_roles_send_on_the_policys_http_client(scripted_server):
     last = server.requests[-1]
     assert last.body["messages"][-1]["content"] == "again"
     assert last.headers.get("authorization") == "Bearer EMPTY"  # the SDK's headers pass through
+
+
+def test_chat_completions_skip_the_sdks_request_transform_but_keep_its_errors(scripted_server):
+    """A chat completion posts the body langchain built straight onto the pool (the SDK's
+    per-call transform cost most of the synthesis graph's client CPU), tools bound
+    included; an error status still raises the openai SDK's class for it, with the
+    server's message, so the reply boundary reads it as before."""
+    import openai
+    from langchain_core.tools import tool
+
+    from coevolve.agents.replies import ask as ask_once
+
+    @tool
+    def send_message(to: str, text: str) -> str:
+        """Send a text message."""
+        return "sent"
+
+    server = scripted_server(
+        [
+            Reply.tool_calls([("send_message", {"to": "Bo", "text": "hi"})]),
+            Reply.status(429, "slow down"),
+            Reply.status(404, "no such model"),
+        ]
+    )
+    model = chat_model(endpoint(server))
+    bound = model.bind_tools([send_message])
+    reply = asyncio.run(ask_once(bound, [HumanMessage("text Bo hi")], model=model))
+    assert reply.tool_calls[0]["args"] == {"to": "Bo", "text": "hi"}
+    [body] = server.chat_bodies()
+    assert body["tools"][0]["function"]["name"] == "send_message"
+    assert body["max_tokens"] == 512 and "stream" not in body
+
+    expected = [(429, openai.RateLimitError, "slow down"), (404, openai.NotFoundError, "no such")]
+    for status, cls, message in expected:
+        with pytest.raises(ReplyError) as caught:
+            asyncio.run(ask_once(model, [HumanMessage("hi")]))
+        assert caught.value.kind == "status" and type(caught.value.cause) is cls
+        assert caught.value.cause.status_code == status and message in str(caught.value)

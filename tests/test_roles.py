@@ -907,3 +907,20 @@ def test_nearest_misses_link_each_flagged_episode_to_a_further_failure_of_its_ta
     ]
     linked = attach_nearest_misses(flagged_items, episodes)
     assert [i.nearest_miss.id if i.nearest_miss else None for i in linked] == ["a2", None]
+
+
+def test_the_repeat_check_agrees_with_the_full_similarity():
+    """``similar`` skips difflib's quadratic ratio when its upper bounds already fall
+    short; it must decide every pair as ``text_similarity >= 0.95`` does."""
+    import random
+
+    from coevolve.agents.abstractor import REPEAT_SIMILARITY, similar
+    from coevolve.envs.world import load_split
+
+    texts = [task.instruction for task in load_split("train", size=60)]
+    rng = random.Random(0)
+    near = [t[: len(t) - rng.randint(0, 3)] + rng.choice(["", ".", " now"]) for t in texts]
+    pairs = [(a, b) for a in texts[:30] for b in texts[30:]] + list(zip(texts, near, strict=True))
+    decided = [similar(a, b) for a, b in pairs]
+    assert decided == [text_similarity(a, b) >= REPEAT_SIMILARITY for a, b in pairs]
+    assert any(decided) and not all(decided)
