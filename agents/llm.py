@@ -312,8 +312,9 @@ async def structured_call(
                 passthrough=(openai.LengthFinishReasonError,),
             )
         except openai.LengthFinishReasonError as err:
-            # With response_format the SDK refuses a reply cut off by max_tokens, before
-            # the chat model's own length check: bound it here, then read it like any other.
+            # With response_format the SDK's parse (a plain ChatOpenAI's path; chat_model's
+            # models post without it) refuses a reply cut off by max_tokens, before the
+            # chat model's own length check: bound it here, then read it like any other.
             limit = getattr(model, "max_reply_chars", None)
             check_reply_length(
                 err.completion, limit if isinstance(limit, int) else None, model_label(model)

@@ -202,8 +202,13 @@ def test_hot_load_off_makes_no_request(scripted_server, tmp_path):
 def test_a_reply_cut_off_by_max_tokens_is_read_not_raised(scripted_server):
     # With response_format the openai SDK raises LengthFinishReasonError on such a reply;
     # transformers serve ends most replies of a small max_tokens that way.
-    server = scripted_server([Reply.text('{"a": 7}', finish_reason="length")])
+    server = scripted_server([Reply.text('{"a": 7}', finish_reason="length")], repeat_last=True)
     assert ask(chat_model(endpoint(server))).a == 7
+    # A plain ChatOpenAI (a model a user injects) goes through the SDK's parse, which raises.
+    from langchain_openai import ChatOpenAI
+
+    plain = ChatOpenAI(base_url=server.base_url, model=server.model, api_key="EMPTY")
+    assert ask(plain).a == 7
     server = scripted_server([Reply.text("x" * 100, finish_reason="length")])
     short = endpoint(server).model_copy(update={"max_reply_chars": 50})
     with pytest.raises(ReplyTooLongError, match="reply too long: 100 characters"):
