@@ -296,3 +296,51 @@ def test_a_prompt_several_rows_share_is_encoded_once_and_changes_no_token(random
         alone = generate_batch(model, [ids], PrefixCache(), logprobs=alone_scores, **settings)
         assert reply == alone[0]
         assert reply_scores == pytest.approx(alone_scores[0], abs=1e-4)
+
+
+def test_sampling_draws_each_token_with_its_probability_and_never_a_zero():
+    """kv_reuse draws by inverting the cumulative distribution (one uniform number a
+    row, not an exponential variate per vocabulary entry): the frequencies must follow
+    the softmax, and a token of zero probability must never come out."""
+    import math
+
+    import torch
+
+    from coevolve.agents.kv_reuse import _pick
+
+    probabilities = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    logits = torch.log(probabilities).expand(20_000, -1).clone()
+    torch.manual_seed(0)
+    counts = torch.bincount(_pick(logits, 1.0), minlength=6).double() / 20_000
+    assert counts[[0, 2, 5]].sum() == 0
+    # Within five binomial standard deviations of each probability.
+    for token in (1, 3, 4):
+        p = float(probabilities[token])
+        assert abs(float(counts[token]) - p) < 5 * math.sqrt(p * (1 - p) / 20_000)
+    # Temperature flattens: at 2.0 the odds of tokens 1 and 4 are sqrt(0.5 / 0.2).
+    hot = torch.bincount(_pick(logits, 2.0), minlength=6).double()
+    assert abs(float(hot[1] / hot[4]) - math.sqrt(2.5)) < 0.1
+
+
+def test_the_growing_cache_holds_what_concatenation_holds():
+    """kv_reuse's cache layers write each step into room they keep (no copy of the whole
+    cache a step); across growth and a dropped row they hold exactly what the stock
+    layer's concatenation holds."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    from coevolve.agents.kv_reuse import _growing_layer_class
+
+    torch.manual_seed(0)
+    growing, stock = _growing_layer_class()(), DynamicLayer()
+    steps = [torch.randn(3, 2, width, 4) for width in (5, 1, 1, 30, 1)]
+    for index, keys in enumerate(steps):
+        if index == 3:  # drop the middle row, as generate_batch drops finished ones
+            for layer in (growing, stock):
+                layer.batch_select_indices(torch.tensor([0, 2]))
+        if index >= 3:
+            keys = keys[[0, 2]]
+        got = growing.update(keys, -keys)
+        want = stock.update(keys, -keys)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert growing.keys.shape == (2, 2, 38, 4)
