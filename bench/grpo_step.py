@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/grpo_step.py [--model DIR] [--kinds world,bfcl] [--steps 2] \
         [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024] \
-        [--batch N] [--micro-batch N] [--old-logps rollout|forward] [--threads N]
+        [--batch N] [--micro-batch N] [--old-logps rollout|forward] [--threads N] [--seed N]
 
 Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 ``--steps`` optimisation steps. A generation round plays ``--prompts`` tasks x
@@ -59,6 +59,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model directory (default: SmolLM2 base)")
     parser.add_argument("--kinds", default="world,bfcl")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="training seed (default: the config's): other seeds draw other episodes",
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=2, help="tasks per generation round")
     parser.add_argument("--generations", type=int, default=4, help="episodes per task (G)")
@@ -141,6 +147,7 @@ def main() -> None:
                 max_completion_length=budget,
             ).model_copy(update=micro),
             max_length=budget + 1024,
+            **({} if args.seed is None else {"seed": args.seed}),
         )
         work = Path(tempfile.mkdtemp(prefix="coevolve-grpo-bench-"))
         tokenizer = load_tokenizer(model_dir)
