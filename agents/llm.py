@@ -103,6 +103,11 @@ class StructuredOutputError(RuntimeError):
 # --------------------------------------------------------------------------- models
 
 
+# Request options the SDK's methods read rather than send (extra_body is merged into the
+# body): a request that carries one goes through the SDK.
+_SDK_ONLY_KEYS = frozenset({"extra_body", "extra_headers", "extra_query", "timeout"})
+
+
 @functools.cache
 def _bounded_chat_class() -> type[ChatOpenAI]:
     """``ChatOpenAI`` that refuses a reply longer than ``max_reply_chars`` before reading it.
@@ -153,6 +158,7 @@ def _bounded_chat_class() -> type[ChatOpenAI]:
                 or not isinstance(key, SecretStr)
                 or payload.get("stream")
                 or self._use_responses_api(payload)
+                or not _SDK_ONLY_KEYS.isdisjoint(payload)
             ):
                 return await super()._agenerate(messages, stop, run_manager, **kwargs)
             payload.pop("stream", None)
