@@ -297,6 +297,7 @@ def test_chat_completions_skip_the_sdks_request_transform_but_keep_its_errors(sc
     server = scripted_server(
         [
             Reply.tool_calls([("send_message", {"to": "Bo", "text": "hi"})]),
+            Reply.text("fine"),
             Reply.status(429, "slow down"),
             Reply.status(404, "no such model"),
         ]
@@ -305,9 +306,15 @@ def test_chat_completions_skip_the_sdks_request_transform_but_keep_its_errors(sc
     bound = model.bind_tools([send_message])
     reply = asyncio.run(ask_once(bound, [HumanMessage("text Bo hi")], model=model))
     assert reply.tool_calls[0]["args"] == {"to": "Bo", "text": "hi"}
-    [body] = server.chat_bodies()
+    body = server.chat_bodies()[0]
     assert body["tools"][0]["function"]["name"] == "send_message"
     assert body["max_tokens"] == 512 and "stream" not in body
+
+    # A request option only the SDK knows how to send (extra_body is merged into the body)
+    # takes the SDK's path, and still arrives.
+    with_extra = model.model_copy(update={"extra_body": {"top_k": 5}})
+    assert asyncio.run(ask_once(with_extra, [HumanMessage("hi")])).content == "fine"
+    assert server.chat_bodies()[-1]["top_k"] == 5
 
     expected = [(429, openai.RateLimitError, "slow down"), (404, openai.NotFoundError, "no such")]
     for status, cls, message in expected:
