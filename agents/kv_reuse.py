@@ -298,31 +298,36 @@ def _growing_layer_class() -> type:
     new buffers from them."""
     from transformers.cache_utils import DynamicLayer
 
-    class GrowingLayer(DynamicLayer):  # type: ignore[misc]
+    class GrowingLayer(DynamicLayer):
+        # (keys, values) buffers with room, and the views of them this layer last handed out
+        room: tuple[Any, Any] | None = None
+        views: tuple[Any, Any] | None = None
+
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            held = self.keys.shape[-2] if self.keys.numel() else 0
+            keys, values = self.keys, self.values
+            held = keys.shape[-2] if keys is not None and keys.numel() else 0
             needed = held + key_states.shape[-2]
-            buffers = getattr(self, "_buffers", None)
+            room = self.room
             if (
-                buffers is None
-                or self.keys is not buffers[2]
-                or self.values is not buffers[3]
-                or needed > buffers[0].shape[-2]
+                room is None
+                or self.views is None
+                or keys is not self.views[0]
+                or values is not self.views[1]
+                or needed > room[0].shape[-2]
             ):
                 capacity = needed + max(16, needed // 4)
                 shape = (*key_states.shape[:-2], capacity, key_states.shape[-1])
-                keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
+                room = (key_states.new_empty(shape), value_states.new_empty(shape))
                 if held:
-                    keys[..., :held, :] = self.keys
-                    values[..., :held, :] = self.values
-                buffers = [keys, values, None, None]
-            buffers[0][..., held:needed, :] = key_states
-            buffers[1][..., held:needed, :] = value_states
-            self.keys, self.values = buffers[0][..., :needed, :], buffers[1][..., :needed, :]
-            buffers[2], buffers[3] = self.keys, self.values
-            self._buffers = buffers
+                    room[0][..., :held, :] = keys
+                    room[1][..., :held, :] = values
+                self.room = room
+            room[0][..., held:needed, :] = key_states
+            room[1][..., held:needed, :] = value_states
+            self.keys, self.values = room[0][..., :needed, :], room[1][..., :needed, :]
+            self.views = (self.keys, self.values)
             return self.keys, self.values
 
     return GrowingLayer
