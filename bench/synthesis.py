@@ -1,7 +1,7 @@
 """Synthesis benchmarks.
 
     .venv/bin/python bench/synthesis.py                 # both parts
-    .venv/bin/python bench/synthesis.py --part graph
+    .venv/bin/python bench/synthesis.py --part graph [--server asyncio|threads]
     .venv/bin/python bench/synthesis.py --part dedup
 
 (a) graph: 64 flagged items through the synthesis graph on the LLM path (every
@@ -9,7 +9,11 @@
     and an LLM concurrency of 16. Each item makes 5 sequential LLM calls
     (summary, one exploration round of a tool call and a stop, one abstraction,
     one verdict), so the ideal is max(ceil(64 * 5 / 16), 5) * 50 ms. Target
-    <= 1.5x. The server runs in its own process, as a real endpoint would.
+    <= 1.5x. The server runs in its own process, as a real endpoint would, on
+    one event loop as vLLM's does (``--server threads``: the tests'
+    thread-per-connection server). Prints the dedup stage's share of the wall
+    time and the client's CPU per LLM call; ``BENCH_PROFILE=1`` adds a cProfile
+    table (``BENCH_PROFILE_SORT``, ``BENCH_PROFILE_LINES``).
 (b) dedup: cost per task of add_if_novel against a 10,000-task store,
     embedding included, batched (bench/dedup.py). Target <= 5 ms.
 """
