@@ -27,6 +27,7 @@ import httpx
 import orjson
 
 from ..common.lean_http import Pool, RequestTimeout, Response, TransportError, open_pool
+from .completion_body import shown
 from .per_loop import PerLoop
 from .replies import mark_answered
 
@@ -99,8 +100,7 @@ class PoolTransport(httpx.AsyncBaseTransport):
         try:
             return orjson.loads(response.body)
         except orjson.JSONDecodeError:
-            shown = response.body[:200].decode("utf-8", "replace")
-            raise ValueError(f"the reply's body is not JSON: {shown!r}") from None
+            raise ValueError(f"the reply's body is not JSON: {shown(response.body)}") from None
 
     async def aclose(self) -> None:
         for pool in (self._pools.pop() or {}).values():
