@@ -15,6 +15,7 @@ import difflib
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,27 +60,50 @@ def similar(a: str, b: str, threshold: float = REPEAT_SIMILARITY) -> bool:
     """``text_similarity(a, b) >= threshold``, decided from difflib's cheap upper bounds
     when they already fall short: most pairs differ in length or letters, and the full
     ratio is quadratic in the text."""
-    left, right = normalise(a), normalise(b)
-    if left == right:
-        return True
-    matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
-    return (
-        matcher.real_quick_ratio() >= threshold
-        and matcher.quick_ratio() >= threshold
-        and matcher.ratio() >= threshold
-    )
+    return _Text(a).similar(_Text(b), threshold)
+
+
+class _Text:
+    """A text normalised once, with its letter counts: ``repeats`` compares each against
+    many. The bounds are difflib's ``real_quick_ratio`` and ``quick_ratio``, computed
+    without building a ``SequenceMatcher``, which indexes its second text up front."""
+
+    def __init__(self, text: str):
+        self.normal = normalise(text)
+        self._counts: Counter[str] | None = None
+
+    @property
+    def counts(self) -> Counter[str]:
+        if self._counts is None:
+            self._counts = Counter(self.normal)
+        return self._counts
+
+    def similar(self, other: _Text, threshold: float) -> bool:
+        left, right = self.normal, other.normal
+        if left == right:
+            return True
+        length = len(left) + len(right)
+        if 2.0 * min(len(left), len(right)) / length < threshold:
+            return False
+        shared = (self.counts & other.counts).total()
+        if 2.0 * shared / length < threshold:
+            return False
+        matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
+        return matcher.ratio() >= threshold
 
 
 def repeats(
     texts: Sequence[str], neighbours: Sequence[Neighbour], avoid: Sequence[str]
 ) -> str | None:
     """Why a candidate repeats an existing task (its texts vs. neighbours and do-not-repeat), or None."""
-    for text in texts:
-        for neighbour in neighbours:
-            if similar(text, neighbour.text):
+    near = [(_Text(n.text), n) for n in neighbours]
+    others = [(_Text(text), text) for text in avoid]
+    for text in map(_Text, texts):
+        for normal, neighbour in near:
+            if text.similar(normal, REPEAT_SIMILARITY):
                 return f"repeats existing task {neighbour.id}: {neighbour.text!r}"
-        for other in avoid:
-            if similar(text, other):
+        for normal, other in others:
+            if text.similar(normal, REPEAT_SIMILARITY):
                 return f"repeats a do-not-repeat task: {other!r}"
     return None
 

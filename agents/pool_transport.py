@@ -81,9 +81,6 @@ class PoolTransport(httpx.AsyncBaseTransport):
         ``ValueError``."""
         import openai
 
-        # The SDK's errors are typed with its own httpx fork (httpx2); they read only the
-        # request, status and headers, which httpx's classes carry alike.
-        request: Any = httpx.Request("POST", url)
         parts = urlsplit(url)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         try:
@@ -91,12 +88,12 @@ class PoolTransport(httpx.AsyncBaseTransport):
                 "POST", path, body, headers
             )
         except RequestTimeout:
-            raise openai.APITimeoutError(request=request) from None
+            raise openai.APITimeoutError(request=_error_request(url)) from None
         except TransportError as err:
-            raise openai.APIConnectionError(message=str(err), request=request) from None
+            raise openai.APIConnectionError(message=str(err), request=_error_request(url)) from None
         mark_answered()
         if response.status >= 400:
-            raise status_error(response, request)
+            raise status_error(response, _error_request(url))
         try:
             return orjson.loads(response.body)
         except orjson.JSONDecodeError:
@@ -105,6 +102,13 @@ class PoolTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         for pool in (self._pools.pop() or {}).values():
             await pool.aclose()
+
+
+def _error_request(url: str) -> Any:
+    """The request an SDK error names. The SDK's errors are typed with its own httpx fork
+    (httpx2); they read only the request, status and headers, which httpx's classes carry
+    alike. Built only on failure: a successful call has no use for one."""
+    return httpx.Request("POST", url)
 
 
 def _httpx_response(response: Response, request: httpx.Request) -> httpx.Response:
@@ -144,5 +148,5 @@ def status_error(response: Response, request: httpx.Request) -> Exception:
     except orjson.JSONDecodeError:
         body, message = text, text or f"Error code: {status}"
     data = body.get("error", body) if isinstance(body, dict) else body
-    read_back: Any = _httpx_response(response, request)  # httpx for httpx2: see post_json
+    read_back: Any = _httpx_response(response, request)  # httpx for httpx2: see _error_request
     return cls(message, response=read_back, body=data)

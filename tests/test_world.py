@@ -223,3 +223,17 @@ def test_a_task_without_state_is_refused_clearly():
     task = Task(id="x", env="world", family="f", turns=[{"query": "q"}])
     with pytest.raises(ValueError, match="setup"):
         WorldEnvironment().reset(task)
+
+
+def test_a_cloned_state_is_the_json_round_trip_and_shares_nothing():
+    """The verifier's copy (orjson) must read as the standard library's round trip did:
+    keys as strings, tuples as lists, and no object shared with the original."""
+    import json
+
+    from coevolve.envs.world.verifier import clone
+
+    state = {"contacts": {"c1": {"name": "Bo", "tags": ("a", "b")}}, 7: [1.5, None, True]}
+    copied = clone(state)
+    assert copied == json.loads(json.dumps(state))
+    copied["contacts"]["c1"]["name"] = "Al"
+    assert state["contacts"]["c1"]["name"] == "Bo"

@@ -9,9 +9,10 @@ steps with the same pieces. The text rules (``answer_matches``,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from ...records import Task, ToolCall
 from ..base import ToolError, answer_matches, normalize_text
@@ -20,8 +21,10 @@ from .apps import World
 
 
 def clone(state: Any) -> Any:
-    """A deep copy of JSON-able state; several times faster than copy.deepcopy."""
-    return json.loads(json.dumps(state))
+    """A deep copy of JSON-able state, as a JSON round trip makes it (keys become strings,
+    tuples lists). orjson's round trip is about 6x the standard library's, which is several
+    times faster than copy.deepcopy: every episode, replay and grade copies states."""
+    return orjson.loads(orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS))
 
 
 # How a recorded call fails when replayed without the dispatcher's schema check: a domain
