@@ -453,27 +453,46 @@ def test_groups_with_spread_and_merging_rounds():
     assert int(select_rows(merged, [1])["num_items_in_batch"]) == 1
 
 
-def test_grpo_tasks_by_spread_put_the_boundary_first():
+def test_grpo_tasks_by_spread_keep_where_a_group_would_have_spread():
     from coevolve.envs.world import load_split
     from coevolve.graph.training_step import tasks_by_spread
     from coevolve.records import Trajectory
 
-    tasks = load_split("train", size=5)
+    loaded = load_split("train", size=6)
+    families = ["failing", "failing", "mixed", "mixed", "solved", "unseen"]
+    tasks = [t.model_copy(update={"family": f}) for t, f in zip(loaded, families, strict=True)]
 
-    def ran(task, score):
+    def ran(task, score, index):
         return Trajectory(
-            id=f"{task.id}-{score}", task_id=task.id, env="world", family="f", score=score
+            id=f"{task.id}-{index}", task_id=task.id, env="world", family=task.family, score=score
         )
 
-    trajectories = [ran(tasks[0], 0.0), ran(tasks[0], 0.0)]  # all fail
-    trajectories += [ran(tasks[1], 1.0), ran(tasks[1], 0.0)]  # spread
-    trajectories += [ran(tasks[2], 1.0), ran(tasks[2], 1.0)]  # all succeed
-    trajectories += [ran(tasks[3], 0.5), ran(tasks[3], 1.0)]  # spread (0.5 is a failure)
-    # tasks[4] has no rollouts: synthesized this cycle
-    chosen = tasks_by_spread(tasks, trajectories, minimum=2)
-    assert [t.id for t in chosen] == [tasks[1].id, tasks[3].id, tasks[4].id]
-    filled = tasks_by_spread(tasks, trajectories, minimum=5)
-    assert [t.id for t in filled][3:] == [tasks[0].id, tasks[2].id]  # all-fail before solved
+    trajectories = [ran(tasks[0], 0.0, 0), ran(tasks[0], 0.0, 1)]  # all fail
+    trajectories += [ran(tasks[2], 1.0, 0), ran(tasks[2], 0.5, 1)]  # spread (0.5 is a failure)
+    trajectories += [ran(tasks[4], 1.0, 0), ran(tasks[4], 1.0, 1)]  # all succeed
+    # tasks[1] and tasks[3] are new (synthesized this cycle): a variant of the failing family
+    # and one of the mixed family; tasks[5]'s family had no rollouts (the cycle's rate, 1/2).
+    chosen = tasks_by_spread(tasks, trajectories, minimum=2, group_size=8)
+    assert {t.id for t in chosen} == {tasks[2].id, tasks[3].id, tasks[5].id}
+    filled = tasks_by_spread(tasks, trajectories, minimum=5, group_size=8)
+    assert {t.id for t in filled[3:]} <= {tasks[0].id, tasks[1].id, tasks[4].id}
+    assert len(filled) == 5
+
+
+def test_the_spread_chance_of_a_group():
+    from coevolve.training.dynamic_sampling import spread_chance, success_rates
+
+    assert spread_chance(0.0, 8) == 0.0 and spread_chance(1.0, 8) == 0.0
+    assert spread_chance(0.5, 2) == 0.5
+    assert spread_chance(0.25, 8) > 0.89 > spread_chance(0.05, 8)
+    from coevolve.envs.world import load_split
+
+    a, b, c = (t.model_copy(update={"family": "f"}) for t in load_split("train", size=3))
+    outcomes = {a.id: [True, False, False, False], b.id: [False, False]}
+    rates = success_rates([a, b, c], outcomes, {a.id: "f", b.id: "f"})
+    # family f: 1 of 6; a: (1 + 2/6) / 6, b: (0 + 2/6) / 4, c (no rollouts): the family's
+    assert rates[a.id] == (1 + 2 / 6) / 6 and rates[b.id] == (2 / 6) / 4
+    assert abs(rates[c.id] - 1 / 6) < 1e-12
 
 
 def test_generation_round_runs_on_the_merged_adapter_and_unmerges_after(tiny_build):

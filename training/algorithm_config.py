@@ -165,9 +165,10 @@ class GrpoConfig(Section):
     prompts: Literal["all", "spread"] = Field(
         default="all",
         description="Which tasks GRPO plays. all: the cycle's rolled-out and synthesized tasks. "
-        "spread: where the gradient is: first the tasks whose rollouts this cycle both "
-        "succeeded and failed (the boundary set), then new tasks without rollouts; tasks "
-        "whose rollouts all failed or all succeeded only to fill prompts_per_step.",
+        "spread: where the gradient is: the tasks whose group of num_generations episodes "
+        "would more likely than not both succeed and fail, by a success rate estimated from "
+        "this cycle's rollouts (a task's own, weighed with its family's; a new task gets its "
+        "family's), the likeliest first; the others only to fill prompts_per_step.",
     )
     dynamic_sampling: bool = Field(
         default=False,

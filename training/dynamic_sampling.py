@@ -24,11 +24,11 @@ share would break the others'.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from ..records import is_success
+from ..records import Task, is_success
 
 # Keys of TRL 1.16's generation output that are per completion and padded on the right.
 _COMPLETION_KEYS = (
@@ -46,6 +46,39 @@ _PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 def has_spread(successes: Sequence[bool]) -> bool:
     """Whether a group's episodes both succeeded and failed: where GRPO has gradient."""
     return any(successes) and not all(successes)
+
+
+def spread_chance(success_rate: float, group_size: int) -> float:
+    """The chance that ``group_size`` episodes at ``success_rate`` both succeed and fail."""
+    return 1.0 - success_rate**group_size - (1.0 - success_rate) ** group_size
+
+
+# How many rollouts' worth of weight a family's rate gets beside a task's own rollouts.
+FAMILY_PRIOR_WEIGHT = 2.0
+
+
+def success_rates(
+    tasks: Sequence[Task], outcomes: Mapping[str, Sequence[bool]], families: Mapping[str, str]
+) -> dict[str, float]:
+    """Each task's success rate as this cycle's rollouts estimate it: its own outcomes,
+    weighed with its family's rate (a task without rollouts, synthesized this cycle, gets
+    its family's: variants keep their parent's family), and for a family without rollouts
+    the cycle's rate. ``outcomes``: task id -> binary success of each rollout;
+    ``families``: task id -> family of the rolled-out tasks."""
+    by_family: dict[str, list[bool]] = {}
+    for task_id, seen in outcomes.items():
+        by_family.setdefault(families[task_id], []).extend(seen)
+    everything = [success for seen in outcomes.values() for success in seen]
+    overall = sum(everything) / len(everything) if everything else 0.5
+    family_rate = {family: sum(seen) / len(seen) for family, seen in by_family.items()}
+    rates = {}
+    for task in tasks:
+        prior = family_rate.get(task.family, overall)
+        seen = outcomes.get(task.id, ())
+        rates[task.id] = (sum(seen) + FAMILY_PRIOR_WEIGHT * prior) / (
+            len(seen) + FAMILY_PRIOR_WEIGHT
+        )
+    return rates
 
 
 def groups_with_spread(successes: Sequence[bool], group_size: int) -> list[bool]:

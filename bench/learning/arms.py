@@ -35,7 +35,7 @@ ARMS: dict[str, dict[str, Any]] = {
     # SEAL (training/seal.py, envs/adaptation.py): GRPO with the same optimisation steps;
     # grpo is the vanilla-RL baseline SEAL is compared with.
     "grpo": {"training": {"algorithm": "grpo"}},
-    # GRPO where the gradient is: boundary tasks first, groups without spread refilled.
+    # GRPO where the gradient is: tasks likely to give groups with spread, the rest refilled.
     "grpo-spread": {
         "training": {"algorithm": "grpo", "grpo": {"prompts": "spread", "dynamic_sampling": True}}
     },
