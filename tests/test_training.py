@@ -504,3 +504,27 @@ def test_adapter_marker_is_written_last(tiny_build, trajectories, tmp_path):
 def test_lora_settings_forbid_extra():
     with pytest.raises(ValidationError):
         LoraSettings(rank=4)
+
+
+def test_sft_micro_batches_make_the_same_update(tiny_build, trajectories, tmp_path):
+    """training.sft.micro_batch_size bounds memory, not the step: one step of 4
+    conversations two at a time moves the adapter as one step of 4 at once."""
+    import torch
+
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    trained = {}
+    for micro in (None, 2):
+        output = tmp_path / f"micro-{micro}"
+        train_adapter(
+            tiny_training(max_steps=1, batch_size=4, sft={"micro_batch_size": micro}),
+            model_dir=tiny_build,
+            output_dir=output,
+            conversations=conversations,
+            progress=False,
+        )
+        trained[micro] = _lora_tensors(output)
+    assert trained[None].keys() == trained[2].keys()
+    for key, value in trained[None].items():
+        assert torch.allclose(value, trained[2][key], atol=1e-6), key
+    # LoRA's B starts at zero: the step moved it, so the comparison is of an update
+    assert any("lora_B" in key and value.abs().sum() > 0 for key, value in trained[2].items())

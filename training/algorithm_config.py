@@ -29,6 +29,16 @@ class SftConfig(Section):
         description="At most this many successful trajectories per task enter SFT, so easy tasks "
         "with K successes do not crowd out the rest.",
     )
+    micro_batch_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Conversations per forward/backward pass; the step still averages "
+        "batch_size x gradient_accumulation_steps conversations by accumulating, so the "
+        "update is the same. Activations grow with it: a quickstart-size step of 8 "
+        "conversations with tool schemas peaked at 13-16 GB resident. Uses the largest "
+        "divisor of batch_size up to this; None: batch_size at once. GRPO's "
+        "demonstration steps use grpo.micro_batch_size.",
+    )
     batching: SftBatching = Field(
         default="length_grouped",
         description="How SFT conversations form batches. random: shuffled, each batch padded to "

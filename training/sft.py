@@ -24,7 +24,7 @@ from .tokenized_datasets import (
     sft_dataset,
     weighted_sft_trainer_class,
 )
-from .trainer_common import common_arguments
+from .trainer_common import common_arguments, micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..outputs.tracking import TrainTracking
@@ -71,7 +71,10 @@ def sft_trainer(
             length_grouped_order(lengths, config.batch_size, rows, config.seed)
         )
     args = SFTConfig(
-        **common_arguments(config, device, work, progress, tracking),
+        **{
+            **common_arguments(config, device, work, progress, tracking),
+            **micro_batches(config, config.sft.micro_batch_size),
+        },
         # The weight column is no model input; keep it for the collator.
         remove_unused_columns=not weighted,
         max_length=config.max_length,

@@ -276,6 +276,9 @@ def _demonstrations_then_grpo(
             "algorithm": "sft",
             "max_steps": config.grpo.demonstration_steps,
             "learning_rate": config.grpo.demonstration_learning_rate or config.learning_rate,
+            # The GRPO step's memory bound holds for its SFT steps too (a step of 8
+            # demonstrations at once took a tuning unit to 15.5 GB).
+            "sft": config.sft.model_copy(update={"micro_batch_size": config.grpo.micro_batch_size}),
             "seal": config.seal.model_copy(
                 update={"reweight": config.seal.reweight.model_copy(update={"enable": False})}
             ),
