@@ -671,3 +671,15 @@ def test_micro_batches_keep_the_examples_per_step():
         "per_device_train_batch_size": 12,
         "gradient_accumulation_steps": 2,
     }
+
+
+def test_multi_turn_grpo_with_a_kl_term_trains(tiny_build, tmp_path):
+    """grpo.beta > 0 (a tuned knob): the multi-turn trainer scores the episodes under the
+    reference (the adapter disabled) and the step's loss carries the KL term."""
+    bfcl = _bfcl_tasks()
+    tasks = [_abstention_task(task) for task in bfcl[:3]]
+    config = tiny_training(**merged(MULTI_TURN, {"grpo": {"beta": 0.04}}))
+    trainer = _trainer(tiny_build, tmp_path, config, tasks)
+    trainer.train()
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    assert "kl" in logged, sorted(logged)
