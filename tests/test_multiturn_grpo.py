@@ -480,12 +480,12 @@ def test_grpo_tasks_by_spread_keep_where_a_group_would_have_spread():
 
 
 def test_the_spread_chance_of_a_group():
+    from coevolve.envs.world import load_split
     from coevolve.training.dynamic_sampling import spread_chance, success_rates
 
     assert spread_chance(0.0, 8) == 0.0 and spread_chance(1.0, 8) == 0.0
     assert spread_chance(0.5, 2) == 0.5
     assert spread_chance(0.25, 8) > 0.89 > spread_chance(0.05, 8)
-    from coevolve.envs.world import load_split
 
     a, b, c = (t.model_copy(update={"family": "f"}) for t in load_split("train", size=3))
     outcomes = {a.id: [True, False, False, False], b.id: [False, False]}

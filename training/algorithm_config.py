@@ -34,8 +34,8 @@ class SftConfig(Section):
         gt=0,
         description="Conversations per forward/backward pass; the step still averages "
         "batch_size x gradient_accumulation_steps conversations by accumulating, so the "
-        "update is the same. Activations grow with it: a quickstart-size step of 8 "
-        "conversations with tool schemas peaked at 13-16 GB resident. Uses the largest "
+        "update is the same. Activations grow with it: a step of 8 conversations of the "
+        "low-resource bench peaked at 13-16 GB resident. Uses the largest "
         "divisor of batch_size up to this; None: batch_size at once. GRPO's "
         "demonstration steps use grpo.micro_batch_size.",
     )
