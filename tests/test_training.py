@@ -9,7 +9,9 @@ every group has reward spread and the adapter must move.
 from __future__ import annotations
 
 import json
+import logging
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -438,31 +440,44 @@ def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
     assert skipped.skipped
 
 
-def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path):
+def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path, caplog):
     """grpo.demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
-    solved), then GRPO from that adapter for the rest of max_steps; one result."""
+    solved), at the SFT rate, then GRPO from that adapter for the rest of max_steps at
+    grpo.learning_rate; one result."""
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.training.datasets import demonstrations
+    from coevolve.training.trainer_common import TRAINER_LOGGER
 
     tasks = [
         Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
     ]
     world = load_split("train", size=2)
     output = tmp_path / "grpo"
-    result = train_adapter(
-        tiny_training(algorithm="grpo", max_steps=3, grpo={"demonstration_steps": 1}),
-        model_dir=tiny_build,
-        output_dir=output,
-        tasks=tasks,
-        conversations=demonstrations(world, WorldEnvironment),
-        make_env=LengthEnvironment,
-        progress=False,
+    config = tiny_training(
+        algorithm="grpo",
+        max_steps=4,
+        learning_rate=5e-4,
+        grpo={"demonstration_steps": 2, "learning_rate": 1e-4},
     )
-    assert result.steps == 3 and result.demonstration_steps == 1
+    with caplog.at_level(logging.INFO, logger=TRAINER_LOGGER):
+        result = train_adapter(
+            config,
+            model_dir=tiny_build,
+            output_dir=output,
+            tasks=tasks,
+            conversations=demonstrations(world, WorldEnvironment),
+            make_env=LengthEnvironment,
+            progress=False,
+        )
+    assert result.steps == 4 and result.demonstration_steps == 2
     assert result.mean_reward is not None and result.groups is not None
     assert is_adapter_complete(output) and load_train_result(output).steps == 2  # GRPO's own
     first = load_train_result(tmp_path / "grpo-demonstrations")
-    assert first.algorithm == "sft" and first.steps == 1
+    assert first.algorithm == "sft" and first.steps == 2
+    # Each part starts at its own peak rate (the tiny preset has no warm-up), SFT's then
+    # GRPO's, and decays from there by cosine.
+    rates = [float(rate) for rate in re.findall(r"'learning_rate': ([0-9.e-]+)", caplog.text)]
+    assert rates == pytest.approx([5e-4, 2.5e-4, 1e-4, 5e-5])
     with pytest.raises(ValueError, match="leaves no GRPO step"):
         tiny_training(algorithm="grpo", max_steps=2, grpo={"demonstration_steps": 2})
 

@@ -165,6 +165,13 @@ class GrpoConfig(Section):
     temperature: float = Field(
         default=0.9, gt=0, description="Sampling temperature of GRPO episodes (0.9 in the paper)."
     )
+    learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Peak learning rate of the GRPO steps (None: training.learning_rate). "
+        "training.learning_rate is sized for SFT; on the quickstart GRPO at 5e-4 ended below "
+        "the bootstrap agent in every tuning unit (docs/training.md).",
+    )
     disable_dropout: bool = Field(
         default=True,
         description="No LoRA dropout in GRPO's forward passes (TRL's disable_dropout). Episodes "
@@ -197,8 +204,8 @@ class GrpoConfig(Section):
     demonstration_learning_rate: float | None = Field(
         default=None,
         gt=0,
-        description="Learning rate of those SFT steps (None: learning_rate; GRPO's rate is "
-        "often far below what SFT needs).",
+        description="Learning rate of those SFT steps (None: training.learning_rate, the SFT "
+        "rate; grpo.learning_rate is often far below what SFT needs).",
     )
     reference_episodes: bool = Field(
         default=False,

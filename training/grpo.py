@@ -271,7 +271,11 @@ def make_grpo_trainer(
         reward_funcs = [environment_score]
 
     args = GRPOConfig(
-        **{**arguments, **micro_batches(config, config.grpo.micro_batch_size)},
+        **{
+            **arguments,
+            **micro_batches(config, config.grpo.micro_batch_size),
+            "learning_rate": config.grpo.learning_rate or config.learning_rate,
+        },
         num_generations=config.grpo.num_generations,
         generation_batch_size=config.grpo.prompts_per_step * config.grpo.num_generations,
         max_completion_length=config.grpo.max_completion_length,
