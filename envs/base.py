@@ -34,7 +34,8 @@ class Environment(Protocol):
     name: str
 
     def tools(self) -> list[dict[str, Any]]:
-        """Tool schemas available now, in OpenAI function format."""
+        """Tool schemas available now, in OpenAI function format. When they change,
+        return a new list: an endpoint policy encodes a list it has sent before once."""
         ...
 
     def reset(self, task: Task) -> str:

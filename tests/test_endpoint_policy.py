@@ -132,6 +132,29 @@ def test_temperature_tools_and_max_tokens_are_sent(scripted_server):
     assert "tools" not in third
 
 
+def test_a_tool_list_sent_again_or_replaced_arrives_as_it_is_now(scripted_server):
+    """Tool lists' JSON is reused per list object: the same list sent again, a new list,
+    and a list that grew in place each reach the server as they are at the send."""
+    server = scripted_server(["a", "b", "c", "d"])
+    policy = make_policy(server)
+    shared = list(TOOLS)
+    other = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "call_contact"}}]
+
+    async def run():
+        try:
+            await policy.generate([CONVERSATION, CONVERSATION], [shared, shared])
+            await policy.generate([CONVERSATION], [other])
+            shared.append(other[0])
+            await policy.generate([CONVERSATION], [shared])
+        finally:
+            await policy.aclose()
+
+    asyncio.run(run())
+    bodies = server.chat_bodies()
+    assert [b["tools"] for b in bodies] == [TOOLS, TOOLS, other, TOOLS + other]
+    assert all(b["messages"] == CONVERSATION and b["model"] == server.model for b in bodies)
+
+
 def test_no_tools_key_when_there_are_no_tools(scripted_server):
     server = scripted_server(["a"])
     generate(make_policy(server))
