@@ -182,14 +182,17 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
         if training.algorithm == "grpo":
             if training.grpo.demonstration_steps:
-                # The tasks no rollout solved get their reference solution (SFT), not a group.
-                failed = all_failed(tasks, trajectories)
-                conversations = [
-                    TrainingConversation(messages=messages, tools=tools_of(task.id))
-                    for task, messages in demonstrations_by_task(
-                        failed, rt.make_env, config.policy.system_prompt
-                    )
-                ]
+                conversations = demonstration_data(
+                    tasks,
+                    trajectories,
+                    conversations[:successes] if training.grpo.replay_successes else [],
+                    lambda failed: [
+                        TrainingConversation(messages=messages, tools=tools_of(task.id))
+                        for task, messages in demonstrations_by_task(
+                            failed, rt.make_env, config.policy.system_prompt
+                        )
+                    ],
+                )
             if training.grpo.prompts == "spread":
                 tasks = tasks_by_spread(
                     tasks,
@@ -266,6 +269,19 @@ def all_failed(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> lis
     """The tasks every rollout of which failed this cycle (binary success)."""
     outcomes = binary_outcomes(trajectories)
     return [task for task in tasks if outcomes.get(task.id) and not any(outcomes[task.id])]
+
+
+def demonstration_data(
+    tasks: Sequence[Task],
+    trajectories: Sequence[Trajectory],
+    successes: Sequence[TrainingConversation],
+    demonstrate: Callable[[list[Task]], list[TrainingConversation]],
+) -> list[TrainingConversation]:
+    """What GRPO's demonstration steps train on: the reference solutions
+    (``demonstrate``) of the tasks every rollout of which failed this cycle, which would
+    give groups without reward spread, then ``successes`` (``grpo.replay_successes``:
+    the cycle's verified successes, or none)."""
+    return [*demonstrate(all_failed(tasks, trajectories)), *successes]
 
 
 def tasks_by_spread(

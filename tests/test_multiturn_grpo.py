@@ -479,6 +479,48 @@ def test_grpo_tasks_by_spread_keep_where_a_group_would_have_spread():
     assert len(filled) == 5
 
 
+def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_replay_successes():
+    """The demonstration steps' data: reference solutions of the tasks whose rollouts all
+    failed (real world demonstrations, verified), then the cycle's successes with
+    grpo.replay_successes, which cannot be on without demonstration steps."""
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.graph.training_step import demonstration_data
+    from coevolve.records import Trajectory
+    from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
+
+    failing, mixed, solved, new = load_split("train", size=4)
+
+    def ran(task, score, index):
+        return Trajectory(
+            id=f"{task.id}-{index}", task_id=task.id, env="world", family=task.family, score=score
+        )
+
+    trajectories = [ran(failing, 0.0, 0), ran(failing, 0.0, 1), ran(mixed, 1.0, 0)]
+    trajectories += [ran(mixed, 0.0, 1), ran(solved, 1.0, 0), ran(solved, 1.0, 1)]
+    replayed = [TrainingConversation(messages=[{"role": "user", "content": "solved"}])]
+    demonstrated: list[str] = []
+
+    def demonstrate(tasks):
+        demonstrated.extend(task.id for task in tasks)
+        return [
+            TrainingConversation(messages=messages)
+            for _, messages in demonstrations_by_task(tasks, WorldEnvironment)
+        ]
+
+    tasks = [failing, mixed, solved, new]
+    only_failed = demonstration_data(tasks, trajectories, [], demonstrate)
+    assert demonstrated == [failing.id] and len(only_failed) == 1
+    assert only_failed[0].messages[1]["content"] == failing.turns[0].query
+    assert only_failed[0].messages[-1]["role"] == "assistant"
+    with_successes = demonstration_data(tasks, trajectories, replayed, demonstrate)
+    assert with_successes == [*only_failed, *replayed]
+    with pytest.raises(ValueError, match=r"set it \(e.g. 4\)"):
+        TrainingConfig(algorithm="grpo", grpo={"replay_successes": True})
+    assert TrainingConfig(
+        algorithm="grpo", grpo={"replay_successes": True, "demonstration_steps": 4}
+    ).grpo.replay_successes
+
+
 def test_the_spread_chance_of_a_group():
     from coevolve.envs.world import load_split
     from coevolve.training.dynamic_sampling import spread_chance, success_rates

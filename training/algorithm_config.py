@@ -201,6 +201,14 @@ class GrpoConfig(Section):
         "get demonstrations instead of groups without reward spread (small models collapse "
         "on those). 0: off.",
     )
+    replay_successes: bool = Field(
+        default=False,
+        description="demonstration_steps also train on the cycle's verified successes, one per "
+        "task (sft.max_per_task), as the SFT arms keep theirs: a task whose episodes all "
+        "succeed gives GRPO no gradient, and GRPO steps on other tasks overwrite it (on the "
+        "quickstart, GRPO on cancel_event taught the agent to look an event up first, and "
+        "create_event fell from 3 of 6 to 0 in every tuning unit).",
+    )
     demonstration_learning_rate: float | None = Field(
         default=None,
         gt=0,

@@ -204,6 +204,11 @@ class TrainingConfig(Section):
                 f"grpo.demonstration_steps ({self.grpo.demonstration_steps}) leaves no GRPO step "
                 f"of max_steps ({self.max_steps}): lower it or raise max_steps"
             )
+        if self.grpo.replay_successes and not self.grpo.demonstration_steps:
+            problems.append(
+                "grpo.replay_successes trains in the demonstration steps, and "
+                "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_successes off"
+            )
         if self.grpo.dynamic_sampling and self.launcher == "accelerate":
             problems.append(
                 "grpo.dynamic_sampling refills one process's groups and would break the others' "
