@@ -126,7 +126,8 @@ class GrpoConfig(Section):
     beta: float = Field(
         default=0.0,
         ge=0.0,
-        description="KL coefficient towards the reference (the base model, adapter disabled). 0 "
+        description="KL coefficient towards the reference: the agent the step starts from (TRL "
+        "keeps a copy of a loaded adapter as its reference; a first step's is the base model). 0 "
         "skips the reference forward pass (TRL's default); the clipped ratio still bounds each update.",
     )
     epsilon: float = Field(
