@@ -22,6 +22,7 @@ from coevolve.bench.learning import (
     unit_still_counts,
 )
 from coevolve.config import load_config
+from coevolve.training.algorithm_config import GrpoConfig
 
 
 def test_interval_is_a_t_interval():
@@ -376,15 +377,21 @@ def test_committed_bench_units_still_load():
 def test_committed_signals_units_still_count_under_todays_config():
     """A later session continues the signals bench from these units (docs/benchmarks.md):
     a config field added since, at its default, must not make them stale; a changed
-    value must."""
+    value must. The GRPO units (grpo, seal) ran vanilla GRPO, before the quickstart
+    carried its tuned GRPO recipe: they no longer count for those arms."""
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "quickstart.yaml").model_dump(mode="json")
     units = sorted((root / "docs" / "figures" / "bench-signals-units").glob("*.json"))
     assert units
+    vanilla_grpo = []
     for unit in units:
         saved = json.loads(unit.read_text())
         run = ArmRun.model_validate(saved["run"])
         config = load_config(arm_config(base, run.arm, run.seed, Path("runs/bench-quickstart")))
+        if config.training.algorithm == "grpo":
+            assert not unit_still_counts(saved["config"], config.model_dump_json()), unit.name
+            vanilla_grpo.append(run.arm)
+            continue
         assert unit_still_counts(saved["config"], config.model_dump_json()), unit.name
         # Copied to another --out, a unit still counts: the run directory changes no result.
         elsewhere = load_config(arm_config(base, run.arm, run.seed, Path("/tmp/elsewhere")))
@@ -393,6 +400,15 @@ def test_committed_signals_units_still_count_under_todays_config():
             update={"training": config.training.model_copy(update={"max_steps": 11})}
         )
         assert not unit_still_counts(saved["config"], changed.model_dump_json())
+    # The quickstart's GRPO recipe does not touch its SFT units; a GRPO unit's own does.
+    assert config.training.algorithm == "sft" and config.training.grpo.prompts == "spread"
+    grpo = load_config(arm_config(base, "grpo", 0, Path("runs/bench-quickstart")))
+    retuned = grpo.model_copy(
+        update={"training": grpo.training.model_copy(update={"grpo": GrpoConfig()})}
+    )
+    assert unit_still_counts(grpo.model_dump_json(), grpo.model_dump_json())
+    assert not unit_still_counts(grpo.model_dump_json(), retuned.model_dump_json())
+    assert sorted(vanilla_grpo) == ["grpo", "grpo", "seal", "seal"]
     assert not unit_still_counts(None, config.model_dump_json())
     assert not unit_still_counts('{"cycles": -3}', config.model_dump_json())
 

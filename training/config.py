@@ -209,7 +209,11 @@ class TrainingConfig(Section):
                 "grpo.replay_successes trains in the demonstration steps, and "
                 "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_successes off"
             )
-        if self.grpo.dynamic_sampling and self.launcher == "accelerate":
+        if (
+            self.algorithm == "grpo"
+            and self.grpo.dynamic_sampling
+            and self.launcher == "accelerate"
+        ):
             problems.append(
                 "grpo.dynamic_sampling refills one process's groups and would break the others' "
                 "share of the round: set launcher: inprocess or subprocess, or "

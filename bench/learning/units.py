@@ -42,7 +42,8 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     since, at its default, then reads back as today's config and the unit still
     counts; any changed value (or a config that no longer parses) makes it stale.
     Where the run directory is does not count (it changes no result), so units
-    copied to another ``--out`` still count there.
+    copied to another ``--out`` still count there; nor do the GRPO settings of a
+    unit that did not train with GRPO (the quickstart carries its tuned GRPO recipe).
     """
     from pydantic import ValidationError
 
@@ -59,8 +60,11 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     except ValidationError:
         return False
     today = json.loads(fingerprint)
-    saved.pop("run_dir", None)
-    today.pop("run_dir", None)
+    for config in (saved, today):
+        config.pop("run_dir", None)
+        training = config.get("training", {})
+        if training.get("algorithm") != "grpo":
+            training.pop("grpo", None)
     return saved == today
 
 
