@@ -20,6 +20,10 @@
     a small machine it competes with the
     client for the cores, so both CPU figures are printed: client CPU per
     request is the client process's CPU time over the requests it made.
+    ``--floor`` then sends the same requests (each step's conversations, as the
+    engine sent them) twice more, in the same 5 lockstep steps: from the bare
+    HTTP pool, and through the policy's ``generate`` without the engine. Their
+    ratios are what the server and the transport leave to the engine.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 
 def _free_port() -> int:
@@ -47,6 +52,7 @@ def bench_endpoint(
     concurrency: int = 64,
     delay_s: float = 0.05,
     server_kind: str = "asyncio",
+    floor: bool = False,
 ) -> float:
     from coevolve.agents.endpoint_policy import EndpointPolicy
     from coevolve.agents.rollout import run_rollouts
@@ -98,6 +104,7 @@ def bench_endpoint(
         )
         wall = time.perf_counter() - started
         client_cpu = time.process_time() - client_cpu
+        floors = _floor_walls(endpoint, trajectories, replies) if floor else None
     finally:
         server.terminate()
         server.wait()
@@ -119,7 +126,61 @@ def bench_endpoint(
         f"server {server_cpu_s:.2f} s (incl. its start-up and the warm-up), {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f} (other work competes for the same cores)"
     )
+    if floors is not None:
+        bare, generate_only = floors
+        print(
+            f"    the same requests in the same steps: bare HTTP pool {bare / ideal:.2f}x, "
+            f"policy.generate without the engine {generate_only / ideal:.2f}x, "
+            f"the engine {ratio:.2f}x"
+        )
     return ratio
+
+
+def _floor_walls(endpoint: Any, trajectories: list[Any], replies: int) -> tuple[float, float]:
+    """Seconds for the engine's requests, step by step, from the bare pool and through
+    ``EndpointPolicy.generate``: the conversation of step ``s`` is each episode's
+    messages before its ``s``-th assistant message."""
+    import asyncio
+
+    import orjson
+
+    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.common.lean_http import LeanPool
+    from coevolve.envs.world import WorldEnvironment
+
+    tools = WorldEnvironment().tools()
+    steps: list[list[list[dict[str, Any]]]] = [[] for _ in range(replies)]
+    for trajectory in trajectories:
+        assistant_at = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+        for step, index in enumerate(assistant_at[:replies]):
+            steps[step].append(trajectory.messages[:index])
+
+    async def bare() -> float:
+        pool = LeanPool(endpoint.base_url, {"Content-Type": "application/json"}, 30, 1024)
+        slots = asyncio.Semaphore(endpoint.concurrency)
+
+        async def one(messages: list[dict[str, Any]]) -> None:
+            body = {"model": endpoint.model, "messages": messages, "tools": tools}
+            body["max_tokens"] = endpoint.max_tokens
+            async with slots:
+                response = await pool.request("POST", "/chat/completions", orjson.dumps(body))
+            orjson.loads(response.body)
+
+        started = time.perf_counter()
+        for conversations in steps:
+            await asyncio.gather(*(one(messages) for messages in conversations))
+        return time.perf_counter() - started
+
+    async def generate_only() -> float:
+        policy = EndpointPolicy(endpoint)
+        started = time.perf_counter()
+        for conversations in steps:
+            await policy.generate(conversations, [tools] * len(conversations))
+        wall = time.perf_counter() - started
+        await policy.aclose()
+        return wall
+
+    return asyncio.run(bare()), asyncio.run(generate_only())
 
 
 def bench_inprocess(
@@ -253,11 +314,17 @@ def main() -> None:
         help="(b): the scripted server on one event loop, as vLLM's (default), or the tests' "
         "thread-per-connection server",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="(b): also send the engine's requests from the bare HTTP pool and through "
+        "policy.generate alone, in the same steps: what the server and transport cost",
+    )
     args = parser.parse_args()
     if args.part in ("both", "inprocess"):
         bench_inprocess(model_path=args.model)
     if args.part in ("both", "endpoint"):
-        bench_endpoint(server_kind=args.server)
+        bench_endpoint(server_kind=args.server, floor=args.floor)
     if args.part == "episodes":
         bench_episodes(model_path=args.model)
 
