@@ -534,9 +534,7 @@ def test_sft_micro_batches_make_the_same_update(tiny_build, trajectories, tmp_pa
     for micro in (None, 2):
         output = tmp_path / f"micro-{micro}"
         train_adapter(
-            tiny_training(
-                max_steps=1, batch_size=4, sft={"micro_batch_size": micro}, device="cpu"
-            ),
+            tiny_training(max_steps=1, batch_size=4, sft={"micro_batch_size": micro}, device="cpu"),
             model_dir=tiny_build,
             output_dir=output,
             conversations=conversations,
