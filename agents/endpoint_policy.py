@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,10 @@ class EndpointPolicy:
     the endpoint's).
     """
 
+    # generate() takes on_reply: the rollout engine steps each episode as its reply
+    # arrives, while the rest of the step's requests are in flight.
+    reports_each_reply = True
+
     def __init__(
         self,
         endpoint: EndpointConfig,
@@ -116,8 +120,13 @@ class EndpointPolicy:
         conversations: Sequence[Sequence[Message]],
         tools: Sequence[Sequence[dict[str, Any]]],
         temperature: float | None = None,
+        on_reply: Callable[[int, AssistantMessage], None] | None = None,
     ) -> list[AssistantMessage]:
-        """The next assistant message of each conversation (``tools[i]`` for ``conversations[i]``)."""
+        """The next assistant message of each conversation (``tools[i]`` for ``conversations[i]``).
+
+        ``on_reply(i, message)`` is called with each conversation's message as soon as it
+        arrives, before the others have; an exception it raises is raised by ``generate``
+        once every request has ended."""
         if len(tools) != len(conversations):
             raise ValueError(
                 f"got {len(conversations)} conversations but {len(tools)} tool lists; "
@@ -126,10 +135,19 @@ class EndpointPolicy:
         state = self._states.get()
         if temperature is None:
             temperature = self.endpoint.temperature
+
+        async def complete(index: int, messages: Sequence[Message], tool_list: Any) -> Any:
+            message = await self._complete(state, list(messages), tool_list, temperature)
+            if on_reply is not None:
+                on_reply(index, message)
+            return message
+
         results = await asyncio.gather(
             *(
-                self._complete(state, list(messages), tool_list, temperature)
-                for messages, tool_list in zip(conversations, tools, strict=True)
+                complete(index, messages, tool_list)
+                for index, (messages, tool_list) in enumerate(
+                    zip(conversations, tools, strict=True)
+                )
             ),
             return_exceptions=True,
         )

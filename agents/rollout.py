@@ -2,9 +2,12 @@
 
 All live episodes advance in lockstep: at each step the policy gets every live
 conversation in one ``generate`` call (one padded forward pass in-process, or
-many requests in flight to an endpoint). Each episode has its own fresh
-environment. A failure of the policy for one conversation ends that episode
-with ``error`` set and keeps everything it did so far.
+many requests in flight to an endpoint). A policy that says ``reports_each_reply``
+(the endpoint policy) hands each reply over as it arrives, so its episode steps
+its environment, and is verified if it ended, while the step's other requests
+are still in flight. Each episode has its own fresh environment. A failure of
+the policy for one conversation ends that episode with ``error`` set and keeps
+everything it did so far.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class _Episode:
     completion_tokens: int = 0
     model_turns: list[ModelTurn] = field(default_factory=list)
     last_ids: list[int] = field(default_factory=list)  # the last turn's prompt + completion
+    score: float | None = None  # the verifier's, once the episode ended
 
 
 def _record_ids(episode: _Episode, reply: AssistantMessage) -> None:
@@ -111,6 +115,15 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> N
     episode.done, episode.finished = outcome.ended, outcome.finished
 
 
+def _advance(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> None:
+    """``_apply``, then the verifier's score as soon as the episode ended."""
+    _apply(episode, reply, max_tool_calls)
+    if episode.done:
+        score, failure = verify(episode.env)
+        episode.score = min(max(score, 0.0), 1.0)
+        episode.error = episode.error or failure
+
+
 def act(env: Environment, reply: AssistantMessage, turn: int) -> tuple[list[Step], list[Message]]:
     """Step ``env`` with every call of ``reply``: the steps, and the tool messages that answer
     them (an unreadable call is answered with its error, as an observation)."""
@@ -140,8 +153,7 @@ def verify(env: Environment) -> tuple[float, str | None]:
 
 
 def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajectory:
-    score, failure = verify(episode.env)
-    episode.error = episode.error or failure
+    assert episode.score is not None, "an episode is verified when it ends"
     return Trajectory(
         id=f"{episode.task.id}/c{cycle}/r{episode.rollout_index}",
         task_id=episode.task.id,
@@ -150,7 +162,7 @@ def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajector
         messages=episode.messages,
         steps=episode.steps,
         final_answer=episode.final_answer,
-        score=min(max(score, 0.0), 1.0),
+        score=episode.score,
         prompt_tokens=episode.prompt_tokens,
         completion_tokens=episode.completion_tokens,
         policy_version=policy_version,
@@ -189,12 +201,16 @@ async def rollout(
     for episode in episodes:
         episode.messages = opening_messages(episode.env.reset(episode.task), system_prompt)
     needs_tasks = bool(getattr(policy, "needs_tasks", False))
+    reports_each_reply = bool(getattr(policy, "reports_each_reply", False))
 
     bar = _ProgressBar(len(episodes), description, enabled=progress)
     with bar:
         live = list(episodes)
         while live:
             extra: dict[str, Any] = {"tasks": [e.task for e in live]} if needs_tasks else {}
+            advanced: set[int] = set()
+            if reports_each_reply:
+                extra["on_reply"] = _advancer(live, advanced, max_tool_calls)
             replies = await policy.generate(
                 [e.messages for e in live], [e.env.tools() for e in live], temperature, **extra
             )
@@ -202,8 +218,9 @@ async def rollout(
                 raise RuntimeError(
                     f"policy returned {len(replies)} messages for {len(live)} conversations"
                 )
-            for episode, reply in zip(live, replies, strict=True):
-                _apply(episode, reply, max_tool_calls)
+            for index, (episode, reply) in enumerate(zip(live, replies, strict=True)):
+                if index not in advanced:
+                    _advance(episode, reply, max_tool_calls)
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
             live = still_live
@@ -213,6 +230,19 @@ async def rollout(
         release()
     version = policy.version
     return [_trajectory(e, version, cycle) for e in episodes]
+
+
+def _advancer(
+    live: list[_Episode], advanced: set[int], max_tool_calls: int
+) -> Callable[[int, AssistantMessage], None]:
+    """The ``on_reply`` of one step: advance ``live[index]`` by its reply, once."""
+
+    def on_reply(index: int, reply: AssistantMessage) -> None:
+        if index not in advanced:
+            advanced.add(index)
+            _advance(live[index], reply, max_tool_calls)
+
+    return on_reply
 
 
 def run_rollouts(*args: Any, **kwargs: Any) -> list[Trajectory]:

@@ -369,3 +369,57 @@ def test_hot_loading_without_a_server_is_a_clear_error():
 
     with pytest.raises(PolicyError, match="load_lora_adapter failed"):
         asyncio.run(load())
+
+
+def test_each_reply_is_handed_over_as_it_arrives(scripted_server):
+    """on_reply sees a fast reply before a slow one has come back, each reply once, the
+    same messages generate returns, failures included (the engine steps episodes then)."""
+
+    def script(body):
+        question = body["messages"][-1]["content"]
+        if question == "slow":
+            return Reply.text("late").delayed(0.4)
+        if question == "broken":
+            return Reply.status(400, "bad request")
+        return Reply.text("early")
+
+    server = scripted_server(script)
+    policy = make_policy(server, max_retries=0)
+    conversations = [[{"role": "user", "content": q}] for q in ("slow", "fast", "broken")]
+    seen = []
+
+    async def run():
+        try:
+            return await policy.generate(
+                conversations,
+                [[]] * 3,
+                on_reply=lambda index, message: seen.append((index, message)),
+            )
+        finally:
+            await policy.aclose()
+
+    messages = asyncio.run(run())
+    assert [m.content for m in messages[:2]] == ["late", "early"] and messages[2].error
+    assert [index for index, _ in seen][-1] == 0  # the slow one last
+    assert sorted(seen, key=lambda pair: pair[0]) == list(enumerate(messages))
+
+
+def test_an_on_reply_error_is_raised_after_every_request_ended(scripted_server):
+    server = scripted_server(lambda body: Reply.text("ok"))
+    policy = make_policy(server)
+    seen = []
+
+    def on_reply(index, message):
+        seen.append(index)
+        if index == 0:
+            raise ZeroDivisionError("a bug in the caller")
+
+    async def run():
+        try:
+            return await policy.generate([CONVERSATION] * 4, [[]] * 4, on_reply=on_reply)
+        finally:
+            await policy.aclose()
+
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(run())
+    assert sorted(seen) == [0, 1, 2, 3]

@@ -48,6 +48,48 @@ def test_episodes_are_batched_in_lockstep():
     assert policy.batches == [54]
 
 
+class ReportingPolicy(ScriptedPolicy):
+    """Hands replies over as they arrive (``reports_each_reply``), last first, and some
+    twice: the engine must step each episode once, as if it had waited for them all."""
+
+    reports_each_reply = True
+
+    async def generate(self, conversations, tools, temperature=None, on_reply=None):
+        replies = await super().generate(conversations, tools, temperature)
+        for index in reversed(range(len(replies))):
+            on_reply(index, replies[index])
+        on_reply(0, replies[0])
+        return replies
+
+
+def test_replies_handed_over_early_make_the_same_episodes():
+    from coevolve.agents.oracle import OraclePolicy
+
+    class ReportingOracle(OraclePolicy):
+        reports_each_reply = True
+
+        async def generate(self, conversations, tools, temperature=None, tasks=None, on_reply=None):
+            replies = await super().generate(conversations, tools, temperature, tasks=tasks)
+            for index in reversed(range(len(replies))):
+                on_reply(index, replies[index])
+            on_reply(0, replies[0])
+            return replies
+
+    plain = run_rollouts(OraclePolicy(), WorldEnvironment, TASKS, k=2, progress=False)
+    early = run_rollouts(ReportingOracle(), WorldEnvironment, TASKS, k=2, progress=False)
+    assert [t.model_dump() for t in early] == [t.model_dump() for t in plain]
+    assert all(t.score == 1.0 for t in early)
+    call = ToolCall(name="get_balance", id="c")
+    [cut] = run_rollouts(
+        ReportingPolicy(lambda i, c: AssistantMessage(tool_calls=[call])),
+        WorldEnvironment,
+        TASKS[:1],
+        max_tool_calls=3,
+        progress=False,
+    )
+    assert len(cut.steps) == 3 and not cut.finished
+
+
 def test_step_limit_cuts_an_episode_off():
     call = ToolCall(name="get_balance", id="c")
     policy = ScriptedPolicy(lambda i, c: AssistantMessage(tool_calls=[call], completion_tokens=3))
