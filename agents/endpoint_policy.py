@@ -136,7 +136,9 @@ class EndpointPolicy:
         if temperature is None:
             temperature = self.endpoint.temperature
 
-        async def complete(index: int, messages: Sequence[Message], tool_list: Any) -> Any:
+        async def complete(
+            index: int, messages: Sequence[Message], tool_list: Sequence[dict[str, Any]]
+        ) -> AssistantMessage:
             message = await self._complete(state, list(messages), tool_list, temperature)
             if on_reply is not None:
                 on_reply(index, message)
