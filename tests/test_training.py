@@ -482,6 +482,44 @@ def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path, cap
         tiny_training(algorithm="grpo", max_steps=2, grpo={"demonstration_steps": 2})
 
 
+def test_grpo_demonstration_steps_can_end_the_cycle(tiny_build, tmp_path, caplog):
+    """grpo.demonstration_order: last: GRPO first, then the SFT steps from its adapter, so the
+    cycle's adapter is the SFT step's; the result keeps GRPO's figures and counts both."""
+    from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.training.datasets import demonstrations
+    from coevolve.training.trainer_common import TRAINER_LOGGER
+
+    tasks = [
+        Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
+    ]
+    output = tmp_path / "grpo"
+    config = tiny_training(
+        algorithm="grpo",
+        max_steps=4,
+        learning_rate=5e-4,
+        grpo={"demonstration_steps": 2, "learning_rate": 1e-4, "demonstration_order": "last"},
+    )
+    with caplog.at_level(logging.INFO, logger=TRAINER_LOGGER):
+        result = train_adapter(
+            config,
+            model_dir=tiny_build,
+            output_dir=output,
+            tasks=tasks,
+            conversations=demonstrations(load_split("train", size=2), WorldEnvironment),
+            make_env=LengthEnvironment,
+            progress=False,
+        )
+    assert result.steps == 4 and result.demonstration_steps == 2
+    assert result.algorithm == "grpo" and result.groups is not None
+    assert result.adapter_dir == str(output) and load_train_result(output).algorithm == "sft"
+    assert load_train_result(tmp_path / "grpo-grpo").algorithm == "grpo"
+    assert not (tmp_path / "grpo-demonstrations").exists()
+    rates = [float(rate) for rate in re.findall(r"'learning_rate': ([0-9.e-]+)", caplog.text)]
+    assert rates == pytest.approx([1e-4, 5e-5, 5e-4, 2.5e-4])  # GRPO's, then SFT's
+    with pytest.raises(ValueError, match="demonstration_order: last"):
+        tiny_training(algorithm="grpo", grpo={"demonstration_order": "last"})
+
+
 def test_grpo_environment_wraps_the_world(tasks):
     """TRL's view of the world: one documented method per tool; the reference solution scores 1."""
     from transformers.utils import get_json_schema

@@ -211,6 +211,13 @@ class GrpoConfig(Section):
         "quickstart, GRPO on cancel_event taught the agent to look an event up first, and "
         "create_event fell from 3 of 6 to 0 in each of the four units before this setting).",
     )
+    demonstration_order: Literal["first", "last"] = Field(
+        default="first",
+        description="When the demonstration steps run in a cycle: first (then GRPO starts from "
+        "an agent that has seen the all-fail tasks' solutions) or last (they end the cycle, so "
+        "the replayed successes repair what the GRPO steps overwrote before the agent is "
+        "evaluated and rolled out again).",
+    )
     demonstration_learning_rate: float | None = Field(
         default=None,
         gt=0,

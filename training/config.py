@@ -204,6 +204,11 @@ class TrainingConfig(Section):
                 f"grpo.demonstration_steps ({self.grpo.demonstration_steps}) leaves no GRPO step "
                 f"of max_steps ({self.max_steps}): lower it or raise max_steps"
             )
+        if self.grpo.demonstration_order == "last" and not self.grpo.demonstration_steps:
+            problems.append(
+                "grpo.demonstration_order: last orders the demonstration steps, and "
+                "grpo.demonstration_steps is 0: set it (e.g. 4) or leave the order at first"
+            )
         if self.grpo.replay_successes and not self.grpo.demonstration_steps:
             problems.append(
                 "grpo.replay_successes trains in the demonstration steps, and "

@@ -269,8 +269,9 @@ def _demonstrations_then_grpo(
     conversations: Sequence[list[Message] | TrainingConversation],
     **step: Any,
 ) -> TrainResult:
-    """``grpo.demonstration_steps`` SFT steps on the all-fail tasks' demonstrations, then
-    GRPO from that adapter for the rest of ``max_steps``: one result, both steps counted."""
+    """``grpo.demonstration_steps`` SFT steps on the all-fail tasks' demonstrations and GRPO
+    for the rest of ``max_steps``, each from the other's adapter, in ``grpo.demonstration_order``:
+    one result (GRPO's figures, the last part's adapter), both steps counted."""
     sft = config.model_copy(
         update={
             "algorithm": "sft",
@@ -287,21 +288,37 @@ def _demonstrations_then_grpo(
     grpo = config.model_copy(
         update={"max_steps": config.max_steps - config.grpo.demonstration_steps}
     )
-    demonstrated = train_adapter(
-        sft,
-        output_dir=output_dir.with_name(output_dir.name + "-demonstrations"),
-        previous_adapter=previous_adapter,
-        conversations=conversations,
-        **{key: value for key, value in step.items() if key != "tasks"},
-    )
-    trained = train_adapter(
-        grpo,
-        output_dir=output_dir,
-        previous_adapter=demonstrated.adapter_dir,
-        **step,
-    )
+    sft_step = {key: value for key, value in step.items() if key != "tasks"}
+    if config.grpo.demonstration_order == "first":
+        demonstrated = train_adapter(
+            sft,
+            output_dir=output_dir.with_name(output_dir.name + "-demonstrations"),
+            previous_adapter=previous_adapter,
+            conversations=conversations,
+            **sft_step,
+        )
+        trained = train_adapter(
+            grpo, output_dir=output_dir, previous_adapter=demonstrated.adapter_dir, **step
+        )
+        final_adapter = trained.adapter_dir
+    else:
+        trained = train_adapter(
+            grpo,
+            output_dir=output_dir.with_name(output_dir.name + "-grpo"),
+            previous_adapter=previous_adapter,
+            **step,
+        )
+        demonstrated = train_adapter(
+            sft,
+            output_dir=output_dir,
+            previous_adapter=trained.adapter_dir,
+            conversations=conversations,
+            **sft_step,
+        )
+        final_adapter = demonstrated.adapter_dir
     return trained.model_copy(
         update={
+            "adapter_dir": final_adapter,
             "previous_adapter": str(previous_adapter) if previous_adapter is not None else None,
             "steps": demonstrated.steps + trained.steps,
             "train_time_s": round(demonstrated.train_time_s + trained.train_time_s, 3),
