@@ -19,6 +19,13 @@ def bench_learning(
         typer.Option("--config", help="Base config (default: configs/bench-learning.yaml)."),
     ] = None,
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0..N-1).")] = 3,
+    seed_list: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated seeds instead of 0..N-1, e.g. 1 for a tuning unit of seed 1 "
+            "without seed 0's; the report covers these seeds."
+        ),
+    ] = None,
     arms: Annotated[
         str | None,
         typer.Option(
@@ -83,6 +90,16 @@ def bench_learning(
         raise fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
     if seeds < 1:
         raise fail("--seeds must be at least 1 (2 or more for intervals)")
+    try:
+        chosen_seeds = (
+            sorted({int(seed) for seed in seed_list.split(",")})
+            if seed_list
+            else list(range(seeds))
+        )
+    except ValueError:
+        raise fail(f"--seed-list takes seeds like 1,3; got {seed_list!r}") from None
+    if any(seed < 0 for seed in chosen_seeds):
+        raise fail(f"--seed-list takes seeds from 0; got {seed_list!r}")
     out_dir = Path(out or ("runs/bench-learning-quick" if quick else "runs/bench-learning"))
     if report_only and not any((out_dir / "units").glob("*.json")):
         raise fail(f"--report-only: no finished units in {out_dir / 'units'}")
@@ -92,7 +109,7 @@ def bench_learning(
     try:
         report = run_ablation(
             base,
-            seeds=list(range(seeds)),
+            seeds=chosen_seeds,
             arms=chosen,
             out_dir=out_dir,
             config_name=display_path(source),

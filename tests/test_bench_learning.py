@@ -303,6 +303,19 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert len(json.loads(out.stdout)["runs"]) == 6
     assert "coevolve, seed 2: not run yet" in out.stderr
     assert not (tmp_path / "coevolve-seed2").exists()
+    # --seed-list picks seeds (a tuning unit of seed 1 alone): the report holds those.
+    out = quick_bench(tmp_path, "static,coevolve", 1, "--report-only", "--seed-list", "1")
+    assert [(r["arm"], r["seed"]) for r in json.loads(out.stdout)["runs"]] == [
+        ("static", 1),
+        ("coevolve", 1),
+    ]
+    bad = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--seed-list", "one"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "--seed-list takes seeds like 1,3" in bad.stderr
 
     # A unit whose run ended before its unit was saved (killed) resumes its run directory
     # instead of starting over: the runner's resume, not a fresh run (which rewrites config.yaml).
