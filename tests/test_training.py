@@ -440,10 +440,9 @@ def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
     assert skipped.skipped
 
 
-def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path, caplog):
-    """grpo.demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
-    solved), at the SFT rate, then GRPO from that adapter for the rest of max_steps at
-    grpo.learning_rate; one result."""
+def _grpo_with_demonstrations(tiny_build, output, caplog, **grpo):
+    """One GRPO step of 4 (2 of them SFT on two world tasks' demonstrations, at 5e-4; GRPO
+    at 1e-4) on the stub environment: the result and the learning rates the steps logged."""
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.training.datasets import demonstrations
     from coevolve.training.trainer_common import TRAINER_LOGGER
@@ -451,53 +450,11 @@ def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path, cap
     tasks = [
         Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
     ]
-    world = load_split("train", size=2)
-    output = tmp_path / "grpo"
     config = tiny_training(
         algorithm="grpo",
         max_steps=4,
         learning_rate=5e-4,
-        grpo={"demonstration_steps": 2, "learning_rate": 1e-4},
-    )
-    with caplog.at_level(logging.INFO, logger=TRAINER_LOGGER):
-        result = train_adapter(
-            config,
-            model_dir=tiny_build,
-            output_dir=output,
-            tasks=tasks,
-            conversations=demonstrations(world, WorldEnvironment),
-            make_env=LengthEnvironment,
-            progress=False,
-        )
-    assert result.steps == 4 and result.demonstration_steps == 2
-    assert result.mean_reward is not None and result.groups is not None
-    assert is_adapter_complete(output) and load_train_result(output).steps == 2  # GRPO's own
-    first = load_train_result(tmp_path / "grpo-demonstrations")
-    assert first.algorithm == "sft" and first.steps == 2
-    # Each part starts at its own peak rate (the tiny preset has no warm-up), SFT's then
-    # GRPO's, and decays from there by cosine.
-    rates = [float(rate) for rate in re.findall(r"'learning_rate': ([0-9.e-]+)", caplog.text)]
-    assert rates == pytest.approx([5e-4, 2.5e-4, 1e-4, 5e-5])
-    with pytest.raises(ValueError, match="leaves no GRPO step"):
-        tiny_training(algorithm="grpo", max_steps=2, grpo={"demonstration_steps": 2})
-
-
-def test_grpo_demonstration_steps_can_end_the_cycle(tiny_build, tmp_path, caplog):
-    """grpo.demonstration_order: last: GRPO first, then the SFT steps from its adapter, so the
-    cycle's adapter is the SFT step's; the result keeps GRPO's figures and counts both."""
-    from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.training.datasets import demonstrations
-    from coevolve.training.trainer_common import TRAINER_LOGGER
-
-    tasks = [
-        Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
-    ]
-    output = tmp_path / "grpo"
-    config = tiny_training(
-        algorithm="grpo",
-        max_steps=4,
-        learning_rate=5e-4,
-        grpo={"demonstration_steps": 2, "learning_rate": 1e-4, "demonstration_order": "last"},
+        grpo={"demonstration_steps": 2, "learning_rate": 1e-4, **grpo},
     )
     with caplog.at_level(logging.INFO, logger=TRAINER_LOGGER):
         result = train_adapter(
@@ -509,12 +466,40 @@ def test_grpo_demonstration_steps_can_end_the_cycle(tiny_build, tmp_path, caplog
             make_env=LengthEnvironment,
             progress=False,
         )
+    rates = [float(rate) for rate in re.findall(r"'learning_rate': ([0-9.e-]+)", caplog.text)]
+    return result, rates
+
+
+def test_grpo_demonstration_steps_come_first_and_count(tiny_build, tmp_path, caplog):
+    """grpo.demonstration_steps: SFT on the demonstrations it is given (the tasks no rollout
+    solved), at the SFT rate, then GRPO from that adapter for the rest of max_steps at
+    grpo.learning_rate; one result."""
+    output = tmp_path / "grpo"
+    result, rates = _grpo_with_demonstrations(tiny_build, output, caplog)
+    assert result.steps == 4 and result.demonstration_steps == 2
+    assert result.mean_reward is not None and result.groups is not None
+    assert is_adapter_complete(output) and load_train_result(output).steps == 2  # GRPO's own
+    first = load_train_result(tmp_path / "grpo-demonstrations")
+    assert first.algorithm == "sft" and first.steps == 2
+    # Each part starts at its own peak rate (the tiny preset has no warm-up), SFT's then
+    # GRPO's, and decays from there by cosine.
+    assert rates == pytest.approx([5e-4, 2.5e-4, 1e-4, 5e-5])
+    with pytest.raises(ValueError, match="leaves no GRPO step"):
+        tiny_training(algorithm="grpo", max_steps=2, grpo={"demonstration_steps": 2})
+
+
+def test_grpo_demonstration_steps_can_end_the_cycle(tiny_build, tmp_path, caplog):
+    """grpo.demonstration_order: last: GRPO first, then the SFT steps from its adapter, so the
+    cycle's adapter is the SFT step's; the result keeps GRPO's figures and counts both."""
+    output = tmp_path / "grpo"
+    result, rates = _grpo_with_demonstrations(
+        tiny_build, output, caplog, demonstration_order="last"
+    )
     assert result.steps == 4 and result.demonstration_steps == 2
     assert result.algorithm == "grpo" and result.groups is not None
     assert result.adapter_dir == str(output) and load_train_result(output).algorithm == "sft"
     assert load_train_result(tmp_path / "grpo-grpo").algorithm == "grpo"
     assert not (tmp_path / "grpo-demonstrations").exists()
-    rates = [float(rate) for rate in re.findall(r"'learning_rate': ([0-9.e-]+)", caplog.text)]
     assert rates == pytest.approx([1e-4, 5e-5, 5e-4, 2.5e-4])  # GRPO's, then SFT's
     with pytest.raises(ValueError, match="demonstration_order: last"):
         tiny_training(algorithm="grpo", grpo={"demonstration_order": "last"})
