@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..memory.signals import FlaggedTrajectory
     from ..outputs.tracking import TrainTracking
     from ..records import Task, Trajectory
+    from ..training.algorithm_config import GrpoConfig
     from ..training.datasets import PreferencePair, TrainingConversation
     from ..training.seal import ReweightSettings
     from ..training.trainers import TrainResult
@@ -182,10 +183,17 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
         if training.algorithm == "grpo":
             if training.grpo.demonstration_steps:
+                replayed_ids = {task.id for task in replay}
                 conversations = demonstration_data(
+                    training.grpo,
                     tasks,
                     trajectories,
-                    conversations[:successes] if training.grpo.replay_successes else [],
+                    conversations[:successes],
+                    [
+                        TrainingConversation(messages=messages, tools=tools_of(task.id))
+                        for task, messages in demonstrated
+                        if task.id in replayed_ids
+                    ],
                     lambda failed: [
                         TrainingConversation(messages=messages, tools=tools_of(task.id))
                         for task, messages in demonstrations_by_task(
@@ -272,16 +280,23 @@ def all_failed(tasks: Sequence[Task], trajectories: Sequence[Trajectory]) -> lis
 
 
 def demonstration_data(
+    grpo: GrpoConfig,
     tasks: Sequence[Task],
     trajectories: Sequence[Trajectory],
     successes: Sequence[TrainingConversation],
+    pool_replay: Sequence[TrainingConversation],
     demonstrate: Callable[[list[Task]], list[TrainingConversation]],
 ) -> list[TrainingConversation]:
     """What GRPO's demonstration steps train on: the reference solutions
     (``demonstrate``) of the tasks every rollout of which failed this cycle, which would
-    give groups without reward spread, then ``successes`` (``grpo.replay_successes``:
-    the cycle's verified successes, or none)."""
-    return [*demonstrate(all_failed(tasks, trajectories)), *successes]
+    give groups without reward spread, then the cycle's verified successes
+    (``grpo.replay_successes``) and the pool's replayed reference solutions, the SFT arms'
+    replay (``grpo.replay_pool``)."""
+    return [
+        *demonstrate(all_failed(tasks, trajectories)),
+        *(successes if grpo.replay_successes else []),
+        *(pool_replay if grpo.replay_pool else []),
+    ]
 
 
 def tasks_by_spread(

@@ -479,13 +479,15 @@ def test_grpo_tasks_by_spread_keep_where_a_group_would_have_spread():
     assert len(filled) == 5
 
 
-def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_replay_successes():
+def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed():
     """The demonstration steps' data: reference solutions of the tasks whose rollouts all
     failed (real world demonstrations, verified), then the cycle's successes with
-    grpo.replay_successes, which cannot be on without demonstration steps."""
+    grpo.replay_successes and the pool's replayed demonstrations with grpo.replay_pool,
+    neither of which can be on without demonstration steps."""
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.graph.training_step import demonstration_data
     from coevolve.records import Trajectory
+    from coevolve.training.algorithm_config import GrpoConfig
     from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
 
     failing, mixed, solved, new = load_split("train", size=4)
@@ -497,7 +499,8 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_replay_successes()
 
     trajectories = [ran(failing, 0.0, 0), ran(failing, 0.0, 1), ran(mixed, 1.0, 0)]
     trajectories += [ran(mixed, 0.0, 1), ran(solved, 1.0, 0), ran(solved, 1.0, 1)]
-    replayed = [TrainingConversation(messages=[{"role": "user", "content": "solved"}])]
+    succeeded = [TrainingConversation(messages=[{"role": "user", "content": "solved"}])]
+    pool_replay = [TrainingConversation(messages=[{"role": "user", "content": "replayed"}])]
     demonstrated: list[str] = []
 
     def demonstrate(tasks):
@@ -507,18 +510,30 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_replay_successes()
             for _, messages in demonstrations_by_task(tasks, WorldEnvironment)
         ]
 
-    tasks = [failing, mixed, solved, new]
-    only_failed = demonstration_data(tasks, trajectories, [], demonstrate)
+    def data(**grpo):
+        config = GrpoConfig(demonstration_steps=4, **grpo)
+        return demonstration_data(
+            config, [failing, mixed, solved, new], trajectories, succeeded, pool_replay, demonstrate
+        )
+
+    only_failed = data()
     assert demonstrated == [failing.id] and len(only_failed) == 1
     assert only_failed[0].messages[1]["content"] == failing.turns[0].query
     assert only_failed[0].messages[-1]["role"] == "assistant"
-    with_successes = demonstration_data(tasks, trajectories, replayed, demonstrate)
-    assert with_successes == [*only_failed, *replayed]
-    with pytest.raises(ValueError, match=r"set it \(e.g. 4\)"):
-        TrainingConfig(algorithm="grpo", grpo={"replay_successes": True})
-    assert TrainingConfig(
-        algorithm="grpo", grpo={"replay_successes": True, "demonstration_steps": 4}
-    ).grpo.replay_successes
+    assert data(replay_successes=True) == [*only_failed, *succeeded]
+    assert data(replay_pool=True) == [*only_failed, *pool_replay]
+    assert data(replay_successes=True, replay_pool=True) == [
+        *only_failed,
+        *succeeded,
+        *pool_replay,
+    ]
+    for setting in ("replay_successes", "replay_pool"):
+        with pytest.raises(ValueError, match=rf"{setting} trains in .* set it \(e.g. 4\)"):
+            TrainingConfig(algorithm="grpo", grpo={setting: True})
+        assert getattr(
+            TrainingConfig(algorithm="grpo", grpo={setting: True, "demonstration_steps": 4}).grpo,
+            setting,
+        )
 
 
 def test_the_spread_chance_of_a_group():

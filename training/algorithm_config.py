@@ -211,6 +211,14 @@ class GrpoConfig(Section):
         "quickstart, GRPO on cancel_event taught the agent to look an event up first, and "
         "create_event fell from 3 of 6 to 0 in each of the four units before this setting).",
     )
+    replay_pool: bool = Field(
+        default=False,
+        description="demonstration_steps also train on the pool's replayed reference solutions "
+        "(pool.replay_demonstrations earlier pool tasks a cycle), the same replay the SFT arms "
+        "train on: the cycle's successes cover only the tasks rolled out, and on held-out GRPO "
+        "still overwrote families it did not play (create_event 83 -> 4%, price_check 100 -> "
+        "50% over four seeds).",
+    )
     demonstration_order: Literal["first", "last"] = Field(
         default="first",
         description="When the demonstration steps run in a cycle: first (then GRPO starts from "

@@ -214,6 +214,11 @@ class TrainingConfig(Section):
                 "grpo.replay_successes trains in the demonstration steps, and "
                 "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_successes off"
             )
+        if self.grpo.replay_pool and not self.grpo.demonstration_steps:
+            problems.append(
+                "grpo.replay_pool trains in the demonstration steps, and "
+                "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_pool off"
+            )
         if (
             self.algorithm == "grpo"
             and self.grpo.dynamic_sampling
