@@ -440,7 +440,7 @@ def test_grpo_trains_with_environment_reward(tiny_build, tmp_path):
     assert skipped.skipped
 
 
-def _grpo_with_demonstrations(tiny_build, output, caplog, **grpo):
+def _grpo_with_demonstrations(tiny_build, output, caplog, training_warmup=0.0, **grpo):
     """One GRPO step of 4 (2 of them SFT on two world tasks' demonstrations, at 5e-4; GRPO
     at 1e-4) on the stub environment: the result and the learning rates the steps logged."""
     from coevolve.envs.world import WorldEnvironment, load_split
@@ -454,6 +454,7 @@ def _grpo_with_demonstrations(tiny_build, output, caplog, **grpo):
         algorithm="grpo",
         max_steps=4,
         learning_rate=5e-4,
+        warmup_ratio=training_warmup,
         grpo={"demonstration_steps": 2, "learning_rate": 1e-4, **grpo},
     )
     with caplog.at_level(logging.INFO, logger=TRAINER_LOGGER):
@@ -503,6 +504,18 @@ def test_grpo_demonstration_steps_can_end_the_cycle(tiny_build, tmp_path, caplog
     assert rates == pytest.approx([1e-4, 5e-5, 5e-4, 2.5e-4])  # GRPO's, then SFT's
     with pytest.raises(ValueError, match="demonstration_order: last"):
         tiny_training(algorithm="grpo", grpo={"demonstration_order": "last"})
+
+
+def test_grpo_warmup_ratio_overrides_the_warm_up_of_a_grpo_cycle(tiny_build, tmp_path, caplog):
+    """grpo.warmup_ratio 0 under a training-wide warm-up: both trainers of the cycle (the
+    demonstration steps and GRPO's) take their first step at their peak rate, not at 0."""
+    _, warmed = _grpo_with_demonstrations(tiny_build, tmp_path / "warmed", caplog, 0.5)
+    assert warmed[0] == 0.0 and warmed[2] == 0.0  # Hugging Face's warm-up starts at 0
+    caplog.clear()
+    _, rates = _grpo_with_demonstrations(
+        tiny_build, tmp_path / "grpo", caplog, 0.5, warmup_ratio=0.0
+    )
+    assert rates == pytest.approx([5e-4, 2.5e-4, 1e-4, 5e-5])
 
 
 def test_grpo_environment_wraps_the_world(tasks):

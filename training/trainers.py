@@ -145,6 +145,8 @@ def train_adapter(
     if config.algorithm == "dpo" and not pairs:
         return skipped("no (success, failure) pairs of the same task")
     if config.algorithm == "grpo":
+        if config.grpo.warmup_ratio is not None:
+            config = config.model_copy(update={"warmup_ratio": config.grpo.warmup_ratio})
         if make_env is None:
             raise ValueError(
                 "GRPO needs make_env (a factory of fresh environments) for its rewards"
