@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -27,6 +27,7 @@ from .runtime import CycleRuntime, RunError, seed_everything
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..agents.policy import Message
     from ..envs.base import Environment
     from ..memory.signals import FlaggedTrajectory
     from ..outputs.tracking import TrainTracking
@@ -167,13 +168,19 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             )
         ]
         successes = len(conversations)
+
+        def rendered(
+            demonstrations: Iterable[tuple[Task, list[Message]]],
+        ) -> list[TrainingConversation]:
+            return [
+                TrainingConversation(messages=messages, tools=tools_of(task.id))
+                for task, messages in demonstrations
+            ]
+
         demonstrated = demonstrations_by_task(
             accepted + replay, rt.make_env, config.policy.system_prompt
         )
-        conversations += [
-            TrainingConversation(messages=messages, tools=tools_of(task.id))
-            for task, messages in demonstrated
-        ]
+        conversations += rendered(demonstrated)
         example_weights = None
         if training.algorithm == "sft" and training.seal.reweight.enable:
             example_weights = [1.0] * successes + sft_weights(
@@ -189,17 +196,10 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
                     tasks,
                     trajectories,
                     conversations[:successes],
-                    [
-                        TrainingConversation(messages=messages, tools=tools_of(task.id))
-                        for task, messages in demonstrated
-                        if task.id in replayed_ids
-                    ],
-                    lambda failed: [
-                        TrainingConversation(messages=messages, tools=tools_of(task.id))
-                        for task, messages in demonstrations_by_task(
-                            failed, rt.make_env, config.policy.system_prompt
-                        )
-                    ],
+                    rendered(pair for pair in demonstrated if pair[0].id in replayed_ids),
+                    lambda failed: rendered(
+                        demonstrations_by_task(failed, rt.make_env, config.policy.system_prompt)
+                    ),
                 )
             if training.grpo.prompts == "spread":
                 tasks = tasks_by_spread(

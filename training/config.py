@@ -209,16 +209,12 @@ class TrainingConfig(Section):
                 "grpo.demonstration_order: last orders the demonstration steps, and "
                 "grpo.demonstration_steps is 0: set it (e.g. 4) or leave the order at first"
             )
-        if self.grpo.replay_successes and not self.grpo.demonstration_steps:
-            problems.append(
-                "grpo.replay_successes trains in the demonstration steps, and "
-                "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_successes off"
-            )
-        if self.grpo.replay_pool and not self.grpo.demonstration_steps:
-            problems.append(
-                "grpo.replay_pool trains in the demonstration steps, and "
-                "grpo.demonstration_steps is 0: set it (e.g. 4) or turn replay_pool off"
-            )
+        for replay in ("replay_successes", "replay_pool"):
+            if getattr(self.grpo, replay) and not self.grpo.demonstration_steps:
+                problems.append(
+                    f"grpo.{replay} trains in the demonstration steps, and "
+                    f"grpo.demonstration_steps is 0: set it (e.g. 4) or turn {replay} off"
+                )
         if (
             self.algorithm == "grpo"
             and self.grpo.dynamic_sampling
