@@ -18,6 +18,7 @@ from coevolve.bench.learning import (
     arm_config,
     family_pairs,
     interval,
+    package_commit,
     summarize,
     unit_still_counts,
 )
@@ -279,6 +280,8 @@ def test_quick_bench_runs_end_to_end(tmp_path):
         else:
             assert run["accepted_by_cycle"][0] <= 2  # synthesis.max_accepted of --quick
         assert sum(run["accepted_by_family"].values()) == sum(run["accepted_by_cycle"])
+        assert run["commit"] == package_commit()  # None only outside a git checkout
+    assert "units by the commit that ran them" in out.stderr
     # the seed set the runs learned from: the first pool.seed_tasks (60) training tasks
     assert sum(report["seed_families"].values()) == 60
     assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
@@ -424,6 +427,36 @@ def test_committed_signals_units_still_count_under_todays_config():
     assert sorted(vanilla_grpo) == ["grpo", "grpo", "seal", "seal"]
     assert not unit_still_counts(None, config.model_dump_json())
     assert not unit_still_counts('{"cycles": -3}', config.model_dump_json())
+
+
+def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    assert package_commit(tmp_path) is None  # not a git checkout
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+    head = git("rev-parse", "HEAD")
+    assert package_commit(tmp_path) == head
+    (tmp_path / "runs.txt").write_text("an untracked bench output\n")
+    assert package_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert package_commit(tmp_path) == f"{head}+modified"
+    # the report prints the commits its units ran at, a changed tree marked as such
+    from rich.console import Console
+
+    from coevolve.bench.learning import print_report
+
+    runs = [_run("static", 0, 0.2), _run("coevolve", 0, 0.3)]
+    runs[0].commit = f"{head}+modified"
+    console = Console(record=True, width=200)
+    print_report(console, summarize(runs, ["static", "coevolve"], [0], "test"))
+    assert f"{head[:12]}+modified (1), not recorded (1)" in console.export_text()
 
 
 def test_unknown_arm_is_a_clear_error():

@@ -55,7 +55,7 @@ from .report import (
     seed_families,
     summarize,
 )
-from .units import family_curves_of, run_ablation, unit_still_counts, was_killed
+from .units import family_curves_of, package_commit, run_ablation, unit_still_counts, was_killed
 
 __all__ = [
     "ARMS",
@@ -72,6 +72,7 @@ __all__ = [
     "family_curves_of",
     "family_pairs",
     "interval",
+    "package_commit",
     "paired_interval",
     "plot_curves",
     "plot_family_curves",

@@ -62,6 +62,9 @@ class ArmRun(BaseModel):
     run_dir: str
     elapsed_s: float  # of the last process only, when the run was resumed
     resumed: bool = False  # continued from a killed run's last finished stage
+    # the git commit of the code that ran it (package_commit; None: not a git checkout, or a
+    # unit saved before it was kept)
+    commit: str | None = None
 
 
 class Interval(BaseModel):
@@ -283,6 +286,16 @@ def print_report(console: Any, report: AblationReport) -> None:
             ),
         )
     console.print(table)
+    commits = Counter(
+        r.commit[:12] + ("+modified" if r.commit.endswith("+modified") else "")
+        if r.commit
+        else "not recorded"
+        for r in report.runs
+    )
+    console.print(
+        "units by the commit that ran them: "
+        + ", ".join(f"{commit} ({count})" for commit, count in sorted(commits.items()))
+    )
     paired = Table(title=f"paired differences (arm - baseline), points of {measure} success")
     paired.add_column("difference")
     paired.add_column("mean [95% CI]", justify="right")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -33,6 +34,31 @@ def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
     rows = sorted(read_jsonl(metrics), key=lambda row: row.get("cycle", 0))
     families = sorted({f for row in rows for f in row.get("heldout_by_family") or {}})
     return {f: [(row.get("heldout_by_family") or {}).get(f, 0.0) for row in rows] for f in families}
+
+
+def package_commit(root: Path | None = None) -> str | None:
+    """The git commit of the coevolve checkout at ``root`` (default: this package), with
+    ``+modified`` when tracked files differ from it; None outside a git checkout.
+
+    A unit's config says what it ran, not which code ran it: benches run for hours from a
+    worktree of a fixed commit, and the docs cite the commit beside each figure.
+    """
+    root = root or Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit}+modified" if changed else commit
 
 
 def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
@@ -108,6 +134,7 @@ def run_ablation(
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
         raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    commit = package_commit()
     runs: list[ArmRun] = []
     stale: list[str] = []  # units of these arms and seeds run with another config
     total = len(arms) * len(seeds)
@@ -183,6 +210,7 @@ def run_ablation(
                     run_dir=result.run_dir,
                     elapsed_s=result.elapsed_s,
                     resumed=result.resumed,
+                    commit=commit,
                 )
             )
             units.mkdir(parents=True, exist_ok=True)
