@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/grpo_step.py [--model DIR] [--kinds world,bfcl] [--steps 2] \
         [--prompts 2] [--generations 4] [--world-tokens 384] [--bfcl-tokens 1024] \
-        [--batch N] [--micro-batch N] [--old-logps rollout|forward] [--threads N] [--seed N]
+        [--batch N] [--micro-batch N] [--old-logps rollout|forward] [--threads N] [--seed N] \
+        [--device cpu|cuda|auto]
 
 Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 ``--steps`` optimisation steps. A generation round plays ``--prompts`` tasks x
@@ -19,7 +20,8 @@ rollout (``rollout_func``: generation and the environment), TRL's no-grad
 log-probability passes (old policy, reference) and the rest (the update's forward
 and backward), the mean episode in
 generated / environment tokens and user turns, the whole run's wall time and the
-process's peak resident memory so far (Linux ``ru_maxrss``).
+process's peak resident memory so far (Linux ``ru_maxrss``), and on a GPU the peak
+of torch's allocations on it.
 
 The model defaults to the converted SmolLM2 base (``training/smollm2.py``,
 cached under ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``; the first conversion
@@ -98,6 +100,13 @@ def main() -> None:
         help="torch threads (default: torch's). Two processes of 2 threads on 2 cores wait on "
         "each other at every op: give each 1 to run two side by side",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="where the policy trains and generates (training.device; auto: cuda when "
+        "available). On cuda the trainer runs in bfloat16 where the card has it",
+    )
     args = parser.parse_args()
 
     import resource
@@ -112,7 +121,7 @@ def main() -> None:
     from coevolve.training.algorithm_config import GrpoConfig
     from coevolve.training.config import TrainingConfig
     from coevolve.training.grpo import make_grpo_trainer
-    from coevolve.training.trainer_common import common_arguments, quiet_trainer
+    from coevolve.training.trainer_common import common_arguments, quiet_trainer, resolve_device
 
     if args.model is None:
         from coevolve.training.smollm2 import base_model_dir
@@ -138,7 +147,7 @@ def main() -> None:
         budget = {"world": args.world_tokens, "bfcl": args.bfcl_tokens}[kind]
         config = TrainingConfig(
             algorithm="grpo",
-            device="cpu",
+            device=args.device,
             max_steps=args.steps,
             batch_size=batch,
             grpo=GrpoConfig(
@@ -159,7 +168,7 @@ def main() -> None:
             tasks=tasks,
             make_env=make_env,  # type: ignore[arg-type]
             system_prompt=POLICY_SYSTEM_PROMPT,
-            arguments=common_arguments(config, "cpu", work, progress=False),
+            arguments=common_arguments(config, resolve_device(config), work, progress=False),
         )
         if trainer is None:
             raise SystemExit(f"{kind}: {reason}")
@@ -190,7 +199,12 @@ def main() -> None:
             f"{phases['no-grad log-probs']:.1f} s ({phases['no-grad passes']:.0f} batches), "
             f"update and the rest {rest:.1f} s; "
             f"wall {wall:.1f} s, load {os.getloadavg()[0]:.1f}, peak resident "
-            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB so far",
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB so far"
+            + (
+                f", peak on the GPU {torch.cuda.max_memory_allocated() / 2**30:.2f} GB so far"
+                if torch.cuda.is_available()
+                else ""
+            ),
             flush=True,
         )
 
