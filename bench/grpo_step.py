@@ -158,6 +158,7 @@ def main() -> None:
             max_length=budget + 1024,
             **({} if args.seed is None else {"seed": args.seed}),
         )
+        device = resolve_device(config)
         work = Path(tempfile.mkdtemp(prefix="coevolve-grpo-bench-"))
         tokenizer = load_tokenizer(model_dir)
         trainer, _, reason = make_grpo_trainer(
@@ -168,7 +169,7 @@ def main() -> None:
             tasks=tasks,
             make_env=make_env,  # type: ignore[arg-type]
             system_prompt=POLICY_SYSTEM_PROMPT,
-            arguments=common_arguments(config, resolve_device(config), work, progress=False),
+            arguments=common_arguments(config, device, work, progress=False),
         )
         if trainer is None:
             raise SystemExit(f"{kind}: {reason}")
@@ -202,7 +203,7 @@ def main() -> None:
             f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB so far"
             + (
                 f", peak on the GPU {torch.cuda.max_memory_allocated() / 2**30:.2f} GB so far"
-                if torch.cuda.is_available()
+                if device == "cuda"
                 else ""
             ),
             flush=True,
