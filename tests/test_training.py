@@ -518,6 +518,71 @@ def test_grpo_warmup_ratio_overrides_the_warm_up_of_a_grpo_cycle(tiny_build, tmp
     assert rates == pytest.approx([5e-4, 2.5e-4, 1e-4, 5e-5])
 
 
+class FailingEnvironment(LengthEnvironment):
+    """Every episode fails: no group has reward spread, so GRPO alone has no gradient."""
+
+    def score(self):
+        return 0.0
+
+
+def _trained_parameters_after(tiny_build, tmp_path, replay_coefficient):
+    """The LoRA weights before and after a GRPO step on all-fail stub tasks, with two
+    world demonstrations as the replay, and the trainer's logged keys."""
+    from coevolve.common.tokenization import load_tokenizer
+    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.trainers import common_arguments
+
+    config = tiny_training(
+        algorithm="grpo",
+        max_steps=3,
+        grpo={"demonstration_steps": 1, "replay_coefficient": replay_coefficient},
+    )
+    tasks = [
+        Task(id=f"t{i}", env="stub", family="f", turns=[Turn(query=f"say {i}")]) for i in range(2)
+    ]
+    trainer, _, reason = make_grpo_trainer(
+        config,
+        model_dir=tiny_build,
+        previous_adapter=None,
+        tokenizer=load_tokenizer(tiny_build),
+        tasks=tasks,
+        make_env=FailingEnvironment,
+        system_prompt=None,
+        arguments={**common_arguments(config, "cpu", tmp_path, progress=False), "max_steps": 1},
+        replay_conversations=demonstrations(load_split("train", size=2), WorldEnvironment),
+    )
+    assert reason is None
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    changed = sum(not after[name].detach().equal(value) for name, value in before.items())
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    return changed, logged
+
+
+def test_grpo_replay_coefficient_trains_where_groups_have_no_spread(tiny_build, tmp_path):
+    """grpo.replay_coefficient (PPO-ptx): every GRPO step also takes the SFT loss of the
+    demonstration steps' conversations. With every group all-fail GRPO's own loss has no
+    gradient and the adapter stays as it was; with the term it moves, and replay/nll is
+    logged."""
+    unchanged, logged = _trained_parameters_after(tiny_build, tmp_path / "off", 0.0)
+    assert unchanged == 0 and "replay/nll" not in logged
+    changed, logged = _trained_parameters_after(tiny_build, tmp_path / "on", 1.0)
+    assert changed > 0 and "replay/nll" in logged
+    with pytest.raises(ValueError, match="replay_coefficient"):
+        tiny_training(algorithm="grpo", grpo={"replay_coefficient": 0.5})
+
+
+def test_grpo_replay_coefficient_reaches_the_grpo_steps_of_a_cycle(tiny_build, tmp_path, caplog):
+    """Through train_adapter: the demonstration steps, then GRPO steps that log the replay
+    term on the same conversations."""
+    result, _ = _grpo_with_demonstrations(
+        tiny_build, tmp_path / "grpo", caplog, replay_coefficient=0.5
+    )
+    assert result.steps == 4 and result.demonstration_steps == 2
+    assert "replay/nll" in caplog.text
+
+
 def test_grpo_environment_wraps_the_world(tasks):
     """TRL's view of the world: one documented method per tool; the reference solution scores 1."""
     from transformers.utils import get_json_schema

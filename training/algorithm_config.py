@@ -241,6 +241,18 @@ class GrpoConfig(Section):
         description="Learning rate of those SFT steps (None: training.learning_rate, the SFT "
         "rate; grpo.learning_rate is often far below what SFT needs).",
     )
+    replay_coefficient: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Weight of an SFT term in every GRPO step: the token-mean loss of a "
+        "micro-batch of the demonstration steps' conversations (the all-fail tasks' reference "
+        "solutions, and what replay_successes / replay_pool add), added to each micro-batch's "
+        "GRPO loss, as InstructGPT's PPO-ptx mixes pre-training data into PPO against "
+        "regressions (training/replay_anchor.py). A task whose episodes all succeed gives GRPO "
+        "no gradient; on the quickstart's held-out units the GRPO steps then overwrote such "
+        "families (create_event 5 -> 0 of 6 in three of four seeds) although the demonstration "
+        "steps had just replayed them. 0: off. Needs grpo.demonstration_steps.",
+    )
     reference_episodes: bool = Field(
         default=False,
         description="Give a group whose episodes all failed the task's reference episode in "

@@ -209,6 +209,12 @@ class TrainingConfig(Section):
                 "grpo.demonstration_order: last orders the demonstration steps, and "
                 "grpo.demonstration_steps is 0: set it (e.g. 4) or leave the order at first"
             )
+        if self.grpo.replay_coefficient and not self.grpo.demonstration_steps:
+            problems.append(
+                "grpo.replay_coefficient weighs the demonstration steps' conversations in each "
+                "GRPO step, and grpo.demonstration_steps is 0: set it (e.g. 4) or set "
+                "replay_coefficient to 0"
+            )
         for replay in ("replay_successes", "replay_pool"):
             if getattr(self.grpo, replay) and not self.grpo.demonstration_steps:
                 problems.append(

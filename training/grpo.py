@@ -67,10 +67,12 @@ from pathlib import Path
 from typing import Any
 
 from ..agents.conversation import opening_messages
+from ..agents.policy import Message
 from ..envs.adaptation import adapt, adapt_system_prompt
 from ..envs.base import Environment
 from ..records import Task
 from .config import TrainingConfig
+from .datasets import TrainingConversation
 from .grpo_environment import EpisodeEnvironment, environment_class, environment_score
 from .multiturn_trainer import multi_turn_trainer_class
 from .seal import (
@@ -206,8 +208,12 @@ def make_grpo_trainer(
     arguments: dict[str, Any],
     capability_state: CapabilityState | None = None,
     tools_in_prompt: bool = False,
+    replay_conversations: Sequence[list[Message] | TrainingConversation] = (),
 ) -> tuple[Any, int, str | None]:
     """(GRPOTrainer, tasks used, None) or (None, 0, reason) when no task can be played.
+
+    With ``config.grpo.replay_coefficient`` and ``replay_conversations`` every step also
+    takes the SFT loss of those conversations (``coevolve.training.replay_anchor``).
 
     With ``config.seal.adaptation.enable`` the episodes run in SEAL's training
     interface (``coevolve.envs.adaptation``); with ``config.seal.reweight.enable``
@@ -244,6 +250,12 @@ def make_grpo_trainer(
             ),
         )
     examples = len({row["task"] for row in rows})
+    replay_rows: list[dict[str, Any]] = []
+    if config.grpo.replay_coefficient and replay_conversations:
+        from .tokenized_datasets import sft_dataset
+
+        # With the policy's own template: the tool loop below rewrites the tokenizer's.
+        replay_rows = list(sft_dataset(tokenizer, replay_conversations))
     trainer_arguments: dict[str, Any] = {}
     if multi_turn:
         from .multiturn_grpo import MultiTurnRollout, verifier_score
@@ -301,6 +313,13 @@ def make_grpo_trainer(
 
         trainer_class = dynamic_sampling_trainer_class(trainer_class)
         trainer_arguments["max_refills"] = config.grpo.max_refills
+    if replay_rows:
+        from .replay_anchor import replay_anchor_trainer_class
+
+        trainer_class = replay_anchor_trainer_class(trainer_class)
+        trainer_arguments["replay_rows"] = replay_rows
+        trainer_arguments["replay_coefficient"] = config.grpo.replay_coefficient
+        trainer_arguments["replay_micro_batch"] = config.grpo.micro_batch_size or 2
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
         trainer = trainer_class(

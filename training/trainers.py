@@ -198,6 +198,7 @@ def train_adapter(
                 arguments=common_arguments(config, device, work, progress, tracking),
                 capability_state=capability_state,
                 tools_in_prompt=tools_in_prompt,
+                replay_conversations=conversations,
             )
         elif config.algorithm == "dpo":
             trainer, examples, reason = dpo_trainer(
@@ -287,10 +288,17 @@ def _demonstrations_then_grpo(
             ),
         }
     )
+    # The GRPO part has no demonstration steps of its own; it gets their conversations
+    # only to anchor its steps on them (grpo.replay_coefficient).
     grpo = config.model_copy(
-        update={"max_steps": config.max_steps - config.grpo.demonstration_steps}
+        update={
+            "max_steps": config.max_steps - config.grpo.demonstration_steps,
+            "grpo": config.grpo.model_copy(update={"demonstration_steps": 0}),
+        }
     )
-    sft_step = {key: value for key, value in step.items() if key != "tasks"}
+    if config.grpo.replay_coefficient:
+        step = {**step, "conversations": conversations}
+    sft_step = {key: value for key, value in step.items() if key not in ("tasks", "conversations")}
     if config.grpo.demonstration_order == "first":
         demonstrated = train_adapter(
             sft,
