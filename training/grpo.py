@@ -319,7 +319,6 @@ def make_grpo_trainer(
         trainer_class = replay_anchor_trainer_class(trainer_class)
         trainer_arguments["replay_rows"] = replay_rows
         trainer_arguments["replay_coefficient"] = config.grpo.replay_coefficient
-        trainer_arguments["replay_micro_batch"] = config.grpo.micro_batch_size or 2
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*experimental feature.*")
         trainer = trainer_class(

@@ -23,17 +23,20 @@ from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
 
+from .tokenized_datasets import token_losses
+
 
 def replay_micro_batches(
     rows: Sequence[dict[str, Any]], size: int, pad_id: int, seed: int
 ) -> Iterator[dict[str, Any]]:
     """Endless micro-batches of ``size`` rows (``input_ids``, ``assistant_masks``): each pass
-    over the rows in a new shuffled order, padded on the right, labels only on the
+    over the rows in a new shuffled order, padded by TRL's SFT collator, labels only on the
     assistant's tokens."""
-    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     if not rows:
         raise ValueError("no replay rows: the anchor needs at least one conversation")
+    collate = DataCollatorForLanguageModeling(pad_token_id=pad_id)
     generator = random.Random(seed)
     order: list[int] = []
     while True:
@@ -43,35 +46,32 @@ def replay_micro_batches(
             order.extend(fresh)
         chosen = [rows[index] for index in order[:size]]
         del order[:size]
-        width = max(len(row["input_ids"]) for row in chosen)
-        ids = torch.full((len(chosen), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(chosen), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(chosen), width), dtype=torch.long)
-        for position, row in enumerate(chosen):
-            tokens = torch.tensor(row["input_ids"], dtype=torch.long)
-            mask = torch.tensor(row["assistant_masks"], dtype=torch.bool)
-            ids[position, : len(tokens)] = tokens
-            attention[position, : len(tokens)] = 1
-            labels[position, : len(tokens)] = torch.where(
-                mask, tokens, torch.full_like(tokens, -100)
-            )
-        yield {"input_ids": ids, "attention_mask": attention, "labels": labels}
+        yield collate(
+            [
+                {
+                    "input_ids": row["input_ids"],
+                    "labels": [
+                        token if trained else -100
+                        for token, trained in zip(
+                            row["input_ids"], row["assistant_masks"], strict=True
+                        )
+                    ],
+                }
+                for row in chosen
+            ]
+        )
 
 
 def token_mean_nll(model: Any, batch: dict[str, Any]) -> Any:
     """The mean negative log-likelihood of the labelled tokens (TRL's SFT loss)."""
-    import torch
-
     device = next(model.parameters()).device
     logits = model(
         input_ids=batch["input_ids"].to(device),
         attention_mask=batch["attention_mask"].to(device),
         use_cache=False,
-    ).logits[:, :-1]
-    target = batch["labels"][:, 1:].to(device)
-    return torch.nn.functional.cross_entropy(
-        logits.float().transpose(1, 2), target, ignore_index=-100
-    )
+    ).logits
+    per_token, mask = token_losses(logits, batch["labels"])
+    return (per_token * mask).sum() / mask.sum()
 
 
 @cache
@@ -85,7 +85,6 @@ def replay_anchor_trainer_class(base: type) -> type:
             *args: Any,
             replay_rows: Sequence[dict[str, Any]],
             replay_coefficient: float,
-            replay_micro_batch: int,
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
@@ -95,7 +94,11 @@ def replay_anchor_trainer_class(base: type) -> type:
             if pad_id is None:
                 pad_id = tokenizer.eos_token_id
             self.replay_batches = replay_micro_batches(
-                replay_rows, replay_micro_batch, int(pad_id), self.args.seed
+                # One replay micro-batch beside each of the step's own.
+                replay_rows,
+                self.args.per_device_train_batch_size,
+                int(pad_id),
+                self.args.seed,
             )
 
         def compute_loss(

@@ -111,6 +111,19 @@ class WeightedCollator:
         return batch
 
 
+def token_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """Each position's next-token loss (float32) and the mask of the labelled ones (-100:
+    not trained on), both one column shorter than ``labels``."""
+    import torch
+
+    shifted = logits[:, :-1].float()
+    target = labels[:, 1:].to(shifted.device)
+    per_token = torch.nn.functional.cross_entropy(
+        shifted.transpose(1, 2), target, ignore_index=-100, reduction="none"
+    )
+    return per_token, (target != -100).float()
+
+
 def weighted_sft_trainer_class() -> Any:
     """An SFTTrainer whose loss is mean over examples of weight x the example's token-mean loss.
 
@@ -118,7 +131,6 @@ def weighted_sft_trainer_class() -> Any:
     Each example's loss is its own token mean, so a long conversation counts as one
     example, not by its length (TRL's unweighted loss is a token mean over the batch).
     """
-    import torch
     from trl import SFTTrainer
 
     class WeightedSFTTrainer(SFTTrainer):
@@ -132,12 +144,7 @@ def weighted_sft_trainer_class() -> Any:
             weights = inputs.pop("example_weight")
             labels = inputs.pop("labels")
             outputs = model(**inputs, use_cache=False)
-            logits = outputs.logits[:, :-1].float()
-            target = labels[:, 1:].to(logits.device)
-            per_token = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), target, ignore_index=-100, reduction="none"
-            )
-            mask = (target != -100).float()
+            per_token, mask = token_losses(outputs.logits, labels)
             per_example = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)
             loss = (per_example * weights.to(per_example.device)).mean()
             return (loss, outputs) if return_outputs else loss

@@ -296,9 +296,8 @@ def _demonstrations_then_grpo(
             "grpo": config.grpo.model_copy(update={"demonstration_steps": 0}),
         }
     )
-    if config.grpo.replay_coefficient:
-        step = {**step, "conversations": conversations}
-    sft_step = {key: value for key, value in step.items() if key not in ("tasks", "conversations")}
+    sft_step = {key: value for key, value in step.items() if key != "tasks"}
+    step = {**step, "conversations": conversations}
     if config.grpo.demonstration_order == "first":
         demonstrated = train_adapter(
             sft,
