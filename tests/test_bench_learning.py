@@ -533,3 +533,16 @@ def test_a_cycle_not_evaluated_shows_as_a_dash_not_nan():
 
     assert curve_text([0.236, math.nan, 0.491], percent=True) == "23.6% → – → 49.1%"
     assert curve_text([0.236, math.nan, 0.491]) == "23.6 → – → 49.1"
+
+
+def test_an_arm_with_no_finished_unit_reads_not_run_not_nan():
+    """A report written while a bench is under way lists the arms still to run."""
+    from rich.console import Console
+
+    from coevolve.bench.learning import print_report
+
+    runs = [_run("static", 0, 0.3), _run("static", 1, 0.35)]
+    console = Console(record=True, width=200)
+    print_report(console, summarize(runs, ["static", "coevolve"], [0, 1], "test"))
+    text = console.export_text()
+    assert "not run" in text and "nan" not in text

@@ -263,6 +263,8 @@ def print_report(console: Any, report: AblationReport) -> None:
     from rich.table import Table
 
     def fmt(i: Interval) -> str:
+        if math.isnan(i.mean):
+            return "not run"
         if math.isnan(i.low):
             return f"{100 * i.mean:.1f}%"
         return f"{100 * i.mean:.1f}% [{100 * i.low:.1f}, {100 * i.high:.1f}]"
@@ -343,7 +345,9 @@ def print_report(console: Any, report: AblationReport) -> None:
                     len(arm_runs), 1
                 )
                 extra = f" (+{accepted:.0f})" if accepted >= 0.5 else ""
-                cells.append(f"{100 * report.by_family[arm][family].mean:.0f}%{extra}")
+                mean = report.by_family[arm][family].mean
+                # an arm none of whose units has finished yet (a report of a bench under way)
+                cells.append("–" if math.isnan(mean) else f"{100 * mean:.0f}%{extra}")
             seeds = str(report.seed_families.get(family, 0)) if report.seed_families else ""
             table.add_row(family, seeds, *cells)
         console.print(table)
