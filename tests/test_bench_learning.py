@@ -535,14 +535,16 @@ def test_a_cycle_not_evaluated_shows_as_a_dash_not_nan():
     assert curve_text([0.236, math.nan, 0.491]) == "23.6 → – → 49.1"
 
 
-def test_an_arm_with_no_finished_unit_reads_not_run_not_nan():
+def test_an_arm_with_no_finished_unit_reads_not_run_not_nan(tmp_path):
     """A report written while a bench is under way lists the arms still to run."""
     from rich.console import Console
 
-    from coevolve.bench.learning import print_report
+    from coevolve.bench.learning import plot_curves, print_report
 
     runs = [_run("static", 0, 0.3), _run("static", 1, 0.35)]
+    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
     console = Console(record=True, width=200)
-    print_report(console, summarize(runs, ["static", "coevolve"], [0, 1], "test"))
+    print_report(console, report)
     text = console.export_text()
     assert "not run" in text and "nan" not in text
+    assert plot_curves(report, tmp_path / "curves.png").stat().st_size > 10_000

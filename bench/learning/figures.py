@@ -24,6 +24,8 @@ def plot_curves(report: AblationReport, path: Path) -> Path:
     for index, arm in enumerate(report.arms):
         # Cycles not evaluated (evaluation.every) are left out, so the line joins the rest.
         evaluated = [(x, p) for x, p in enumerate(report.curves[arm]) if not math.isnan(p.mean)]
+        if not evaluated:
+            continue  # an arm with no finished unit yet: no line, no legend entry
         xs = [x for x, _ in evaluated]
         points = [p for _, p in evaluated]
         colour = colours(index % colours.N)
