@@ -205,6 +205,35 @@ def test_method_arms_pair_with_coevolve_and_with_each_other():
     assert report.paired["hard-negatives - own-negatives"].mean == pytest.approx(0.025)
 
 
+def test_each_seal_arm_pairs_with_grpo():
+    """seal, and each of its halves alone, are read against the vanilla GRPO they build on."""
+    finals = {
+        "grpo": (0.30, 0.20, 0.25),
+        "seal": (0.35, 0.20, 0.30),
+        "seal-no-reweighting": (0.30, 0.25, 0.25),
+        "seal-no-adaptation": (0.25, 0.20, 0.20),
+    }
+    runs = [
+        _run(arm, seed, final)
+        for arm, values in finals.items()
+        for seed, final in enumerate(values)
+    ]
+    report = summarize(runs, list(finals), [0, 1, 2], "test")
+    assert set(report.paired) == {
+        "seal - grpo",
+        "seal - seal-no-reweighting",
+        "seal - seal-no-adaptation",
+        "seal-no-reweighting - grpo",
+        "seal-no-adaptation - grpo",
+    }
+    assert report.paired["seal-no-reweighting - grpo"].mean == pytest.approx(0.05 / 3)
+    assert report.paired["seal-no-adaptation - grpo"].mean == pytest.approx(-0.10 / 3)
+    assert (
+        report.paired["seal-no-adaptation - grpo"].low
+        < report.paired["seal-no-adaptation - grpo"].mean
+    )
+
+
 def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}

@@ -27,6 +27,9 @@ REFERENCE_PAIRS = (
     ("seal", "grpo"),
     ("seal", "seal-no-reweighting"),
     ("seal", "seal-no-adaptation"),
+    # Each half of SEAL alone against the GRPO it is built on.
+    ("seal-no-reweighting", "grpo"),
+    ("seal-no-adaptation", "grpo"),
     ("hard-negatives", "own-negatives"),
     # The two methods' arms against the loop's own SFT training at the same compute.
     ("seal", "coevolve"),
