@@ -13,10 +13,11 @@ everything it did so far.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import Environment
@@ -25,6 +26,9 @@ from .conversation import opening_messages
 from .policy import AssistantMessage, Message, Policy
 from .prompts import POLICY_SYSTEM_PROMPT
 from .rendering import turn_from_ids
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -245,9 +249,21 @@ def _advancer(
     return on_reply
 
 
-def run_rollouts(*args: Any, **kwargs: Any) -> list[Trajectory]:
-    """Synchronous ``rollout`` for scripts and the CLI (inside an event loop, await ``rollout``)."""
-    return asyncio.run(rollout(*args, **kwargs))
+def _synchronous(
+    coroutine_function: Callable[_P, Coroutine[Any, Any, _R]],
+) -> Callable[_P, _R]:
+    """``coroutine_function`` run to completion in a new event loop, with its signature
+    kept, so a type checker sees the arguments a caller passes through."""
+
+    @functools.wraps(coroutine_function)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return asyncio.run(coroutine_function(*args, **kwargs))
+
+    return run
+
+
+run_rollouts = _synchronous(rollout)
+"""Synchronous ``rollout`` for scripts and the CLI (inside an event loop, await ``rollout``)."""
 
 
 class _ProgressBar:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from coevolve.agents.conversation import reference_conversation
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.testing.presets import tiny_bootstrap
+from coevolve.testing.presets import load_preset, tiny_bootstrap
 from coevolve.training.bootstrap import (
     METADATA_FILE,
     BootstrapConfig,
@@ -373,3 +376,52 @@ def test_phrase_tokens_are_single_tokens_and_shorten_demonstrations(tokenizer, c
         TINY.model_copy(update={"phrase_tokens": False}),
     )
     assert len(plain(text, add_special_tokens=False)["input_ids"]) > 1.5 * len(ids)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _coevolve(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "coevolve", *args], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _tiny_config_with_default_evaluation(tmp_path) -> str:
+    """The tiny preset with ``eval_split`` at the field's default (validation): the path a
+    plain ``coevolve bootstrap`` takes, which the preset itself turns off."""
+    section = load_preset("bootstrap-tiny")
+    del section["eval_split"]
+    section["eval_per_family"] = 1  # 18 tasks: the path matters here, not the figure
+    path = tmp_path / "bootstrap.yaml"
+    path.write_text(yaml.safe_dump({"bootstrap": section}))
+    return str(path)
+
+
+def test_bootstrap_command_evaluates_on_validation_by_default(tmp_path):
+    config = _tiny_config_with_default_evaluation(tmp_path)
+    assert BootstrapConfig.model_fields["eval_split"].default == "validation"
+    out = _coevolve("bootstrap", "--config", config, "--cache-dir", str(tmp_path), "--json")
+    metadata = json.loads(out.stdout.strip().splitlines()[-1])
+    assert metadata["eval"]["split"] == "validation"
+    assert metadata["eval"]["overall"]["episodes"] == 18
+    assert 0.0 <= metadata["eval"]["overall"]["success_rate"] <= 1.0
+
+
+def test_bootstrap_command_evaluates_a_cached_build_made_without_evaluation(tiny_build, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_build.parent.parent, cache)
+    assert load_metadata(bootstrap_dir(TINY, cache))["eval"] is None  # built as the loop builds
+    config = _tiny_config_with_default_evaluation(tmp_path)
+    out = _coevolve("bootstrap", "--config", config, "--cache-dir", str(cache)).stdout
+    assert "(cached)" in out and "validation success:" in out and "of 18 tasks" in out
+    assert load_metadata(bootstrap_dir(TINY, cache))["eval"]["split"] == "validation"
+
+
+def test_old_evaluation_key_loads_with_a_future_warning():
+    with pytest.warns(FutureWarning, match="'eval_max_steps' of BootstrapConfig is now"):
+        config = BootstrapConfig.model_validate({"base": "tiny", "eval_max_steps": 3})
+    assert config.eval_max_tool_calls == 3
+    assert config.cache_key() == BootstrapConfig(base="tiny").cache_key()

@@ -64,6 +64,7 @@ __all__ = [
     "build_model",
     "default_cache_dir",
     "evaluate_build",
+    "evaluate_cached_build",
     "is_complete",
     "load_metadata",
     "make_trainer",
@@ -106,7 +107,7 @@ def evaluate_build(
         tasks,
         k=1,
         temperature=0.0,
-        max_steps=config.eval_max_steps,
+        max_tool_calls=config.eval_max_tool_calls,
         progress=progress,
         description=f"eval {config.eval_split}",
     )
@@ -144,6 +145,17 @@ def bootstrap(
         metadata["eval"] = evaluate_build(target, config, progress)
         _write_metadata(target, metadata)
     return target
+
+
+def evaluate_cached_build(
+    path: Path, config: BootstrapConfig, progress: bool = True
+) -> dict[str, Any]:
+    """Evaluate a finished build on ``config.eval_split`` and record it in its metadata;
+    return the metadata."""
+    metadata = load_metadata(path)
+    metadata["eval"] = evaluate_build(path, config, progress)
+    _write_metadata(path, metadata)
+    return metadata
 
 
 def _remove_stale_partials(root: Path) -> None:

@@ -7,10 +7,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from ..common.config_base import Section
 from ..envs.world.states import SPLITS as WORLD_SPLITS
 from .chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
 
@@ -26,7 +27,7 @@ _NOT_HASHED = frozenset(
         "eval_split",
         "eval_max_tasks",
         "eval_per_family",
-        "eval_max_steps",
+        "eval_max_tool_calls",
         "eval_batch_size",
         "num_threads",
     }
@@ -35,7 +36,7 @@ _NOT_HASHED = frozenset(
 LrScheduler = Literal["cosine", "linear", "constant"]
 
 
-class BootstrapConfig(BaseModel):
+class BootstrapConfig(Section):
     """How to build and train the bootstrap policy. Every field is part of the cache key
     except the evaluation ones.
 
@@ -47,6 +48,7 @@ class BootstrapConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    renamed: ClassVar[dict[str, str]] = {"eval_max_steps": "eval_max_tool_calls"}
 
     base: Literal["smollm2", "tiny"] = Field(
         default="smollm2",
@@ -191,7 +193,7 @@ class BootstrapConfig(BaseModel):
         gt=0,
         description="Evaluate on the first N tasks of every family (None: all of the split).",
     )
-    eval_max_steps: int = Field(
+    eval_max_tool_calls: int = Field(
         default=8, gt=0, description="Most tool calls per user turn during evaluation."
     )
     eval_batch_size: int = Field(
