@@ -4,7 +4,7 @@ task sets by environment, loading a policy from --policy, paths as reports recor
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -87,7 +87,7 @@ def env_scopes(
     return [chosen], option
 
 
-def load_env_tasks(env: str, scope: str) -> tuple[type[Environment], list[Task]]:
+def load_env_tasks(env: str, scope: str) -> tuple[Callable[[], Environment], list[Task]]:
     """The environment class and the tasks of one of its task sets (a world split, a BFCL
     category)."""
     spec = env_spec(env)

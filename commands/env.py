@@ -25,6 +25,7 @@ def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         {"env": spec.name, "description": spec.description, **spec.inventory()}
         for spec in ENVIRONMENTS.values()
     ]
+    rows += _entry_point_rows()
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -37,9 +38,30 @@ def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
     console.print(table)
 
 
+def _entry_point_rows() -> list[dict[str, Any]]:
+    """Rows of the environments installed packages declare (``coevolve.environments``);
+    one that cannot be loaded says why in its status."""
+    from ..envs.user_env import find_user_environment, user_environment_names
+
+    rows: list[dict[str, Any]] = []
+    for name in user_environment_names():
+        try:
+            found = find_user_environment(name)
+        except ValueError as err:
+            rows.append({"env": name, "description": "", "task_sets": {}, "status": str(err)})
+            continue
+        if found is not None:
+            spec = found.spec
+            rows.append({"env": name, "description": spec.description, **spec.inventory()})
+    return rows
+
+
+ENV_HELP = "Environment: world, bfcl, or a user's (import path module:make_env, or entry point)."
+
+
 @env_app.command("check")
 def env_check(
-    env: Annotated[str, typer.Argument(help="Environment: world or bfcl.")],
+    env: Annotated[str, typer.Argument(help=ENV_HELP)],
     split: Annotated[str | None, typer.Option(help="World split (default: all).")] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
@@ -47,8 +69,19 @@ def env_check(
 ) -> None:
     """Replay every reference solution through the environment and its verifier."""
     from ..envs.base import check_references
+    from ..envs.registry import ENVIRONMENTS
+    from ..envs.user_env import find_user_environment
 
     scopes, key = env_scopes(env, split, category)
+    # A user's task file: its bad lines and broken references, each on one line with its
+    # task id and line number (the splits below replay only the tasks that can be used).
+    user = None if env in ENVIRONMENTS else find_user_environment(env)
+    problems = user.problems if user is not None else []
+    for problem in problems:
+        if as_json:
+            print(json.dumps({"env": env, "problem": str(problem)}), flush=True)
+        else:
+            console.print(f"[red]problem[/red] {problem}", soft_wrap=True, markup=False)
 
     all_verified = True
     for scope in scopes:
@@ -73,13 +106,18 @@ def env_check(
         )
         for failure in report.failures[:show_failures]:
             console.print(f"  [red]failed[/red] {failure}")
-    if not all_verified:
+    if problems and not as_json:
+        console.print(
+            f"{env}: [red]{len(problems)} task(s) cannot be used[/red]; `coevolve run` refuses "
+            "the environment until they are fixed"
+        )
+    if not all_verified or problems:
         raise typer.Exit(1)
 
 
 @env_app.command("show")
 def env_show(
-    env: Annotated[str, typer.Argument(help="Environment: world or bfcl.")],
+    env: Annotated[str, typer.Argument(help=ENV_HELP)],
     split: Annotated[str | None, typer.Option(help="World split.")] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category.")] = None,
     index: Annotated[int, typer.Option(help="Which task of the set.")] = 0,

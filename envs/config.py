@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from ..common.config_base import Section
-from .registry import get_environment, per_environment
+from .registry import ENVIRONMENTS, get_environment, per_environment
+from .user_env import find_user_environment, register_user_environment
 
 
 class EnvConfig(Section):
     """Which environment to run, and which of its task sets."""
 
-    # The registry's names (envs/registry.py); tests/test_registry.py checks they agree.
-    name: Literal["world", "bfcl"] = Field(
-        default="world", description="Environment: the built-in world or BFCL."
+    # The registry's names (envs/registry.py), or a user's environment it finds.
+    name: str = Field(
+        default="world",
+        description="Environment: world, bfcl, a user's environment by import path "
+        "(mytools.env:make_env) or coevolve.environments entry point, or a module of tool "
+        "functions with env.tasks (docs/environments.md).",
+    )
+    tasks: str | None = Field(
+        default=None,
+        description="A user's environment: its JSONL task file (relative to the working "
+        "directory), replacing the one its factory names; needed with a module of tool "
+        "functions.",
     )
     split: str = Field(
         default="train",
@@ -27,11 +35,21 @@ class EnvConfig(Section):
         description="Task category, where the environment has them: "
         f"{per_environment(lambda spec: (spec.categories, ''))}.",
     )
-    seed: int = Field(default=0, description="Seed of the world's task generator.")
+    seed: int = Field(
+        default=0,
+        description="Seed of the world's task generator, and of the splits cut from a task file.",
+    )
 
     @model_validator(mode="after")
     def _known_task_set(self) -> EnvConfig:
+        if self.tasks is not None:
+            if self.name in ENVIRONMENTS:
+                raise ValueError(f"env.tasks is for a user's environment, not {self.name!r}")
+            register_user_environment(self.name, self.tasks)
         spec = get_environment(self.name)
+        user = find_user_environment(self.name) if self.name not in ENVIRONMENTS else None
+        if user is not None:  # a run never starts on tasks whose references do not replay
+            user.refuse_if_broken()
         if spec.categories and self.category not in spec.categories:
             raise ValueError(
                 f"category {self.category!r} is not a {spec.title} category; allowed values: "

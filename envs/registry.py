@@ -1,10 +1,12 @@
 """The environments coevolve knows, one plain record each: ``get_environment(name)``.
 
 Config validation, the CLI, task loading, the diagnosis and the runtimes ask the
-registry instead of comparing environment names. To add an environment, write it
-(``envs/base.py``: the ``Environment`` protocol, and the optional ``Supports*``
-protocols offline synthesis uses when an environment has them), then add its
-``EnvironmentSpec`` to ``ENVIRONMENTS`` below.
+registry instead of comparing environment names. A user's environment needs no entry
+here: ``get_environment`` finds it by import path or entry point and derives its spec
+from its tools and task file (``envs/user_env.py``, docs/environments.md). A built-in
+one is written to ``envs/base.py``'s ``Environment`` protocol (and the optional
+``Supports*`` protocols offline synthesis uses when an environment has them), with its
+``EnvironmentSpec`` in ``ENVIRONMENTS`` below.
 
 Importing this module imports both environments' modules but not ``bfcl_eval``
 (BFCL imports it when a task is loaded or run); ``coevolve --help`` does not
@@ -44,7 +46,7 @@ class EnvironmentSpec:
     name: str  # what config (env.name), tasks (Task.env) and the CLI call it
     title: str  # how messages name it: "world", "BFCL"
     description: str  # one line for `coevolve env list`
-    environment: type[Environment]  # calling it makes a fresh environment (make_env)
+    environment: Callable[[], Environment]  # calling it makes a fresh environment (make_env)
     splits: tuple[str, ...]  # env.split values
     split_note: str  # what the splits are where the names do not say ("" where they do)
     categories: tuple[str, ...]  # env.category values; empty when it has none
@@ -221,11 +223,28 @@ ENVIRONMENTS: dict[str, EnvironmentSpec] = {spec.name: spec for spec in (WORLD, 
 
 
 def get_environment(name: str) -> EnvironmentSpec:
-    """The spec of the environment called ``name``; a ValueError naming the known ones if none is."""
+    """The spec of the environment called ``name``: a built-in one, or a user's found by
+    import path (``module:make_env``) or ``coevolve.environments`` entry point; a ValueError
+    naming the known ones if none is."""
     spec = ENVIRONMENTS.get(name)
-    if spec is None:
-        raise ValueError(f"unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS)}")
-    return spec
+    if spec is not None:
+        return spec
+    from .user_env import find_user_environment
+
+    found = find_user_environment(name)
+    if found is None:
+        raise ValueError(
+            f"unknown environment {name!r}; allowed: {', '.join(ENVIRONMENTS)}, an import path "
+            "(module:make_env) or a coevolve.environments entry point"
+        )
+    return found.spec
+
+
+def _known_environment(name: str) -> EnvironmentSpec | None:
+    try:
+        return get_environment(name)
+    except ValueError:
+        return None
 
 
 def per_environment(values: Callable[[EnvironmentSpec], tuple[Sequence[str], str]]) -> str:
@@ -246,9 +265,10 @@ def annotate(trajectories: Sequence[Trajectory], tasks: Mapping[str, Task]) -> l
     out = []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
-        if task is None or task.env not in ENVIRONMENTS:
+        spec = _known_environment(task.env) if task is not None else None
+        if task is None or spec is None:
             out.append(trajectory)
             continue
-        labels, progress = ENVIRONMENTS[task.env].diagnose(task, trajectory)
+        labels, progress = spec.diagnose(task, trajectory)
         out.append(trajectory.model_copy(update={"diagnosis": labels, "progress": progress}))
     return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest
@@ -36,9 +35,14 @@ def test_unknown_environment_names_the_known_ones():
     assert get_environment("bfcl") is ENVIRONMENTS["bfcl"]
 
 
-def test_config_names_exactly_the_registered_environments():
-    literal = EnvConfig.model_fields["name"].annotation
-    assert typing.get_args(literal) == tuple(ENVIRONMENTS)
+def test_config_names_the_registered_environments_or_a_users():
+    for name in ENVIRONMENTS:
+        assert EnvConfig(name=name).name == name
+    # anything else must be a user's environment the registry can find (tests/test_user_env.py)
+    with pytest.raises(
+        ValueError, match=r"unknown environment 'wrld'; allowed: world, bfcl, an import"
+    ):
+        EnvConfig(name="wrld")
 
 
 @pytest.mark.parametrize("name", list(ENVIRONMENTS))

@@ -1,0 +1,186 @@
+"""Tasks as JSONL, one task a line, and the splits coevolve cuts from them.
+
+A line::
+
+    {"id": "refund-03", "family": "refund",
+     "state": {"orders": {"A-17": {"status": "delivered", "total": 30}}},
+     "turns": [{"user": "Refund order A-17.",
+                "calls": [{"name": "refund_order", "arguments": {"order_id": "A-17"}}]}],
+     "answer": null}
+
+- ``id`` (required, unique), ``family`` (optional: default the reference's tool sequence),
+  ``split`` (optional: ``train``, ``validation`` or ``heldout``; lines without one are cut
+  by coevolve, ``assign_splits``);
+- ``state``: the initial state ``reset`` starts from (the state class's constructor
+  arguments, or the tool functions' dict);
+- ``turns``: the user messages, each with the reference calls that answer it; a one-turn
+  task may write ``"user"`` and ``"calls"`` at the top level instead;
+- ``answer`` (optional): text the agent's final answer must contain.
+
+Reading never stops at a bad line: every problem is collected with its line number and
+task id (``TaskProblem``), and the other lines load.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..records import Task, ToolCall, Turn
+
+SPLITS = ("train", "validation", "heldout")
+# The share of a family's tasks each split gets when coevolve cuts them.
+SPLIT_SHARES = {"validation": 0.25, "heldout": 0.25}
+
+SplitName = Literal["train", "validation", "heldout"]
+
+
+class TurnLine(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(min_length=1, description="The user's message.")
+    calls: list[ToolCall] = Field(default_factory=list, description="Its reference calls.")
+
+
+class TaskLine(BaseModel):
+    """One line of a task file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    family: str | None = None
+    split: SplitName | None = None
+    state: dict[str, Any] = Field(default_factory=dict)
+    turns: list[TurnLine] = Field(min_length=1)
+    answer: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_turn_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "user" in data and "turns" not in data:
+            data = dict(data)
+            data["turns"] = [{"user": data.pop("user"), "calls": data.pop("calls", [])}]
+        return data
+
+    def task(self, env: str) -> Task:
+        turns = [Turn(query=turn.user, reference_calls=turn.calls) for turn in self.turns]
+        calls = [call.name for turn in self.turns for call in turn.calls]
+        return Task(
+            id=self.id,
+            env=env,
+            family=self.family or (">".join(calls) or "no_calls"),
+            split=self.split or "train",
+            turns=turns,
+            reference_answer=self.answer,
+            setup={"state": self.state},
+        )
+
+
+@dataclass(frozen=True)
+class TaskProblem:
+    """Why one line of a task file cannot be used."""
+
+    path: Path
+    line: int
+    task_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        task = f"task {self.task_id}" if self.task_id else "no task id"
+        return f"{self.path.name} line {self.line} ({task}): {self.message}"
+
+
+@dataclass
+class TaskFile:
+    """The tasks a file holds, the problems of its bad lines, and each task's line."""
+
+    path: Path
+    tasks: list[Task] = field(default_factory=list)
+    problems: list[TaskProblem] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)
+    named_splits: set[str] = field(default_factory=set)  # ids whose line named its split
+
+    def problem(self, task_id: str, message: str) -> TaskProblem:
+        return TaskProblem(self.path, self.lines.get(task_id, 0), task_id, message)
+
+
+_ID_IN_TEXT = re.compile(r'"id"\s*:\s*"([^"]+)"')
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the line"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def read_task_file(path: str | Path, env: str) -> TaskFile:
+    """Every task of a JSONL file, its tasks' ``env`` set to ``env``; bad lines become
+    problems and the rest load. A file that cannot be read at all raises OSError."""
+    path = Path(path)
+    result = TaskFile(path)
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("//"):
+            continue
+        guessed = _ID_IN_TEXT.search(line)
+        task_id = guessed.group(1) if guessed else None
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as err:
+            message = f"not valid JSON: {err.msg} at column {err.colno}"
+            result.problems.append(TaskProblem(path, number, task_id, message))
+            continue
+        if isinstance(data, dict) and isinstance(data.get("id"), str):
+            task_id = data["id"]
+        try:
+            task_line = TaskLine.model_validate(data)
+        except ValidationError as err:
+            result.problems.append(TaskProblem(path, number, task_id, _first_error(err)))
+            continue
+        if task_line.id in result.lines:
+            message = f"duplicate id (first on line {result.lines[task_line.id]})"
+            result.problems.append(TaskProblem(path, number, task_line.id, message))
+            continue
+        result.lines[task_line.id] = number
+        if task_line.split is not None:
+            result.named_splits.add(task_line.id)
+        result.tasks.append(task_line.task(env))
+    return result
+
+
+def assign_splits(tasks: Sequence[Task], named: set[str], seed: int) -> list[Task]:
+    """The tasks with every split not named in the file (ids not in ``named``) cut by
+    coevolve: within each family, shuffled with ``seed``, a quarter to validation, a quarter
+    to heldout (at least one each once a family has three and four tasks), the rest train.
+    So each split covers every family that has enough tasks, with different tasks."""
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        if task.id not in named:
+            by_family[task.family].append(task)
+    chosen: dict[str, str] = {}
+    for family in sorted(by_family):
+        members = sorted(by_family[family], key=lambda task: task.id)
+        random.Random(f"{seed}:{family}").shuffle(members)
+        count = len(members)
+        heldout = max(round(count * SPLIT_SHARES["heldout"]), 1 if count >= 3 else 0)
+        validation = max(round(count * SPLIT_SHARES["validation"]), 1 if count >= 4 else 0)
+        for index, task in enumerate(members):
+            if index < heldout:
+                chosen[task.id] = "heldout"
+            elif index < heldout + validation:
+                chosen[task.id] = "validation"
+            else:
+                chosen[task.id] = "train"
+    return [
+        task.model_copy(update={"split": chosen[task.id]}) if task.id in chosen else task
+        for task in tasks
+    ]

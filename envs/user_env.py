@@ -1,0 +1,464 @@
+"""Environments users bring, found without editing the package, and their derived spec.
+
+A config's ``env.name`` names one of:
+
+- an import path ``module:attribute`` (``mytools.env:make_env``): a callable that returns
+  a fresh ``Environment`` each call, usually a ``FunctionEnvironment`` built with its task
+  file (``FunctionEnvironment(Library, tasks="tasks.jsonl")``);
+- a ``coevolve.environments`` entry point of an installed package, whose object is such a
+  callable;
+- a module of tool functions (``mytools.tools``: its public functions that take
+  ``state`` first) together with ``env.tasks``, the task file.
+
+``env.tasks`` also gives (or replaces) the task file of the first two. The module is
+imported with the working directory on ``sys.path``, as ``uvicorn app:app`` does.
+
+From the tools and the task file everything the registry's ``EnvironmentSpec`` holds is
+derived (``UserEnvironment.spec``): the splits (``task_file.assign_splits``), the loaders,
+the diagnosis and failure grade (a replay of the reference next to the episode's calls),
+the inventory. Before a run loads its tasks every reference solution is replayed
+(``check``); problems of the task file or of the replay refuse the run, naming each
+task's id and line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..common.config_base import ConfigError
+from ..records import Step, Task, ToolCall, Trajectory, is_success
+from .base import TASK_ERRORS, Environment, answer_matches, replay_reference
+from .diagnosis import (
+    ARGUMENT_MISMATCH,
+    CORRECT_ABSTENTION,
+    EMPTY_TURN,
+    INVALID_TOOL_CALL,
+    PASS,
+    RECOVERY_FAILURE,
+    RESPONSE_MISMATCH,
+    SPURIOUS_TOOL_CALL,
+    STATE_MISMATCH,
+    _changed,
+    _common_calls,
+    _flatten,
+    _key,
+)
+from .function_tools import TOOL_FAILED, FunctionEnvironment
+from .parsing import render_call
+from .registry import EnvironmentSpec
+from .task_file import SPLITS, TaskFile, TaskProblem, assign_splits, read_task_file
+
+ENTRY_POINT_GROUP = "coevolve.environments"
+
+# Error kinds of a call the dispatcher refuses before any tool runs.
+_REFUSED = frozenset({"parse_error", "bad_json", "unknown_tool", "bad_arguments"})
+_INVALID = frozenset({"parse_error", "bad_json", "unknown_tool", "episode_over"})
+
+
+@dataclass
+class UserEnvironment:
+    """An environment a user brought: its factory and task file, checked once."""
+
+    name: str  # as the config names it; Task.env and Environment.name carry it
+    make: Callable[[], Environment]  # the user's factory
+    tasks_path: Path
+    title: str
+    description: str
+    task_file: TaskFile = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.task_file = read_task_file(self.tasks_path, self.name)
+
+    def make_env(self) -> Environment:
+        """A fresh environment, named as configs and tasks name it."""
+        env = self.make()
+        env.name = self.name
+        return env
+
+    @cached_property
+    def problems(self) -> list[TaskProblem]:
+        """The task file's bad lines and the tasks whose reference does not replay to
+        success, each with its line and a reason, in the file's order."""
+        problems = [*self.task_file.problems, *self._replay_problems()]
+        return sorted(problems, key=lambda problem: problem.line)
+
+    def _replay_problems(self) -> list[TaskProblem]:
+        problems = []
+        for task in self.task_file.tasks:
+            reason = reference_problem(self.make_env, task)
+            if reason is not None:
+                problems.append(self.task_file.problem(task.id, reason))
+        return problems
+
+    @cached_property
+    def good_tasks(self) -> list[Task]:
+        bad = {problem.task_id for problem in self.problems}
+        return [task for task in self.task_file.tasks if task.id not in bad]
+
+    def tasks(self, split: str, seed: int = 0) -> list[Task]:
+        """The usable tasks of a split, the unnamed splits cut with ``seed``."""
+        cut = assign_splits(self.good_tasks, self.task_file.named_splits, seed)
+        return [task for task in cut if split == "all" or task.split == split]
+
+    def refuse_if_broken(self) -> None:
+        """Raise a ConfigError naming every problem (what ``coevolve run`` stops on)."""
+        if not self.problems:
+            return
+        shown = "; ".join(str(problem) for problem in self.problems[:5])
+        more = f"; and {len(self.problems) - 5} more" if len(self.problems) > 5 else ""
+        raise ConfigError(
+            f"environment {self.name}: {len(self.problems)} of the tasks in {self.tasks_path} "
+            f"cannot be used: {shown}{more} (coevolve env check {self.name} lists them all)"
+        )
+
+    @cached_property
+    def spec(self) -> EnvironmentSpec:
+        return EnvironmentSpec(
+            name=self.name,
+            title=self.title,
+            description=self.description,
+            environment=self.make_env,
+            splits=(*SPLITS, "all"),
+            split_note="as the task file names them, else cut per family with env.seed",
+            categories=(),
+            evaluation_splits=SPLITS,
+            evaluation_note="",
+            task_set_option="split",
+            task_sets=SPLITS,
+            eval_task_sets=("heldout",),
+            family_label="family",
+            max_tool_calls=12,
+            load_tasks=self._load_tasks,
+            load_task_set=self.tasks,
+            seed_tasks=self._seed_tasks,
+            diagnose=self._diagnose,
+            failure_grade=self._failure_grade,
+            inventory=self._inventory,
+        )
+
+    # ------------------------------------------------------------ the spec's callables
+
+    def _load_tasks(self, split: str, category: str, seed: int) -> list[Task]:
+        self.refuse_if_broken()  # a run never trains on an environment it cannot verify
+        return self.tasks(split, seed)
+
+    def _seed_tasks(self, ids: Iterable[str]) -> dict[str, Task]:
+        wanted = set(ids)
+        return {task.id: task for task in self.good_tasks if task.id in wanted}
+
+    def _diagnose(self, task: Task, trajectory: Trajectory) -> tuple[list[str], float]:
+        return diagnose(self.make_env, task, trajectory)
+
+    def _failure_grade(self, task: Task, trajectory: Trajectory) -> float:
+        return failure_grade(self.make_env, task, trajectory)
+
+    def _inventory(self) -> dict[str, Any]:
+        sizes = {split: len(self.tasks(split)) for split in SPLITS}
+        probe = self.make_env()
+        families = {task.family for task in self.good_tasks}
+        status = f"{len(self.good_tasks)} tasks from {self.tasks_path}"
+        if self.problems:
+            status += f"; {len(self.problems)} problems: coevolve env check {self.name}"
+        return {
+            "task_sets": sizes,
+            "tools": len(probe.tools()),
+            "families": len(families),
+            "status": status,
+        }
+
+
+def reference_problem(make_env: Callable[[], Environment], task: Task) -> str | None:
+    """Why a task's reference solution does not replay to success in a fresh environment
+    (None when it does): a call the environment refuses, a tool that crashed, a state
+    the environment cannot start from, or a verifier score below 1."""
+    try:
+        score, steps = replay_reference(make_env(), task)
+    except TASK_ERRORS as err:
+        return f"cannot run: {type(err).__name__}: {err}"
+    # Every reference call must succeed: one that errors is a wrong id or argument far more
+    # often than a failure the task plans for, and it would teach the agent to make it.
+    for index, step in enumerate(steps, start=1):
+        error = step.observation.error
+        if step.call is not None and error is not None:
+            what = {TOOL_FAILED: ""}.get(error, " is refused" if error in _REFUSED else " fails")
+            return (
+                f"reference call {index} {render_call(step.call)}{what}: "
+                f"{step.observation.text.removeprefix('error: ')}"
+            )
+    if not is_success(score):
+        return f"the reference does not replay to success (verifier score {score:.2f})"
+    return None
+
+
+# --------------------------------------------------------------------------- finding
+
+
+_FOUND: dict[str, UserEnvironment] = {}
+
+
+def find_user_environment(name: str) -> UserEnvironment | None:
+    """The user environment ``name`` names (loaded once), or None when it names none.
+
+    Raises ValueError, on one line, when it looks like an import path or entry point but
+    cannot be loaded."""
+    if name in _FOUND:
+        return _FOUND[name]
+    if ":" in name:
+        factory = _import_attribute(name)
+    else:
+        entry = _entry_point(name)
+        if entry is None:
+            return None
+        try:
+            factory = entry.load()
+        except Exception as err:  # boundary: a third-party package's import
+            raise ValueError(
+                f"environment {name!r}: entry point {entry.value} of {ENTRY_POINT_GROUP} "
+                f"cannot be loaded ({type(err).__name__}: {err})"
+            ) from None
+    return _remember(name, factory, tasks=None)
+
+
+def register_user_environment(name: str, tasks: str | Path) -> UserEnvironment:
+    """The environment of a config with ``env.tasks``: ``name`` is an import path, an entry
+    point or a module of tool functions; ``tasks`` its task file (replacing any its
+    factory names)."""
+    if ":" in name:
+        factory = _import_attribute(name)
+    else:
+        entry = _entry_point(name)
+        factory = entry.load() if entry is not None else _module_of_tools(name)
+    return _remember(name, factory, tasks=tasks)
+
+
+def user_environment_names() -> list[str]:
+    """The environments installed packages declare as ``coevolve.environments`` entry points."""
+    return sorted(
+        {entry.name for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    )
+
+
+def _remember(name: str, factory: Any, tasks: str | Path | None) -> UserEnvironment:
+    if not callable(factory):
+        raise ValueError(
+            f"environment {name!r} is a {type(factory).__name__}, not a callable that makes "
+            "an environment (e.g. def make_env() -> FunctionEnvironment)"
+        )
+    try:
+        probe = factory()
+    except Exception as err:  # boundary: the user's factory
+        raise ValueError(
+            f"environment {name!r}: making it raised {type(err).__name__}: {err}"
+        ) from None
+    missing = [
+        method
+        for method in ("tools", "reset", "step", "end_turn", "score", "action_pattern")
+        if not callable(getattr(probe, method, None))
+    ]
+    if missing:
+        raise ValueError(
+            f"environment {name!r} made a {type(probe).__name__}, which lacks "
+            f"{', '.join(missing)} of the Environment protocol (coevolve.envs.base)"
+        )
+    path = Path(tasks) if tasks is not None else getattr(probe, "tasks_path", None)
+    if path is None:
+        raise ValueError(
+            f"environment {name!r} names no task file: set env.tasks, or build it with "
+            "FunctionEnvironment(..., tasks='tasks.jsonl')"
+        )
+    if not Path(path).is_file():
+        raise ValueError(f"environment {name!r}: task file {path} does not exist")
+    title = str(getattr(probe, "name", "") or name)
+    description = str(getattr(probe, "description", "") or (inspect.getdoc(probe) or name))
+    found = UserEnvironment(
+        name=name,
+        make=factory,
+        tasks_path=Path(path),
+        title=title,
+        description=description.splitlines()[0],
+    )
+    _FOUND[name] = found
+    return found
+
+
+def _import_module(module_name: str, name: str) -> Any:
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:  # a user's module beside their config, as uvicorn finds app:app
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(
+            f"environment {name!r}: cannot import module {module_name!r} ({err}); run from "
+            "the directory that holds it or install it"
+        ) from None
+
+
+def _import_attribute(name: str) -> Any:
+    module_name, _, attribute = name.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"environment {name!r}: an import path is module:attribute")
+    module = _import_module(module_name, name)
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"environment {name!r}: module {module_name!r} has no {attribute!r}")
+        target = getattr(target, part)
+    return target
+
+
+def _entry_point(name: str) -> importlib.metadata.EntryPoint | None:
+    entries = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return next((entry for entry in entries if entry.name == name), None)
+
+
+def _module_of_tools(name: str) -> Callable[[], FunctionEnvironment]:
+    module = _import_module(name, name)
+    functions = [
+        value
+        for attribute, value in vars(module).items()
+        if not attribute.startswith("_")
+        and inspect.isfunction(value)
+        and value.__module__ == module.__name__
+        and list(inspect.signature(value).parameters)[:1] == ["state"]
+    ]
+    if not functions:
+        raise ValueError(
+            f"environment {name!r}: module {name!r} has no tool functions (public functions "
+            "whose first parameter is `state`)"
+        )
+    title = name.rsplit(".", 1)[-1]
+    description = (inspect.getdoc(module) or title).splitlines()[0]
+
+    def make_env() -> FunctionEnvironment:
+        return FunctionEnvironment(functions, name=title, description=description)
+
+    return make_env
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def diagnose(
+    make_env: Callable[[], Environment], task: Task, trajectory: Trajectory
+) -> tuple[list[str], float]:
+    """SEAL-style labels, one per step plus an outcome label, and graded progress, from a
+    replay of the reference next to the episode: the world's rules (coevolve.envs.diagnosis)
+    without its grouping of tools into apps. An environment that cannot report its state
+    (not a FunctionEnvironment) gets labels from error kinds and its score only."""
+    env = make_env()
+    steps = trajectory.steps
+    planned = {(call.name, _key(call.arguments)) for call in task.reference_calls}
+    if not isinstance(env, FunctionEnvironment):
+        labels = [
+            _error_label(step, steps[i + 1 :], planned) or PASS for i, step in enumerate(steps)
+        ]
+        solved = is_success(trajectory.score)
+        outcome = _outcome(task, trajectory, state_right=solved)
+        return [*labels, outcome], 1.0 if solved else 0.0
+    touched = _touched(env, task)
+    expected = env.replay_state(task.setup.get("state", {}), task.reference_calls)
+    env.reset(task)
+    labels = []
+    for index, step in enumerate(steps):
+        label = _error_label(step, steps[index + 1 :], planned)
+        if label is None:  # a successful call: run it, and see what it changed
+            assert step.call is not None
+            before = _flatten(env.current_state())
+            env.step(step.call)
+            changed = _changed(before, _flatten(env.current_state()))
+            label = STATE_MISMATCH if changed - touched else PASS
+        labels.append(label)
+    outcome = _outcome(task, trajectory, state_right=env.current_state() == expected)
+    return [*labels, outcome], _progress(env, task, trajectory, calls=None)
+
+
+def _error_label(step: Step, later: Sequence[Step], planned: set[tuple[str, str]]) -> str | None:
+    """The label of a step that failed; None for one that succeeded."""
+    error = step.observation.error
+    if step.call is None or error in _INVALID:
+        return INVALID_TOOL_CALL
+    if error in ("bad_arguments", "invalid_value"):
+        return ARGUMENT_MISMATCH
+    if error is None:
+        return None
+    name = step.call.name
+    recovered = any(
+        s.call is not None and s.call.name == name and s.observation.error is None for s in later
+    )
+    return PASS if (name, _key(step.call.arguments)) in planned or recovered else RECOVERY_FAILURE
+
+
+def _outcome(task: Task, trajectory: Trajectory, state_right: bool) -> str:
+    steps = trajectory.steps
+    if not task.reference_calls:
+        return SPURIOUS_TOOL_CALL if any(s.call is not None for s in steps) else CORRECT_ABSTENTION
+    if not any(step.call is not None for step in steps):
+        return EMPTY_TURN
+    if not state_right:
+        return STATE_MISMATCH
+    if task.reference_answer is not None and not answer_matches(
+        trajectory.final_answer, task.reference_answer
+    ):
+        return RESPONSE_MISMATCH
+    return PASS
+
+
+def _touched(env: FunctionEnvironment, task: Task) -> set[tuple[str, ...]]:
+    """Every unit of state the reference changes on its way, intermediate changes included."""
+    env.reset(task)
+    touched: set[tuple[str, ...]] = set()
+    before = _flatten(env.current_state())
+    for call in task.reference_calls:
+        env.step(call)
+        after = _flatten(env.current_state())
+        touched |= _changed(before, after)
+        before = after
+    return touched
+
+
+def _progress(
+    env: Environment, task: Task, trajectory: Trajectory, calls: Sequence[ToolCall] | None
+) -> float:
+    """The fraction of expected units achieved: each unit of state the reference changes,
+    the answer when one is expected, and with ``calls`` each reference call made in order
+    (as the world's ``world_progress``); 1.0 exactly when the outcome is right."""
+    if not isinstance(env, FunctionEnvironment):  # no state: the score and the calls grade it
+        if is_success(trajectory.score):
+            return 1.0
+        if calls is None or not task.reference_calls:
+            return 0.0
+        return _common_calls(task.reference_calls, calls) / (len(task.reference_calls) + 1)
+    initial = task.setup.get("state", {})
+    made = [s.call for s in trajectory.steps if s.call is not None and s.observation.error is None]
+    start = _flatten(env.replay_state(initial, []))
+    expected = _flatten(env.replay_state(initial, task.reference_calls))
+    final = _flatten(env.replay_state(initial, made))
+    wanted = _changed(start, expected)
+    extra = {u for u in _changed(start, final) - wanted if final.get(u) != expected.get(u)}
+    achieved = sum(final.get(unit) == expected.get(unit) for unit in wanted)
+    total = len(wanted) + len(extra)
+    if task.reference_answer is not None:
+        total += 1
+        achieved += answer_matches(trajectory.final_answer, task.reference_answer)
+    if achieved == total:  # the outcome is right, however it got there
+        return 1.0
+    if calls is not None:
+        achieved += _common_calls(task.reference_calls, calls)
+        total += len(task.reference_calls)
+    return achieved / total
+
+
+def failure_grade(make_env: Callable[[], Environment], task: Task, trajectory: Trajectory) -> float:
+    """How close an episode came: progress with the reference's calls made in order counted
+    as units too, so "looked the order up, then refunded the wrong one" grades above
+    "called nothing useful" (as the world grades failures)."""
+    return _progress(make_env(), task, trajectory, calls=trajectory.calls)

@@ -1,0 +1,381 @@
+"""Environments users bring: tools as typed Python, tasks as JSONL, found by import path or
+entry point, checked by replay, and trained through the loop (the support desk example)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from typer.testing import CliRunner
+
+from coevolve.cli import app
+from coevolve.config import ConfigError, load_config
+from coevolve.envs import FunctionEnvironment, ToolError, function_schema
+from coevolve.envs.registry import ENVIRONMENTS, get_environment
+from coevolve.envs.task_file import assign_splits, read_task_file
+from coevolve.records import Observation, Step, ToolCall, Trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = "examples.support_desk.env:make_env"
+EXAMPLE_TASKS = ROOT / "examples" / "support_desk" / "tasks.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _from_the_repository_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the example's import path is relative to it, as in the docs
+
+
+def write_module(tmp_path: Path, monkeypatch, source: str) -> str:
+    """A module of the user's in a directory on sys.path; its (unique) name."""
+    name = f"user_tools_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+BANK = """
+    from pathlib import Path
+    from coevolve.envs import FunctionEnvironment, ToolError
+
+    def balance(state: dict, account: str) -> str:
+        \"\"\"The balance of an account.
+
+        Args:
+            account: The account's id.
+        \"\"\"
+        if account not in state["accounts"]:
+            raise ToolError("not_found", f"no account {account}")
+        return f"balance={state['accounts'][account]}"
+
+    def transfer(state: dict, source: str, target: str, amount: int) -> str:
+        \"\"\"Move money between accounts.
+
+        Args:
+            source: The account paying.
+            target: The account paid.
+            amount: How much.
+        \"\"\"
+        if state["accounts"][source] < amount:  # a KeyError for an unknown account: a bug
+            raise ToolError("insufficient_funds", f"{source} has too little")
+        state["accounts"][source] -= amount
+        state["accounts"][target] += amount
+        return f"moved {amount}"
+
+    def make_env():
+        return FunctionEnvironment([balance, transfer], tasks=Path(__file__).with_name("bank.jsonl"),
+                                   name="bank")
+"""
+
+STATE = {"accounts": {"a": 50, "b": 5}}
+
+
+def bank_line(task_id: str, calls: list[dict], **extra) -> str:
+    line = {"id": task_id, "family": "transfer", "state": STATE, "user": "Pay b 20 from a."}
+    return json.dumps({**line, "calls": calls, **extra})
+
+
+GOOD_CALL = {"name": "transfer", "arguments": {"source": "a", "target": "b", "amount": 20}}
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_schemas_come_from_signatures_and_docstrings():
+    def book(state: dict, room: str, seats: int, kind: Literal["desk", "hall"] = "desk",
+             note: str | None = None, tags: list[str] | None = None) -> str:  # fmt: skip
+        """Book a room.
+
+        Some more words.
+
+        Args:
+            room: The room's name.
+            seats: How many seats,
+                at least one.
+        """
+        return "ok"
+
+    schema = function_schema(book, skip=("state",))["function"]
+    assert schema["name"] == "book" and schema["description"] == "Book a room. Some more words."
+    parameters = schema["parameters"]
+    assert parameters["required"] == ["room", "seats"]
+    assert parameters["properties"]["room"] == {"type": "string", "description": "The room's name."}
+    assert parameters["properties"]["seats"]["description"] == "How many seats, at least one."
+    assert parameters["properties"]["kind"]["enum"] == ["desk", "hall"]
+    assert parameters["properties"]["note"] == {"type": ["string", "null"]}
+    assert parameters["properties"]["tags"]["items"] == {"type": "string"}
+
+    def untyped(state: dict, room) -> str:
+        return "ok"
+
+    with pytest.raises(ValueError, match="tool untyped: argument 'room' has no type hint"):
+        function_schema(untyped, skip=("state",))
+
+
+def test_a_state_class_is_reset_stepped_and_verified():
+    class Counter:
+        """A counter."""
+
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def add(self, amount: int) -> str:
+            """Add to the counter.
+
+            Args:
+                amount: How much.
+            """
+            if amount < 0:
+                raise ToolError("invalid_value", "amounts are positive")
+            self.value += amount
+            return f"value={self.value}"
+
+        def crash(self) -> str:
+            """A tool with a bug."""
+            raise KeyError("oops")
+
+    env = FunctionEnvironment(Counter)
+    assert [tool["function"]["name"] for tool in env.tools()] == ["add", "crash"]
+    task = read_task_file_from_lines(
+        [json.dumps({"id": "t", "state": {"value": 1}, "user": "Add 2.",
+                     "calls": [{"name": "add", "arguments": {"amount": 2}}], "answer": "3"})]
+    ).tasks[0]  # fmt: skip
+    assert env.reset(task) == "Add 2."
+    assert env.step(ToolCall(name="add", arguments={"amount": -1})).error == "invalid_value"
+    assert env.step(ToolCall(name="crash")).error == "tool_failed"  # never raised out of step
+    assert env.step('add(amount="x")').error == "bad_arguments"
+    assert env.step("add(amount=2)") == Observation(text="value=3")
+    assert env.end_turn("it is 3 now") is None
+    assert env.score() == 1.0 and env.current_state() == {"value": 3}
+    env.reset(task)
+    env.step("add(amount=1)")
+    env.end_turn("3")
+    assert env.score() == 0.0
+
+
+def read_task_file_from_lines(lines: list[str], tmp: Path | None = None):
+    path = (tmp or Path(f"/tmp/coevolve-tasks-{uuid.uuid4().hex}")).with_suffix(".jsonl")
+    path.write_text("\n".join(lines) + "\n")
+    return read_task_file(path, "test-env")
+
+
+# --------------------------------------------------------------------------- the example
+
+
+def test_the_example_is_found_by_import_path_and_derives_its_spec():
+    assert EXAMPLE not in ENVIRONMENTS  # nothing in the package names it
+    spec = get_environment(EXAMPLE)
+    assert spec.name == EXAMPLE and spec.title == "support desk"
+    assert spec.environment().name == EXAMPLE  # tasks and synthesized tasks find it again
+    inventory = spec.inventory()
+    assert inventory["task_sets"] == {"train": 28, "validation": 14, "heldout": 14}
+    assert inventory["tools"] == 7 and inventory["families"] == 7
+    train, heldout = spec.load_tasks("train", "", 0), spec.load_tasks("heldout", "", 0)
+    assert {t.family for t in train} == {t.family for t in heldout}  # every family in both
+    assert not {t.id for t in train} & {t.id for t in heldout}
+    assert [t.id for t in spec.load_tasks("heldout", "", 0)] == [t.id for t in heldout]
+    assert [t.id for t in spec.load_tasks("heldout", "", 1)] != [t.id for t in heldout]
+    multi_call = [t for t in train if len(t.reference_calls) >= 2]
+    assert len(multi_call) >= 10 and any(len(t.turns) == 2 for t in train)
+    config = load_config({"env": {"name": EXAMPLE}})
+    assert config.env.name == EXAMPLE
+
+
+def test_env_check_passes_on_the_example_and_names_a_broken_task(tmp_path, monkeypatch):
+    result = CliRunner().invoke(app, ["env", "check", EXAMPLE])
+    assert result.exit_code == 0, result.output
+    assert "verified 28/28" in result.output and "verified 14/14" in result.output
+
+    lines = EXAMPLE_TASKS.read_text().splitlines()
+    broken = json.loads(lines[9])
+    broken["turns"][0]["calls"][-1]["arguments"]["customer_id"] = "C-000"
+    lines[9] = json.dumps(broken)
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    name = write_module(tmp_path, monkeypatch, """
+        from pathlib import Path
+        from examples.support_desk.env import SupportDesk
+        from coevolve.envs import FunctionEnvironment
+
+        def make_env():
+            return FunctionEnvironment(SupportDesk, tasks=Path(__file__).with_name("tasks.jsonl"))
+    """)  # fmt: skip
+    result = CliRunner().invoke(app, ["env", "check", f"{name}:make_env"])
+    assert result.exit_code == 1
+    assert f"tasks.jsonl line 10 (task {broken['id']}): reference" in result.output
+    assert "1 task(s) cannot be used" in result.output
+    # and a run refuses it, naming the task
+    with pytest.raises(ConfigError, match=rf"line 10 \(task {broken['id']}\)"):
+        load_config({"env": {"name": f"{name}:make_env"}})
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_each_bad_line_gets_one_line_and_the_rest_load(tmp_path, monkeypatch):
+    lines = [
+        bank_line("good-1", [GOOD_CALL]),
+        '{"id": "torn", "user": "Pay b", ',  # malformed JSON
+        bank_line("unknown-tool", [{"name": "wire", "arguments": {"to": "b"}}]),
+        bank_line("wrong-args", [{"name": "transfer", "arguments": {"source": "a", "amount": "20"}}]),
+        bank_line("tool-crash", [{"name": "transfer", "arguments": {**GOOD_CALL["arguments"], "target": "zz"}}]),
+        json.dumps({"id": "no-turns", "state": STATE}),
+        bank_line("good-2", [GOOD_CALL], answer="moved"),
+    ]  # fmt: skip
+    (tmp_path / "bank.jsonl").write_text("\n".join(lines) + "\n")
+    name = f"{write_module(tmp_path, monkeypatch, BANK)}:make_env"
+    spec = get_environment(name)
+    assert [t.id for t in spec.load_task_set("train") + spec.load_task_set("heldout")] != []
+    from coevolve.envs.user_env import find_user_environment
+
+    found = find_user_environment(name)
+    assert found is not None
+    assert {t.id for t in found.good_tasks} == {"good-1", "good-2"}
+    problems = [str(problem) for problem in found.problems]
+    assert problems == [
+        "bank.jsonl line 2 (task torn): not valid JSON: Expecting property name enclosed in "
+        "double quotes at column 33",
+        'bank.jsonl line 3 (task unknown-tool): reference call 1 wire(to="b") is refused: '
+        "unknown tool 'wire'; 2 tools are available",
+        'bank.jsonl line 4 (task wrong-args): reference call 1 transfer(source="a", amount="20") '
+        "is refused: transfer: missing required argument 'target'",
+        'bank.jsonl line 5 (task tool-crash): reference call 1 transfer(source="a", target="zz", '
+        "amount=20): transfer raised KeyError: 'zz' (not a ToolError)",
+        "bank.jsonl line 6 (task no-turns): turns: Field required",
+    ]
+    assert all("\n" not in problem for problem in problems)
+    result = CliRunner().invoke(app, ["env", "check", name])
+    assert result.exit_code == 1
+    for problem in problems:
+        assert problem in result.output.replace("\n", " ") or problem in result.output
+    with pytest.raises(ConfigError, match=r"5 of the tasks in .* cannot be used: bank.jsonl line 2"):
+        load_config({"env": {"name": name}})
+
+
+def test_an_import_path_that_does_not_resolve_is_one_line(tmp_path, monkeypatch):
+    for name, message in [
+        ("no_such_module_xyz:make_env", "cannot import module 'no_such_module_xyz'"),
+        ("examples.support_desk.env:make_envv", "has no 'make_envv'"),
+        (
+            "examples.support_desk.env:__name__",
+            "is a str, not a callable that makes an environment",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message) as caught:
+            load_config({"env": {"name": name}})
+        assert "\n" not in str(caught.value)
+    result = CliRunner().invoke(app, ["env", "check", "no_such_module_xyz:make_env"])
+    assert result.exit_code == 2 and "cannot import module 'no_such_module_xyz'" in result.output
+
+
+def test_a_module_of_tools_with_env_tasks(tmp_path, monkeypatch):
+    module = write_module(tmp_path, monkeypatch, BANK)
+    (tmp_path / "mine.jsonl").write_text(
+        "\n".join(bank_line(f"t{i}", [GOOD_CALL]) for i in range(8)) + "\n"
+    )
+    config = load_config({"env": {"name": module, "tasks": str(tmp_path / "mine.jsonl")}})
+    spec = get_environment(config.env.name)
+    env = spec.environment()
+    assert [tool["function"]["name"] for tool in env.tools()] == ["balance", "transfer"]
+    assert env.name == module and len(spec.load_tasks("train", "", 0)) == 4
+
+
+def test_an_entry_point_names_an_environment(monkeypatch):
+    entry = importlib.metadata.EntryPoint(
+        name="desk-ep", value=EXAMPLE, group="coevolve.environments"
+    )
+    real = importlib.metadata.entry_points
+
+    def entry_points(**selection):
+        if selection.get("group") == "coevolve.environments":
+            return importlib.metadata.EntryPoints([entry])
+        return real(**selection)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    spec = get_environment("desk-ep")
+    assert spec.title == "support desk" and spec.inventory()["tools"] == 7
+    result = CliRunner().invoke(app, ["env", "list", "--json"])
+    assert result.exit_code == 0
+    assert "desk-ep" in [row["env"] for row in json.loads(result.output)]
+
+
+def test_splits_named_in_the_file_are_kept_and_the_rest_cut_per_family(tmp_path):
+    lines = [bank_line(f"t{i}", [GOOD_CALL]) for i in range(8)]
+    lines.append(bank_line("fixed", [GOOD_CALL], split="heldout"))
+    tasks = read_task_file_from_lines(lines, tmp_path / "s")
+    cut = assign_splits(tasks.tasks, tasks.named_splits, seed=0)
+    by_split = {split: [t.id for t in cut if t.split == split] for split in ("train", "validation", "heldout")}  # fmt: skip
+    assert len(by_split["train"]) == 4 and len(by_split["validation"]) == 2
+    assert "fixed" in by_split["heldout"] and len(by_split["heldout"]) == 3
+    assert cut == assign_splits(tasks.tasks, tasks.named_splits, seed=0)
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def test_diagnosis_and_failure_grade_come_from_the_replay():
+    spec = get_environment(EXAMPLE)
+    task = next(t for t in spec.load_tasks("train", "", 0) if t.family == "refund")
+    env = spec.environment()
+    env.reset(task)
+    find, _listing, refund = task.reference_calls
+    wrong = refund.model_copy(update={"arguments": {**refund.arguments, "reason": "late"}})
+    if wrong == refund:
+        wrong = refund.model_copy(update={"arguments": {**refund.arguments, "reason": "damaged"}})
+    steps = [
+        Step(call=find, observation=env.step(find)),
+        Step(call=ToolCall(name="refund_order", arguments={"order_id": "O-0"}),
+             observation=env.step(ToolCall(name="refund_order", arguments={"order_id": "O-0"}))),
+        Step(call=wrong, observation=env.step(wrong)),
+    ]  # fmt: skip
+    env.end_turn(None)
+    trajectory = Trajectory(
+        id="x", task_id=task.id, env=EXAMPLE, family=task.family, steps=steps, score=env.score()
+    )
+    labels, progress = spec.diagnose(task, trajectory)
+    assert labels == ["pass", "argument_mismatch", "pass", "state_mismatch"]
+    grade = spec.failure_grade(task, trajectory)
+    assert trajectory.score == 0.0 and 0.0 < grade < 1.0 and progress < 1.0
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, tiny_build, monkeypatch):  # fmt: skip
+    """The whole loop on a user's environment that has no task generator (no `variant`):
+    rollouts, signals, offline synthesis, dedup, SFT and held-out evaluation."""
+    from coevolve.config import CoevolveConfig
+    from coevolve.envs.base import SupportsVariants
+    from coevolve.runner import run
+    from coevolve.testing.presets import tiny_bootstrap
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
+    assert not isinstance(get_environment(EXAMPLE).environment(), SupportsVariants)
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "cycles": 1,
+            "env": {"name": EXAMPLE},
+            "rollout": {"k": 2, "max_tool_calls": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+            "signals": {"budget": 4},
+            "synthesis": {"max_accepted": 2},
+            "training": {"max_steps": 2, "batch_size": 2},
+            "evaluation": {"per_family": 1},
+        }
+    ).model_copy(update={"bootstrap": tiny_bootstrap()})
+    result = run(config, progress=False)
+    _baseline, first = result.cycles
+    assert first.rollout and first.rollout.episodes == 12
+    assert first.signals and first.synthesize and first.train and first.train.steps == 2
+    assert first.evaluate.episodes == 7  # one held-out task of each of the seven families
+    trajectories = [
+        json.loads(line)
+        for line in (Path(result.run_dir) / "cycles" / "001" / "rollouts.jsonl").open()
+    ]
+    assert {row["env"] for row in trajectories} == {EXAMPLE}
+    assert all(row["diagnosis"] for row in trajectories)  # labelled by the derived diagnosis
