@@ -22,7 +22,7 @@ from coevolve.bench.learning import (
     summarize,
     unit_still_counts,
 )
-from coevolve.config import load_config
+from coevolve.config import ConfigError, load_config
 from coevolve.training.algorithm_config import GrpoConfig
 
 
@@ -577,3 +577,45 @@ def test_an_arm_with_no_finished_unit_reads_not_run_not_nan(tmp_path):
     text = console.export_text()
     assert "not run" in text and "nan" not in text
     assert plot_curves(report, tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_quick_scales_the_arms_step_counts_to_its_steps(tmp_path):
+    from coevolve.bench.learning.arms import ARM_STEPS_WRITTEN_FOR, steps_scaled
+    from coevolve.testing.presets import quick_bench as quick_sections
+
+    base = load_config(None).model_dump(mode="json")
+    base.update(quick_sections())
+    quick_steps = base["training"]["max_steps"]
+    for arm in ARMS:  # every arm loads at --quick's steps once scaled ...
+        config = load_config(arm_config(base, arm, 0, tmp_path, scale_steps=True))
+        assert config.training.max_steps == quick_steps
+    demonstrations = load_config(
+        arm_config(base, "grpo-demonstrations", 0, tmp_path, scale_steps=True)
+    ).training.grpo
+    assert 0 < demonstrations.demonstration_steps < quick_steps  # still exercised
+    # ... and as written at the bench's own steps, so finished units keep their config
+    assert (
+        steps_scaled(ARMS["grpo-demonstrations"], ARM_STEPS_WRITTEN_FOR)
+        == (ARMS["grpo-demonstrations"])
+    )
+    with pytest.raises(ConfigError, match="demonstration_steps"):
+        load_config(arm_config(base, "grpo-demonstrations", 0, tmp_path))
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_every_default_arm(tmp_path):
+    """`coevolve bench learning --quick --seeds 1` with its default arms, as documented."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--json"),
+            *("--seeds", "1", "--out", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert [run["arm"] for run in report["runs"]] == list(ARMS)
+    for run in report["runs"]:
+        assert len(run["success_by_cycle"]) == 2

@@ -70,9 +70,42 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: dict[str, Any], arm: str, seed: int, out_dir: Path) -> dict[str, Any]:
-    """The base config with the arm's changes, the seed and its own run directory."""
-    config = merged(json.loads(json.dumps(base)), ARMS[arm])
+# The arms' own step counts (grpo.demonstration_steps above) are written for the bench's
+# configs/bench-learning.yaml, which trains this many optimisation steps a cycle.
+ARM_STEPS_WRITTEN_FOR = 16
+# Keys of an arm's changes that count optimisation steps out of training.max_steps.
+_STEP_KEYS = frozenset({"demonstration_steps", "max_steps", "failure_max_steps"})
+
+
+def steps_scaled(changes: dict[str, Any], max_steps: int) -> dict[str, Any]:
+    """An arm's changes with every step count scaled from ``ARM_STEPS_WRITTEN_FOR`` steps a
+    cycle to ``max_steps`` (at least 1, and leaving at least one step for the rest), so a
+    base with fewer steps (``bench learning --quick``) still runs every arm."""
+    scaled: dict[str, Any] = {}
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            scaled[key] = steps_scaled(value, max_steps)
+        elif key in _STEP_KEYS and isinstance(value, int) and value > 0:
+            share = round(value * max_steps / ARM_STEPS_WRITTEN_FOR)
+            scaled[key] = max(1, min(share, max_steps - 1))
+        else:
+            scaled[key] = value
+    return scaled
+
+
+def arm_config(
+    base: dict[str, Any], arm: str, seed: int, out_dir: Path, scale_steps: bool = False
+) -> dict[str, Any]:
+    """The base config with the arm's changes, the seed and its own run directory.
+
+    ``scale_steps``: the arm's step counts scaled to the base's ``training.max_steps``
+    (``steps_scaled``); off, they are taken as written, so finished units keep their config.
+    """
+    changes = ARMS[arm]
+    if scale_steps:
+        max_steps = int(base.get("training", {}).get("max_steps", ARM_STEPS_WRITTEN_FOR))
+        changes = steps_scaled(changes, max_steps)
+    config = merged(json.loads(json.dumps(base)), changes)
     config["seed"] = seed
     config["pool"] = {**config.get("pool", {}), "seed": seed}
     config["training"] = {**config.get("training", {}), "seed": seed}

@@ -122,11 +122,13 @@ def run_ablation(
     config_name: str,
     console: Any = None,
     run_missing: bool = True,
+    scale_arm_steps: bool = False,
 ) -> AblationReport:
     """Run every (arm, seed) unit not finished before, then write the report.
 
     ``run_missing=False`` runs nothing: the report covers the finished units only
-    (a bench run in pieces, read between them).
+    (a bench run in pieces, read between them). ``scale_arm_steps``: the arms' own step
+    counts follow the base's ``training.max_steps`` (``--quick``; see ``arm_config``).
     """
     from ...config import load_config
     from ...runner import resume, run
@@ -141,7 +143,7 @@ def run_ablation(
     units = out_dir / "units"
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
-            config = load_config(arm_config(base, arm, seed, out_dir))
+            config = load_config(arm_config(base, arm, seed, out_dir, scale_arm_steps))
             unit = units / f"{arm}-seed{seed}.json"
             fingerprint = config.model_dump_json()
             if unit.exists():
