@@ -121,12 +121,14 @@ class OfflineExplorer:
         probe.reset(task)
         can_sample = isinstance(probe, SupportsSampleAction)
         focus = focus_tools(context, task, tool_names(probe))
+        # An environment without a sampler (a user's, BFCL) explores with the policy unless
+        # the config sets the policy's rounds; the rest perturb the reference.
         if self.policy is None:
             driven = 0
-        elif not can_sample:
-            driven = self.rounds
         elif self.policy_rounds is not None:
             driven = min(self.policy_rounds, self.rounds)
+        elif not can_sample:
+            driven = self.rounds
         else:
             driven = max(1, self.rounds // 3)
         first_driven = self.rounds - driven

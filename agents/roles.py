@@ -232,8 +232,9 @@ class RolesConfig(BaseModel):
         default=None,
         ge=0,
         description="Offline explorer: rounds the current policy drives (None: a third of the "
-        "rounds, at least one; 0: random walks only, which saves a generation per flagged item "
-        "on a CPU).",
+        "rounds, at least one, or all of them where the environment has no action sampler; 0: "
+        "random walks, or perturbed reference solutions without a sampler, which saves a "
+        "generation per flagged item on a CPU).",
     )
     policy_temperature: float = Field(
         default=1.2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import textwrap
 import uuid
 from pathlib import Path
@@ -251,7 +252,9 @@ def test_each_bad_line_gets_one_line_and_the_rest_load(tmp_path, monkeypatch):
     assert result.exit_code == 1
     for problem in problems:
         assert problem in result.output.replace("\n", " ") or problem in result.output
-    with pytest.raises(ConfigError, match=r"5 of the tasks in .* cannot be used: bank.jsonl line 2"):
+    with pytest.raises(
+        ConfigError, match=r"5 of the tasks in .* cannot be used: bank.jsonl line 2"
+    ):
         load_config({"env": {"name": name}})
 
 
@@ -363,7 +366,9 @@ def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, t
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
             "signals": {"budget": 4},
-            "synthesis": {"max_accepted": 2},
+            # no policy-driven rounds: the explorer perturbs the reference (the desk has no
+            # sampler), which the tiny model's calls could not replace
+            "synthesis": {"max_accepted": 2, "roles": {"explorer_policy_rounds": 0}},
             "training": {"max_steps": 2, "batch_size": 2},
             "evaluation": {"per_family": 1},
         }
@@ -372,6 +377,8 @@ def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, t
     _baseline, first = result.cycles
     assert first.rollout and first.rollout.episodes == 12
     assert first.signals and first.synthesize and first.train and first.train.steps == 2
+    # the explorer worked without a sampler or a task generator, and the judge replayed
+    assert first.synthesize.explored > 0 and first.synthesize.candidates > 0
     assert first.evaluate.episodes == 7  # one held-out task of each of the seven families
     trajectories = [
         json.loads(line)
@@ -379,3 +386,77 @@ def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, t
     ]
     assert {row["env"] for row in trajectories} == {EXAMPLE}
     assert all(row["diagnosis"] for row in trajectories)  # labelled by the derived diagnosis
+
+
+def test_llm_roles_synthesize_on_the_example(scripted_server):
+    """With LLM roles synthesis needs only the Environment protocol: the explorer's calls run
+    in the desk, the abstractor's task is replayed there and verified by its verifier."""
+    import asyncio
+
+    from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT
+    from coevolve.agents.role_factory import build_roles
+    from coevolve.agents.roles import RolesConfig, candidate_to_task
+    from coevolve.config import EndpointConfig
+    from coevolve.envs.base import replay_reference
+    from coevolve.memory.signals import FlaggedTrajectory
+    from coevolve.records import Signal
+    from coevolve.testing.openai_server import Reply
+
+    spec = get_environment(EXAMPLE)
+    task = next(t for t in spec.load_tasks("train", "", 0) if t.family == "change_plan")
+    email = task.reference_calls[0].arguments["email"]
+
+    def script(body):
+        messages = body["messages"]
+        system = messages[0]["content"]
+        if system == EXPLORER_PROMPT:
+            if not any(m.get("role") == "tool" for m in messages):
+                return Reply.tool_calls([("find_customer", {"email": email})])
+            return Reply.text("done exploring")
+        if system == ABSTRACTOR_PROMPT:
+            seen = json.dumps(messages)
+            plan = re.search(r"plan=(\w+)", seen).group(1)
+            return Reply.json_content(
+                [
+                    {
+                        "description": "look up a customer's plan",
+                        "query": f"Which plan is {email} on?",
+                        "minimal_actions": [
+                            {"name": "find_customer", "arguments": {"email": email}}
+                        ],
+                        "reference_answer": plan,
+                    }
+                ]
+            )
+        if system == JUDGE_PROMPT:
+            verdict = {"success": True, "reason": "replays cleanly", "api_match": True,
+                       "parameter_usage": True, "logical_flow": True, "final_result": True,
+                       "failed_or_skipped_steps": []}  # fmt: skip
+            return Reply.json_content(verdict)
+        return Reply.json_content({"summary": "stopped early", "failure_cause": "wrong id"})
+
+    server = scripted_server(script)
+    main = EndpointConfig(
+        base_url=server.base_url, model=server.model, timeout_s=5.0, max_retries=0
+    )
+    roles = build_roles(RolesConfig(default_endpoint="main"), {"main": main})
+    trajectory = Trajectory(id="x", task_id=task.id, env=EXAMPLE, family=task.family, score=0.0)
+    signal = Signal(kind="unsolved", trajectory_id="x", task_id=task.id, family=task.family)
+    item = FlaggedTrajectory(trajectory=trajectory, signals=[signal])
+    make_env = spec.environment
+
+    async def pipeline():
+        context = await roles.summarizer.summarize(item, task)
+        rounds = await roles.explorer.explore(item, task, context, make_env)
+        abstraction = await roles.abstractor.abstract(item, task, context, rounds, [], make_env)
+        return (
+            rounds,
+            abstraction.candidates,
+            [await roles.judge.judge(candidate, make_env) for candidate in abstraction.candidates],
+        )
+
+    rounds, [candidate], [verdict] = asyncio.run(pipeline())
+    assert rounds[0].interactions[0].observation.text.startswith("customer_id=")
+    assert verdict.accepted, verdict.reason
+    new = candidate_to_task(candidate, task, cycle=1)
+    assert new.env == EXAMPLE and replay_reference(make_env(), new)[0] == 1.0
