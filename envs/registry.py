@@ -240,7 +240,9 @@ def get_environment(name: str) -> EnvironmentSpec:
     return found.spec
 
 
-def _known_environment(name: str) -> EnvironmentSpec | None:
+def find_environment(name: str) -> EnvironmentSpec | None:
+    """The spec of the environment called ``name``, or None when none is (``get_environment``
+    says why)."""
     try:
         return get_environment(name)
     except ValueError:
@@ -265,7 +267,7 @@ def annotate(trajectories: Sequence[Trajectory], tasks: Mapping[str, Task]) -> l
     out = []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
-        spec = _known_environment(task.env) if task is not None else None
+        spec = find_environment(task.env) if task is not None else None
         if task is None or spec is None:
             out.append(trajectory)
             continue

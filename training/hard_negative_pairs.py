@@ -46,17 +46,17 @@ def with_failure_grades(
     """The trajectories with ``failure_grade`` (and ``progress``) filled in where missing,
     from the task's environment (its registry spec). One whose task is unknown, or whose
     environment is not registered, keeps None and is never ranked."""
-    from ..envs.registry import ENVIRONMENTS
+    from ..envs.registry import find_environment
 
     out = []
     tried, crashed = 0, []
     for trajectory in trajectories:
         task = tasks.get(trajectory.task_id)
-        if trajectory.failure_grade is not None or task is None or task.env not in ENVIRONMENTS:
+        spec = find_environment(task.env) if task is not None else None
+        if trajectory.failure_grade is not None or task is None or spec is None:
             out.append(trajectory)
             continue
         tried += 1
-        spec = ENVIRONMENTS[task.env]
         try:
             value = spec.failure_grade(task, trajectory)
             progress = trajectory.progress
