@@ -11,7 +11,7 @@ export ANONYMIZED_TELEMETRY := False
 export LANGGRAPH_CLI_NO_ANALYTICS := 1
 export LANGGRAPH_NO_VERSION_CHECK := true
 
-.PHONY: setup demo test lint format clean
+.PHONY: setup demo example test lint format clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ $(STAMP): pyproject.toml constraints.txt
 # starts over; `coevolve run --resume runs/quickstart` continues a killed one.
 demo: $(STAMP)
 	$(VENV)/bin/coevolve run --overwrite
+
+# A user's own environment through the whole loop: the support desk example
+# (examples/support_desk/, docs/environments.md), the SmolLM2 agent, three cycles.
+example: $(STAMP)
+	$(VENV)/bin/coevolve run examples/support_desk/config.yaml --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
