@@ -19,12 +19,6 @@ class EnvConfig(Section):
         "(mytools.env:make_env) or coevolve.environments entry point, or a module of tool "
         "functions with env.tasks (docs/environments.md).",
     )
-    tasks: str | None = Field(
-        default=None,
-        description="A user's environment: its JSONL task file (relative to the working "
-        "directory), replacing the one its factory names; needed with a module of tool "
-        "functions.",
-    )
     split: str = Field(
         default="train",
         description="Task split the loop rolls out and trains on: "
@@ -38,6 +32,12 @@ class EnvConfig(Section):
     seed: int = Field(
         default=0,
         description="Seed of the world's task generator, and of the splits cut from a task file.",
+    )
+    tasks: str | None = Field(
+        default=None,
+        description="A user's environment: its JSONL task file (relative to the working "
+        "directory), replacing the one its factory names; needed with a module of tool "
+        "functions.",
     )
 
     @model_validator(mode="after")

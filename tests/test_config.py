@@ -111,7 +111,10 @@ def test_every_field_of_every_config_model_has_help_text(model):
             ["unknown key 'env.nmae'", "did you mean 'name'", "allowed keys: name, split"],
         ),
         ("envv: {}\n", ["unknown key 'envv'", "did you mean 'env'"]),
-        ("env:\n  name: wrld\n", ["env.name", "'wrld' is not allowed", "'world' or 'bfcl'"]),
+        (
+            "env:\n  name: wrld\n",
+            ["env", "unknown environment 'wrld'", "world, bfcl, an import path"],
+        ),
         (
             "env:\n  split: test\n",
             ["env", "'test' is not a world split", "train, validation, heldout"],
