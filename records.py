@@ -8,6 +8,7 @@ strings (Arrow would merge differently-keyed dicts into null-filled structs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -154,6 +155,12 @@ class Trajectory(Record):
         default=None,
         description="Why the episode stopped early (e.g. the endpoint failed after retries).",
     )
+    transport_failure: bool = Field(
+        default=False,
+        description="The episode ended because the endpoint gave no usable reply (connection "
+        "refused or dropped, timeout, 5xx or an unreadable body after every retry): not the "
+        "agent's outcome, so the loop leaves it out of signals, history, training and rates.",
+    )
     diagnosis: list[str] = Field(
         default_factory=list,
         description="SEAL failure labels, one per BFCL user turn or per world step plus one "
@@ -185,6 +192,16 @@ class Trajectory(Record):
     @property
     def calls(self) -> list[ToolCall]:
         return [step.call for step in self.steps if step.call is not None]
+
+
+def split_transport_failures(
+    trajectories: Sequence[Trajectory],
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """The episodes that ran (the agent's outcomes), and those the endpoint gave no usable
+    reply for (``transport_failure``), which no figure, signal or training set may count."""
+    ran = [t for t in trajectories if not t.transport_failure]
+    lost = [t for t in trajectories if t.transport_failure]
+    return ran, lost
 
 
 class Signal(Record):
@@ -227,12 +244,16 @@ class CandidateTask(Record):
     parent_task_id: str | None = None
     signal: SignalKind | None = None
     setup: dict[str, Any] = Field(default_factory=dict)
-    kind: Literal["structure_variant", "prefix", "transition", "window", "llm"] = Field(
+    kind: Literal[
+        "structure_variant", "prefix", "transition", "window", "llm", "hindsight", "explored"
+    ] = Field(
         default="window",
         description="How it was made: structure_variant (the parent's whole tool graph on new "
         "values and state), prefix (the first calls of that graph, a step toward it), "
         "transition (the failing call and the one before it, on their own), window "
-        "(an explored action window: a sub-skill or composition), llm (an LLM abstractor).",
+        "(an explored action window: a sub-skill or composition), llm (an LLM abstractor), "
+        "hindsight (the task writer's request for the calls of the flagged trajectory that "
+        "succeeded), explored (the writer's request for an exploration round's calls).",
     )
 
 

@@ -20,6 +20,8 @@ Run directory:
     synthesized_tasks.jsonl   accepted synthesized tasks with provenance (the pool's file)
     adapters/cycle-N/         the LoRA adapter trained in cycle N
     run.log                   the trainers' log dicts and the roles' log lines (coevolve.outputs.run_log)
+    run.lock                  while a run works here: its pid and host (graph/run_lock.py);
+                              a second run, resume or --overwrite is refused
     cycles/NNN/               rollouts, flagged items, synthesized tasks, train and eval files
     metrics.jsonl, summary.json, report.png
 """
@@ -30,12 +32,13 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
+from .graph.run_lock import LOCK_FILE, hold_run_dir
 from .graph.runtime import CycleRuntime, RunError
 from .graph.runtime_factory import (
     build_policy,
@@ -104,7 +107,8 @@ def run(
     """Run the closed loop from a config (a CoevolveConfig, a YAML path, a dict or None).
 
     Refuses a run directory that already holds a run unless ``overwrite``; use
-    ``resume(run_dir)`` to continue one. ``overrides`` (``--set`` settings already
+    ``resume(run_dir)`` to continue one. A directory a live run holds (``run.lock``,
+    graph/run_lock.py) is refused either way, naming the holder. ``overrides`` (``--set`` settings already
     applied to ``config``) are listed at the top of the saved config.yaml. What the
     trainers log goes to ``run_dir/run.log``; ``verbose`` shows it on stderr too.
     ``baseline_cache``: a directory where runs of the same local agent share their
@@ -120,26 +124,26 @@ def run(
             "policy.train_model to the directory of the model the endpoint serves"
         )
     run_dir = Path(config.run_dir)
-    if (run_dir / CHECKPOINTS).exists():
-        if not overwrite:
-            raise RunError(
-                f"{run_dir} already holds a run; continue it with `coevolve run --resume "
-                f"{run_dir}`, pick another run_dir, or pass --overwrite to start over"
-            )
-        import shutil
-
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    header = "".join(f"# --set {item}\n" for item in overrides)
-    (run_dir / "config.yaml").write_text(header + _yaml(config))
-    return _execute(
-        config,
-        resuming=False,
-        progress=progress,
-        console=console,
-        verbose=verbose,
-        baseline_cache=baseline_cache,
-    )
+    # The lock first: a live run's directory is refused (naming it) before anything is
+    # checked or deleted there.
+    with hold_run_dir(run_dir, say=_teller(console)):
+        if (run_dir / CHECKPOINTS).exists():
+            if not overwrite:
+                raise RunError(
+                    f"{run_dir} already holds a run; continue it with `coevolve run --resume "
+                    f"{run_dir}`, pick another run_dir, or pass --overwrite to start over"
+                )
+            _clear(run_dir)
+        header = "".join(f"# --set {item}\n" for item in overrides)
+        (run_dir / "config.yaml").write_text(header + _yaml(config))
+        return _execute(
+            config,
+            resuming=False,
+            progress=progress,
+            console=console,
+            verbose=verbose,
+            baseline_cache=baseline_cache,
+        )
 
 
 def resume(
@@ -150,7 +154,8 @@ def resume(
     verbose: bool = False,
     baseline_cache: str | Path | None = None,
 ) -> RunResult:
-    """Continue a killed run from its last finished node, with the config saved in ``run_dir``."""
+    """Continue a killed or stopped run from its last finished node, with the config saved
+    in ``run_dir`` (refused while a live run holds the directory)."""
     from .config import load_config
 
     run_dir = Path(run_dir)
@@ -160,14 +165,32 @@ def resume(
     config = load_config(saved)
     if Path(config.run_dir).resolve() != run_dir.resolve():
         config = config.model_copy(update={"run_dir": str(run_dir)})
-    return _execute(
-        config,
-        resuming=True,
-        progress=progress,
-        console=console,
-        verbose=verbose,
-        baseline_cache=baseline_cache,
-    )
+    with hold_run_dir(run_dir, say=_teller(console)):
+        return _execute(
+            config,
+            resuming=True,
+            progress=progress,
+            console=console,
+            verbose=verbose,
+            baseline_cache=baseline_cache,
+        )
+
+
+def _teller(console: Any) -> Callable[[str], None] | None:
+    return console.print if console is not None else None
+
+
+def _clear(run_dir: Path) -> None:
+    """Delete a run directory's contents for --overwrite, all but the lock this run holds."""
+    import shutil
+
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _yaml(config: CoevolveConfig) -> str:

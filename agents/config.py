@@ -173,6 +173,16 @@ class RolloutConfig(Section):
         description="Most assistant messages that call tools per user turn before the episode "
         "is cut off (was max_steps: training.max_steps counts optimisation steps).",
     )
+    max_unreachable_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Stop the run when more than this share of a stage's episodes (rollout, "
+        "evaluation) got no usable reply from the endpoint (connection, timeout, 5xx or "
+        "unreadable body after every retry); a stage none of whose episodes got one always "
+        "stops it. Below the share, those episodes are left out of every figure, signal and "
+        "training set, and the figures say how many.",
+    )
 
 
 class EvaluationConfig(Section):

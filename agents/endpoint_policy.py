@@ -5,8 +5,9 @@ bounded by ``endpoint.concurrency``. Transient failures (5xx, 429, timeouts,
 dropped connections, bodies that are not a chat completion) are retried with
 exponential backoff and jitter (a server's Retry-After honoured), by
 ``tenacity``; a conversation that still fails comes back as an
-``AssistantMessage`` with ``error`` set, so one bad request never ends a batch
-of rollouts. Only a configuration mistake that dooms every request (a wrong
+``AssistantMessage`` with ``error`` and ``transport_failure`` set, so one bad
+request never ends a batch of rollouts, and the loop can tell an endpoint that
+gave no reply from an agent that failed. Only a configuration mistake that dooms every request (a wrong
 key, an unknown model or URL) raises ``PolicyError``.
 
 Requests go out on ``lean_http``'s keep-alive HTTP/1.1 pool, not through the
@@ -285,7 +286,8 @@ class EndpointPolicy:
         except _Transient as err:
             return AssistantMessage(
                 error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
-                f"{err}"
+                f"{err}",
+                transport_failure=True,
             )
         except _Rejected as err:
             return AssistantMessage(error=f"{self._where()} rejected the request: {err}")

@@ -3,17 +3,19 @@
 Whole-episode success on a few hundred tasks is noisy and dominated by small
 copy errors, so the report also gives tool-sequence accuracy (the right tools
 in the right order) and per-call accuracy (reference calls matched exactly,
-position by position).
+position by position). Episodes the endpoint gave no reply for are counted apart
+(``left_out``) and in no rate.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..records import Task, Trajectory, is_success
+from ..records import Task, Trajectory, is_success, split_transport_failures
+from .policy import EndpointUnreachable
 
 
 class GroupStats(BaseModel):
@@ -26,6 +28,11 @@ class GroupStats(BaseModel):
         default=0, description="Episodes the policy failed on (endpoint down, ...)."
     )
     cut_off: int = Field(default=0, description="Episodes stopped by the step limit.")
+    left_out: int = Field(
+        default=0,
+        description="Episodes the endpoint gave no usable reply for (connection, timeout, "
+        "5xx or unreadable body after every retry): not in ``episodes`` nor any rate.",
+    )
 
     @property
     def success_rate(self) -> float:
@@ -58,8 +65,34 @@ def split_label(split: str) -> str:
     return "held-out" if split == "heldout" else split
 
 
+def left_out_note(left_out: int) -> str:
+    """What a line that counts episodes adds for those the endpoint gave no reply for."""
+    if not left_out:
+        return ""
+    return f", {left_out} left out (no reply from the endpoint)"
+
+
+def stop_if_unreachable(trajectories: Sequence[Trajectory], max_share: float, stage: str) -> None:
+    """Raise ``EndpointUnreachable`` when the endpoint gave no usable reply to more than
+    ``max_share`` of a stage's episodes, or to all of them: learning from those episodes
+    would teach the loop failures that are not the agent's. Raised before the stage writes
+    anything, so a resume runs the stage again, as if the server had never gone."""
+    ran, lost = split_transport_failures(trajectories)
+    if not lost or (ran and len(lost) <= max_share * len(trajectories)):
+        return
+    cause, _ = Counter(t.error or "no reply" for t in lost).most_common(1)[0]
+    share = (
+        "none got a usable reply"
+        if not ran
+        else f"{len(lost)} got no usable reply (more than rollout.max_unreachable_share, "
+        f"{max_share:.0%})"
+    )
+    raise EndpointUnreachable(f"{stage}: of {len(trajectories)} episodes {share}; {cause}")
+
+
 def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupStats:
-    stats = GroupStats(episodes=len(trajectories))
+    trajectories, lost = split_transport_failures(trajectories)
+    stats = GroupStats(episodes=len(trajectories), left_out=len(lost))
     if not trajectories:
         return stats
     sequence_hits = call_hits = call_total = 0

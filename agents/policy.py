@@ -36,6 +36,11 @@ class PolicyError(RuntimeError):
     """The policy cannot produce messages at all (model missing, endpoint refused every try)."""
 
 
+class EndpointUnreachable(PolicyError):
+    """Too many of a stage's episodes got no usable reply from the endpoint: the run stops
+    rather than learn from failures that are not the agent's."""
+
+
 class LoraApiMissing(PolicyError):
     """The server has no runtime LoRA API (404, 405 or 501 on /v1/load_lora_adapter)."""
 
@@ -72,6 +77,11 @@ class AssistantMessage(BaseModel):
     finish_reason: str | None = None
     error: str | None = Field(
         default=None, description="Set when the policy failed for this conversation."
+    )
+    transport_failure: bool = Field(
+        default=False,
+        description="With ``error``: the endpoint gave no usable reply (connection, timeout, "
+        "5xx or unreadable body after every retry), as opposed to refusing the request.",
     )
     prompt_token_ids: list[int] | None = Field(
         default=None,

@@ -7,7 +7,8 @@ many requests in flight to an endpoint). A policy that says ``reports_each_reply
 its environment, and is verified if it ended, while the step's other requests
 are still in flight. Each episode has its own fresh environment. A failure of
 the policy for one conversation ends that episode with ``error`` set and keeps
-everything it did so far.
+everything it did so far; ``transport_failure`` marks one where the endpoint gave
+no usable reply, which is not the agent's outcome.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Episode:
     done: bool = False
     finished: bool = True
     error: str | None = None
+    transport_failure: bool = False  # the endpoint gave no usable reply: not an outcome
     final_answer: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -105,6 +107,7 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> N
     episode.completion_tokens += reply.completion_tokens
     if reply.error is not None:
         episode.error, episode.finished, episode.done = reply.error, False, True
+        episode.transport_failure = reply.transport_failure
         return
     _record_ids(episode, reply)
     episode.messages.append(reply.to_openai())
@@ -174,6 +177,7 @@ def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajector
         cycle=cycle,
         finished=episode.finished,
         error=episode.error,
+        transport_failure=episode.transport_failure,
         model_turns=episode.model_turns,
     )
 

@@ -122,9 +122,12 @@ def eval_command(
     ] = None,
     debug: DebugOption = False,
 ) -> None:
-    """Roll out a policy on a task set and report success overall and per family/category."""
-    from ..agents.evaluation import evaluate
-    from ..agents.policy import PolicyError
+    """Roll out a policy on a task set and report success overall and per family/category.
+
+    Episodes an endpoint gave no usable reply for are left out of every rate and counted
+    apart (left_out); when none got one, the command ends in one line, with exit code 1."""
+    from ..agents.evaluation import evaluate, left_out_note, stop_if_unreachable
+    from ..agents.policy import EndpointUnreachable, PolicyError
     from ..agents.rollout import run_rollouts
     from ..config import ConfigError
 
@@ -156,6 +159,10 @@ def eval_command(
             progress=not as_json,
             description=f"eval {env} {','.join(scopes)}",
         )
+        # No episode got a reply: there is nothing to report but the endpoint's failure.
+        stop_if_unreachable(trajectories, 1.0, f"eval {env} {','.join(scopes)}")
+    except EndpointUnreachable as err:
+        raise fail(str(err), code=1) from None
     except PolicyError as err:
         raise fail(str(err)) from None
     if save:
@@ -191,6 +198,12 @@ def eval_command(
             str(stats.cut_off),
         )
     console.print(table)
+    if report.overall.left_out:
+        # The rates above are over the episodes that ran; say what they leave out.
+        err_console.print(
+            f"[yellow]success over the {report.overall.episodes} episodes that ran"
+            f"{left_out_note(report.overall.left_out)}; see --save[/yellow]"
+        )
     if report.overall.errors:
         err_console.print(
             f"[yellow]{report.overall.errors} episodes ended on a policy error; see --save[/yellow]"

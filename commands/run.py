@@ -46,9 +46,12 @@ def run_command(
 ) -> None:
     """The main job: the closed loop (rollout, signals, synthesis, pool, TRL+LoRA training, eval).
 
-    An error that stops a run (an endpoint that refuses an adapter or is gone
-    for longer than its retries) prints one line: what failed and the
-    `coevolve run --resume` command that continues; --debug shows the traceback.
+    An error that stops a run (an endpoint that refuses an adapter, or gives no
+    reply to more than rollout.max_unreachable_share of a stage's episodes)
+    prints one line: what failed and the `coevolve run --resume` command that
+    continues, exit code 1; --debug shows the traceback. A run holds its
+    directory (RUN_DIR/run.lock): another run, resume or --overwrite there is
+    refused while it lives.
     The trainers' per-step logs go to RUN_DIR/run.log; --verbose shows them too.
     """
 

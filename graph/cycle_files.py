@@ -5,7 +5,9 @@ trajectories, flagged items and tasks of a cycle pass between its nodes through
 these files, written atomically, so a killed run resumes from them. This class
 is the only place that knows their names:
 
-    rollouts.jsonl           rollout     -> signals, train     (Trajectory)
+    rollouts.jsonl           rollout     -> signals, train     (Trajectory; the episodes that ran)
+    unreachable-STAGE.jsonl  rollout, evaluate: episodes the endpoint gave no reply for,
+                             kept for a person to read (no stage reads them)
     flagged.jsonl            signals     -> synthesize, train  (FlaggedTrajectory)
     synthesized.jsonl        synthesis   -> update_pool, train (Task)
     rejections.jsonl         synthesis: every rejected item with its stage and reason
@@ -73,6 +75,19 @@ class CycleFiles:
 
     def write_rollouts(self, trajectories: Sequence[Trajectory]) -> None:
         self._write("rollouts.jsonl", trajectories)
+
+    def unreachable(self, stage: str) -> list[Trajectory]:
+        """The episodes of ``stage`` (rollout, evaluate) the endpoint gave no usable reply for."""
+        return self._read(f"unreachable-{stage}.jsonl", Trajectory)
+
+    def write_unreachable(self, stage: str, trajectories: Sequence[Trajectory]) -> None:
+        """Keep a stage's left-out episodes for a person to read; a stage run again on
+        resume replaces the file, and an empty list removes it."""
+        path = self._path(f"unreachable-{stage}.jsonl")
+        if trajectories:
+            self._write(path.name, trajectories)
+        elif path.exists():
+            path.unlink()
 
     # ----------------------------------------------------------------- signals
     def flagged(self) -> list[FlaggedTrajectory]:

@@ -8,8 +8,9 @@ import hashlib
 import json
 import time
 
-from ..agents.evaluation import split_label
+from ..agents.evaluation import left_out_note, split_label
 from ..outputs.summary import EvaluationFigures
+from ..records import split_transport_failures
 from .runtime import CycleRuntime, seed_everything
 
 
@@ -27,7 +28,9 @@ async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         description=f"cycle {cycle} · evaluate",
     )
     elapsed = time.perf_counter() - started
-    rt.files(cycle).write_evaluation(trajectories)
+    ran, lost = split_transport_failures(trajectories)
+    rt.files(cycle).write_evaluation(ran)
+    rt.files(cycle).write_unreachable("evaluate", lost)
     report = summarize(
         trajectories,
         rt.eval_tasks,
@@ -40,13 +43,15 @@ async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         tool_sequence=report.overall.tool_sequence_accuracy,
         calls=report.overall.call_accuracy,
         episodes=report.overall.episodes,
+        left_out=report.overall.left_out,
         by_family={f: s.success_rate for f, s in report.by_family.items()},
         tokens=sum(t.completion_tokens for t in trajectories),
         time_s=elapsed,
     )
     rt.say(
         f"cycle {cycle} · evaluate: {split_label(rt.config.evaluation.split)} success {result.success:.1%} "
-        f"({report.overall.successes}/{report.overall.episodes}), tool sequence "
+        f"({report.overall.successes}/{report.overall.episodes}"
+        f"{left_out_note(report.overall.left_out)}), tool sequence "
         f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
     )
     return result

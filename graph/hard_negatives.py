@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..records import Trajectory, is_success
+from ..records import Trajectory, is_success, split_transport_failures
 from ..training.hard_negative_pairs import HardNegativeFigures
 from ..training.trainers import TrainResult
 
@@ -138,6 +138,8 @@ async def train_with_hard_negatives(
                     description=f"cycle {cycle} · failure agent",
                     policy=failure_policy,
                 )
+            # Episodes the endpoint gave no reply for are no failures of the failure agent.
+            failure_trajectories, _ = split_transport_failures(failure_trajectories)
             version = f"failure:{Path(failure_before).name if failure_before else 'base'}"
             failure_trajectories = [
                 t.model_copy(update={"id": f"{t.id}/failure", "policy_version": version})

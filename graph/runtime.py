@@ -6,7 +6,8 @@ graph's ``context_schema``, built by ``coevolve.graph.runtime_factory`` (the one
 place runtimes are built). ``SynthesisRuntime`` is the synthesis graph's
 context; the cycle hands its pass one (``CycleRuntime.synthesis_runtime``).
 ``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
-Python, NumPy and torch per (seed, cycle, stage).
+Python, NumPy and torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
+stage whose endpoint gave no reply (``agents.evaluation.stop_if_unreachable``).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class CycleRuntime:
         or ``policy`` (the hard-negatives failure agent)."""
         from ..agents.rollout import rollout
 
-        return await rollout(
+        trajectories = await rollout(
             policy or self.policy,
             self.make_env,
             tasks,
@@ -134,6 +135,10 @@ class CycleRuntime:
             cycle=cycle,
             description=description,
         )
+        from ..agents.evaluation import stop_if_unreachable
+
+        stop_if_unreachable(trajectories, self.config.rollout.max_unreachable_share, description)
+        return trajectories
 
     def files(self, cycle: int) -> CycleFiles:
         """Cycle ``cycle``'s files in this run."""

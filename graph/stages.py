@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..agents.evaluation import left_out_note
 from ..outputs.summary import (
     EvaluationFigures,
     FamilyFlags,
@@ -37,7 +38,7 @@ from ..outputs.summary import (
     SynthesisFigures,
     TrainFigures,
 )
-from ..records import SignalKind, Task, Trajectory, is_success
+from ..records import SignalKind, Task, Trajectory, is_success, split_transport_failures
 from .evaluation import evaluate_agent
 from .runtime import CycleRuntime, seed_everything
 from .runtime_factory import build_runtime
@@ -83,16 +84,21 @@ async def rollout(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], Rollo
         description=f"cycle {cycle} · rollout",
     )
     elapsed = time.perf_counter() - started
+    # Episodes the endpoint gave no reply for are not the agent's outcomes: they stay out
+    # of rollouts.jsonl, which signals, history, patterns and training read.
+    trajectories, lost = split_transport_failures(trajectories)
     # SEAL's diagnosis: a label per turn (BFCL) or step (world) and the graded progress,
     # stored on each trajectory and counted per cycle.
     trajectories = annotate(trajectories, {task.id: task for task in tasks})
     rt.files(cycle).write_rollouts(trajectories)
+    rt.files(cycle).write_unreachable("rollout", lost)
     sources = Counter(task.source for task in tasks)
     figures = RolloutFigures(
         tasks=len(tasks),
         seed_tasks=sources.get("seed", 0),
         synthesized_tasks=sources.get("synthesized", 0),
         episodes=len(trajectories),
+        left_out=len(lost),
         success=_success_rate(trajectories),
         diagnosis=count_labels(trajectories),
         tokens=sum(t.completion_tokens for t in trajectories),
@@ -100,8 +106,8 @@ async def rollout(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], Rollo
     )
     rt.say(
         f"cycle {cycle} · rollout: {len(tasks)} tasks ({figures.synthesized_tasks} synthesized)"
-        f" × {config.rollout.k} = {len(trajectories)} episodes, success {figures.success:.1%}"
-        f" [{elapsed:.0f} s]"
+        f" × {config.rollout.k} = {len(trajectories) + len(lost)} episodes"
+        f"{left_out_note(len(lost))}, success {figures.success:.1%} [{elapsed:.0f} s]"
     )
     return trajectories, figures
 

@@ -49,6 +49,10 @@ def metrics_rows(cycles: list[CycleSummary]) -> list[dict[str, Any]]:
                 "heldout_by_family": evaluation.by_family if evaluation else None,
                 "rollout_success": rollout.success if rollout else None,
                 "rollout_episodes": rollout.episodes if rollout else None,
+                # episodes the endpoint gave no reply for, in neither figure above or below
+                "rollout_left_out": rollout.left_out if rollout else None,
+                "heldout_episodes": evaluation.episodes if evaluation else None,
+                "heldout_left_out": evaluation.left_out if evaluation else None,
                 "diagnosis": rollout.diagnosis if rollout else {},
                 "signals": signals.by_kind if signals else {},
                 "signals_kept": signals.kept_by_kind if signals else {},

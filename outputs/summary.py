@@ -27,8 +27,13 @@ class RolloutFigures(BaseModel):
     tasks: int = Field(description="Tasks sampled from the pool this cycle.")
     seed_tasks: int = Field(description="Of them, seed tasks.")
     synthesized_tasks: int = Field(description="Of them, tasks synthesized in earlier cycles.")
-    episodes: int = Field(description="Episodes run (tasks × rollout.k).")
-    success: float = Field(description="Share of episodes that succeeded.")
+    episodes: int = Field(description="Episodes that ran (tasks × rollout.k, less those left out).")
+    left_out: int = Field(
+        default=0,
+        description="Episodes the endpoint gave no usable reply for: in no figure, signal, "
+        "history or training set (cycles/NNN/unreachable.jsonl).",
+    )
+    success: float = Field(description="Share of the episodes that ran that succeeded.")
     diagnosis: dict[str, int] = Field(
         default_factory=dict, description="SEAL diagnosis labels over the episodes, most first."
     )
@@ -147,7 +152,12 @@ class EvaluationFigures(BaseModel):
     success: float = Field(description="Held-out success rate.")
     tool_sequence: float = Field(description="Held-out tool-sequence accuracy.")
     calls: float = Field(description="Held-out call accuracy.")
-    episodes: int = Field(description="Held-out episodes.")
+    episodes: int = Field(description="Held-out episodes that ran (the rates' denominator).")
+    left_out: int = Field(
+        default=0,
+        description="Held-out episodes the endpoint gave no usable reply for, left out of "
+        "every rate.",
+    )
     by_family: dict[str, float] = Field(
         default_factory=dict, description="Held-out success per family."
     )

@@ -238,11 +238,13 @@ def cycle_metrics(summary: CycleSummary) -> dict[str, float]:
     if evaluation is not None:  # None: not evaluated this cycle (evaluation.every)
         metrics["heldout/success"] = evaluation.success
         metrics["heldout/tool_sequence"] = evaluation.tool_sequence
+        metrics["heldout/left_out"] = float(evaluation.left_out)
         for family, rate in evaluation.by_family.items():
             metrics[f"heldout/success/{family}"] = rate
     if summary.rollout is not None:
         metrics["rollout/success"] = summary.rollout.success
         metrics["rollout/episodes"] = float(summary.rollout.episodes)
+        metrics["rollout/left_out"] = float(summary.rollout.left_out)
     if summary.signals is not None:
         metrics["signals/flagged"] = float(summary.signals.flagged)
         metrics["signals/kept"] = float(summary.signals.kept)

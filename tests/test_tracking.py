@@ -137,6 +137,7 @@ def test_cycle_metrics_cover_the_loop_figures():
     assert metrics["heldout/success"] == 0.25 and metrics["heldout/success/buy_item"] == 1.0
     assert metrics["heldout/tool_sequence"] == 0.5
     assert metrics["rollout/success"] == 0.5 and metrics["rollout/episodes"] == 12
+    assert metrics["rollout/left_out"] == 0 and metrics["heldout/left_out"] == 0
     assert metrics["signals/rare"] == 2 and metrics["signals/flagged"] == 4
     assert metrics["signals/kept"] == 3
     assert metrics["synthesis/candidates"] == 5 and metrics["synthesis/accepted"] == 2
@@ -154,6 +155,7 @@ def test_cycle_metrics_cover_the_loop_figures():
         "cycle",
         "heldout/success",
         "heldout/tool_sequence",
+        "heldout/left_out",
         "heldout/success/buy_item",
         "time/evaluate_s",
     }
