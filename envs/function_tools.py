@@ -158,11 +158,11 @@ def function_schema(
 
 
 def _public_methods(state_class: type) -> list[str]:
-    """The state class's tools: public functions defined on it (not inherited from object),
-    in definition order."""
+    """The state class's tools: public functions defined on it and its own bases, in
+    definition order (not object's, nor a pydantic model's model_dump and the like)."""
     names = []
     for klass in reversed(state_class.__mro__):
-        if klass is object:
+        if klass is object or klass.__module__.split(".")[0] == "pydantic":
             continue
         for attribute, value in vars(klass).items():
             if attribute.startswith("_") or attribute in names:

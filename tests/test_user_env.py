@@ -3,6 +3,7 @@ entry point, checked by replay, and trained through the loop (the support desk e
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from coevolve.cli import app
@@ -156,6 +158,50 @@ def test_a_state_class_is_reset_stepped_and_verified():
     env.step("add(amount=1)")
     env.end_turn("3")
     assert env.score() == 0.0
+
+
+class Stock(BaseModel):
+    """A pydantic state: its own methods are the tools, not model_dump and the like."""
+
+    items: dict[str, int]
+
+    def take(self, item: str) -> str:
+        """Take one of an item.
+
+        Args:
+            item: The item's name.
+        """
+        self.items[item] -= 1
+        return f"{item}={self.items[item]}"
+
+
+@dataclasses.dataclass
+class StockRecord:
+    """The same state as a dataclass."""
+
+    items: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def take(self, item: str) -> str:
+        """Take one of an item.
+
+        Args:
+            item: The item's name.
+        """
+        self.items[item] -= 1
+        return f"{item}={self.items[item]}"
+
+
+@pytest.mark.parametrize("state_class", [Stock, StockRecord])
+def test_pydantic_and_dataclass_states(state_class):
+    env = FunctionEnvironment(state_class)
+    assert [tool["function"]["name"] for tool in env.tools()] == ["take"]
+    line = {"id": "s", "state": {"items": {"pen": 2}}, "user": "Take a pen.",
+            "calls": [{"name": "take", "arguments": {"item": "pen"}}]}  # fmt: skip
+    task = read_task_file_from_lines([json.dumps(line)]).tasks[0]
+    env.reset(task)
+    assert env.step('take(item="pen")').text == "pen=1"
+    env.end_turn(None)
+    assert env.current_state() == {"items": {"pen": 1}} and env.score() == 1.0
 
 
 def read_task_file_from_lines(lines: list[str], tmp: Path | None = None):
