@@ -40,6 +40,7 @@ from .outputs.tracking import TrackingConfig
 from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negative_settings import HardNegativeSettings
+from .training.writer_config import WriterConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -96,6 +97,11 @@ class CoevolveConfig(Section):
         default_factory=HardNegativeSettings,
         description="Co-Evolving Agents: failure agent and DPO + SFT target (off by default).",
     )
+    writer: WriterConfig = Field(
+        default_factory=WriterConfig,
+        description="How the task writer is taught from the seed tasks (`coevolve writer`); "
+        "synthesis.roles.writer names the endpoint that serves it.",
+    )
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,
         description="Named OpenAI-compatible endpoints; roles refer to them by name.",
@@ -120,7 +126,7 @@ class CoevolveConfig(Section):
                 "local embedding"
             )
         roles = self.synthesis.roles
-        for role in ("default_endpoint", "summarizer", "explorer", "abstractor", "judge"):
+        for role in ("default_endpoint", "summarizer", "explorer", "abstractor", "judge", "writer"):
             ref = getattr(roles, role)
             if ref is not None and ref != "offline" and ref not in self.endpoints:
                 raise ValueError(

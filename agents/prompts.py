@@ -122,3 +122,12 @@ actions are a correct solution.
 - reason: one or two sentences justifying the verdict.
 
 Answer with a JSON object with exactly these fields."""
+
+# The task writer's system prompt (agents/writer.py): short, because the writer is a small
+# model taught on the seed tasks with this very prompt (training/writer.py), not a model
+# that follows long instructions. Its input is a numbered list of calls and their results.
+WRITER_PROMPT = (
+    "Write the user's request that these tool calls carry out, as the user would say it. "
+    "Reply with 'Request: <the request>' and, when the request asks for a value, "
+    "'Answer: <the value>'."
+)

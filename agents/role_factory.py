@@ -16,8 +16,9 @@ from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
-from .roles import ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, Summarizer
+from .roles import OFFLINE, ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, Summarizer
 from .summarizer import LLMSummarizer, OfflineSummarizer
+from .writer import TaskWriter
 
 if TYPE_CHECKING:
     from .config import EndpointConfig
@@ -77,8 +78,26 @@ def build_roles(
             policy_rounds=config.explorer_policy_rounds,
         )
     )
+    writer = None if config.writer == OFFLINE else config.writer
+    if writer is not None and writer not in endpoints:
+        known = ", ".join(sorted(endpoints)) or "none defined"
+        raise ValueError(
+            f"synthesis.roles.writer uses endpoint {writer!r}, which is not in `endpoints` "
+            f"(known: {known})"
+        )
+    if writer is not None and limiter is None:
+        limiter = asyncio.Semaphore(config.llm_concurrency)
     abstractor: Abstractor = (
-        LLMAbstractor(
+        TaskWriter(
+            chat_model(endpoints[writer], temperature=config.writer_temperature),
+            limiter,
+            prompt=config.writer_prompt,
+            max_candidates=config.max_candidates,
+            material=config.writer_material,
+            grounding=config.writer_grounding,
+        )
+        if writer is not None
+        else LLMAbstractor(
             model("abstractor"),
             limiter,
             prompt=config.abstractor_prompt,

@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +32,13 @@ from ..records import (
     Turn,
     Verdict,
 )
-from .prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
+from .prompts import (
+    ABSTRACTOR_PROMPT,
+    EXPLORER_PROMPT,
+    JUDGE_PROMPT,
+    SUMMARIZER_PROMPT,
+    WRITER_PROMPT,
+)
 
 
 class Interaction(BaseModel):
@@ -55,6 +61,8 @@ class ExplorationRound(BaseModel):
 
 
 EnvFactory = Callable[[], Environment]
+# What the task writer relabels (agents/writer.py).
+WriterMaterial = Literal["hindsight", "explored", "both"]
 
 
 class Summarizer(Protocol):
@@ -273,6 +281,30 @@ class RolesConfig(BaseModel):
         default=ABSTRACTOR_PROMPT, description="System prompt of the LLM task-abstractor."
     )
     judge_prompt: str = Field(default=JUDGE_PROMPT, description="System prompt of the LLM judge.")
+    writer: str | None = Field(
+        default=None,
+        description="Task writer: an endpoint name whose model writes the request of calls that "
+        "ran (agents/writer.py; a model taught on the seed tasks: `coevolve writer`). Set, it "
+        "is the abstractor, and synthesis calls no task generator. None: the abstractor above.",
+    )
+    writer_material: WriterMaterial = Field(
+        default="both",
+        description="What the writer relabels: hindsight (the flagged trajectory's calls that "
+        "succeeded), explored (each exploration round's), or both.",
+    )
+    writer_grounding: bool = Field(
+        default=True,
+        description="Self-curation: keep a written task only if its request names every "
+        "argument value its calls need that no earlier result shows.",
+    )
+    writer_temperature: float | None = Field(
+        default=0.0, ge=0.0, le=2.0, description="Task writer temperature (None: endpoint's)."
+    )
+    writer_prompt: str = Field(
+        default=WRITER_PROMPT,
+        description="System prompt of the task writer; the writer is taught with it, so change "
+        "both together.",
+    )
 
     def endpoint_for(self, role: str) -> str | None:
         """The endpoint name a role uses, or None when it runs offline."""

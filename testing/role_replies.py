@@ -16,13 +16,21 @@ import json
 import re
 from typing import Any
 
-from ..agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT, SUMMARIZER_PROMPT
+from ..agents.prompts import (
+    ABSTRACTOR_PROMPT,
+    EXPLORER_PROMPT,
+    JUDGE_PROMPT,
+    SUMMARIZER_PROMPT,
+    WRITER_PROMPT,
+)
 from .openai_server import Reply
 
 ROLE_NAMES = ("summarizer", "explorer", "abstractor", "judge")
 ROLE_PROMPTS = (SUMMARIZER_PROMPT, EXPLORER_PROMPT, ABSTRACTOR_PROMPT, JUDGE_PROMPT)
 
 _CONTACT = re.compile(r"name=(\w+) phone=(\S+)")
+_CALL_LINE = re.compile(r"^\d+\. (\w+)\((.*)\) -> ", re.MULTILINE)
+_ARGUMENT = re.compile(r"\w+=(\"(?:[^\"\\]|\\.)*\"|[^,]+)")
 
 
 def role_of(body: dict[str, Any]) -> str | None:
@@ -76,3 +84,19 @@ def role_reply(body: dict[str, Any]) -> Reply | None:
             }
         )
     return None
+
+
+def writer_reply(body: dict[str, Any]) -> Reply | None:
+    """A sane task writer's reply (agents/writer.py): a request naming every call and its
+    argument values, so it passes the grounding check; None for any other request."""
+    messages = body.get("messages") or []
+    if not messages or messages[0].get("content") != WRITER_PROMPT:
+        return None
+    user = messages[-1]["content"]
+    clauses = []
+    for name, arguments in _CALL_LINE.findall(user if isinstance(user, str) else ""):
+        values = [value.strip().strip('"') for value in _ARGUMENT.findall(arguments)]
+        clauses.append(" ".join([name.replace("_", " "), *values]))
+    if not clauses:
+        return Reply.text("I cannot tell.")
+    return Reply.text(f"Request: Please {'; then '.join(clauses)}.\nAnswer: -")

@@ -1,0 +1,252 @@
+"""The task writer: calls that ran, back-translated into the request they carry out.
+
+A user has seed tasks, an environment and models; not a task generator. The writer
+(instruction back-translation, as Humpback) is a model taught on the seed tasks to
+read a numbered list of tool calls with their results and write the user's request
+(and the answer, when the request asks for a value). Its material is what the agent
+did:
+
+- hindsight: the flagged trajectory's calls that succeeded, relabelled as the task they
+  accomplish (HSL, AgentHER): a failure still demonstrates something;
+- explored: each exploration round's calls that succeeded (the explorer is the current
+  policy at a high temperature: ``explorer_policy_rounds``).
+
+The calls are the candidate's minimal actions as they ran, so replay (the judge) checks
+the writer's answer and the task's outcome, not a model's idea of the environment.
+Self-curation keeps a candidate only if its request names every argument value the
+calls need that no earlier result shows (``grounding``); every rejection keeps its
+reason. Nothing here reads the environment's task generator or any split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from ..envs.parsing import render_call
+from ..memory.signals import FlaggedTrajectory
+from ..records import CandidateTask, Neighbour, Observation, SynthesisContext, Task, ToolCall
+from .abstractor import actions_key, normalise, repeats
+from .explorer import mentions
+from .llm import model_label
+from .prompts import WRITER_PROMPT
+from .replies import ReplyError, ask
+from .roles import (
+    Abstraction,
+    EnvFactory,
+    ExplorationRound,
+    Interaction,
+    RejectedCandidate,
+    WriterMaterial,
+    candidate_setup,
+    primary_signal,
+)
+
+log = logging.getLogger(__name__)
+
+# Results longer than this are cut in the writer's input: it needs the values, not pages.
+OBSERVATION_CHARS = 160
+_REQUEST = re.compile(r"^\s*request\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+_ANSWER = re.compile(r"^\s*answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+_NO_ANSWER = {"", "-", "none", "n/a", "null"}
+
+
+def render_calls(interactions: Sequence[Interaction]) -> str:
+    """The writer's input: the calls, numbered, each with its result on one line."""
+    lines = []
+    for number, interaction in enumerate(interactions, 1):
+        text = " ".join(interaction.observation.text.split())
+        if len(text) > OBSERVATION_CHARS:
+            text = text[:OBSERVATION_CHARS] + "..."
+        lines.append(f"{number}. {render_call(interaction.call)} -> {text}")
+    return "\n".join(lines)
+
+
+def render_writing(query: str, answer: str | None) -> str:
+    """The writer's output for a request (and answer): what it is taught and what it reads."""
+    return f"Request: {' '.join(query.split())}\nAnswer: {answer if answer else '-'}"
+
+
+def parse_writing(text: str) -> tuple[str, str | None]:
+    """(request, answer or None) of a writer's reply; ValueError when it holds no request."""
+    request = _REQUEST.search(text)
+    if request is None:
+        raise ValueError(f"no 'Request:' line in {text[:120]!r}")
+    answer = _ANSWER.search(text)
+    value = answer.group(1).strip() if answer else ""
+    return request.group(1).strip(), None if value.lower() in _NO_ANSWER else value
+
+
+_TOKEN = re.compile(r"[\w:.@+/-]+")
+
+
+def _value_tokens(text: str) -> list[str]:
+    """The parts of a free-text value the agent cannot make up: numbers, dates, times, names
+    (a token with a digit or a capital). "training moved to 01-24 at 14:30" needs 01-24 and
+    14:30 from somewhere; its wording is the agent's own."""
+    return [
+        token.strip(".")
+        for token in _TOKEN.findall(text)
+        if any(ch.isdigit() for ch in token) or token[:1].isupper()
+    ]
+
+
+_NUMBER_WORDS = {
+    "1": ("a", "an", "one"), "2": ("two", "both"), "3": ("three",), "4": ("four",),
+    "5": ("five",), "6": ("six",), "7": ("seven",), "8": ("eight",), "9": ("nine",),
+    "10": ("ten",),
+}  # fmt: skip
+
+
+def _named(texts: Sequence[str], value: str) -> bool:
+    """Whether one of ``texts`` names ``value``: whole, in the plural, or a small number
+    in words ("a scarf", "Buy 2 bulbs")."""
+    forms = (value, value + "s", value + "es", *_NUMBER_WORDS.get(value, ()))
+    return any(mentions(text, form) for text in texts for form in forms)
+
+
+def ungrounded_values(query: str, interactions: Sequence[Interaction]) -> list[str]:
+    """Argument values of the calls that neither the request nor an earlier result names:
+    the agent could not know them from the request, so the task would teach guessing.
+
+    A one-word value must appear whole; a longer one (a message text) needs only its
+    numbers and names (``_value_tokens``)."""
+    missing: list[str] = []
+    seen: list[str] = [query]
+    for interaction in interactions:
+        for value in interaction.call.arguments.values():
+            if not isinstance(value, str | int | float) or isinstance(value, bool):
+                continue
+            text = str(value).strip()
+            if not text or _named(seen, text):
+                continue
+            tokens = _value_tokens(text) if len(text.split()) > 1 else [text]
+            if not all(_named(seen, token) for token in tokens):
+                missing.append(text)
+        seen.append(interaction.observation.text)
+    return list(dict.fromkeys(missing))
+
+
+def succeeded(steps: Sequence[tuple[ToolCall | None, Observation]]) -> list[Interaction]:
+    """The calls that ran without an error, in order (failed calls change nothing to replay)."""
+    return [
+        Interaction(call=ToolCall(name=call.name, arguments=call.arguments), observation=obs)
+        for call, obs in steps
+        if call is not None and not obs.error
+    ]
+
+
+class TaskWriter:
+    """An abstractor that asks a writer model for the request of calls that ran."""
+
+    def __init__(
+        self,
+        model: Any,
+        limiter: asyncio.Semaphore | None = None,
+        prompt: str = WRITER_PROMPT,
+        max_candidates: int = 3,
+        material: WriterMaterial = "both",
+        grounding: bool = True,
+    ):
+        if max_candidates < 1:
+            raise ValueError("max_candidates must be >= 1")
+        self.model = model
+        self.limiter = limiter
+        self.prompt = prompt
+        self.max_candidates = max_candidates
+        self.material = material
+        self.grounding = grounding
+        self.name = f"abstractor:writer({model_label(model)}, {material})"
+
+    def segments(
+        self, item: FlaggedTrajectory, task: Task, rounds: Sequence[ExplorationRound]
+    ) -> list[tuple[Literal["hindsight", "explored"], dict[str, Any], list[Interaction]]]:
+        """(kind, setup, calls) of each distinct piece of material, hindsight first."""
+        found: list[tuple[Literal["hindsight", "explored"], dict[str, Any], list[Interaction]]]
+        found = []
+        if self.material in ("hindsight", "both"):
+            steps = [(step.call, step.observation) for step in item.trajectory.steps]
+            found.append(("hindsight", dict(task.setup), succeeded(steps)))
+        if self.material in ("explored", "both"):
+            for exploration in rounds:
+                steps = [(i.call, i.observation) for i in exploration.interactions]
+                found.append(("explored", dict(exploration.setup), succeeded(steps)))
+        distinct, keys = [], set()
+        for kind, setup, calls in found:
+            key = actions_key([i.call for i in calls], setup)
+            if calls and key not in keys:
+                keys.add(key)
+                distinct.append((kind, setup, calls))
+        return distinct
+
+    async def abstract(
+        self,
+        item: FlaggedTrajectory,
+        task: Task,
+        context: SynthesisContext,
+        rounds: Sequence[ExplorationRound],
+        neighbours: Sequence[Neighbour],
+        make_env: EnvFactory,
+    ) -> Abstraction:
+        material = self.segments(item, task, rounds)[: self.max_candidates]
+        if not material:
+            why = "no call of the flagged trajectory or of the exploration rounds succeeded"
+            return Abstraction(rejections=[RejectedCandidate(description=task.id, reason=why)])
+        replies = await asyncio.gather(
+            *(self._write(calls) for _, _, calls in material), return_exceptions=True
+        )
+        failures = [r for r in replies if isinstance(r, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, ReplyError):
+                raise failure  # a bug, or a cancellation: not the endpoint's doing
+        if failures and len(failures) == len(replies):
+            raise failures[0]  # no reply at all: the branch fails with the endpoint's reason
+        chosen: list[CandidateTask] = []
+        rejected: list[RejectedCandidate] = []
+        queries: set[str] = set()
+        for (kind, setup, calls), reply in zip(material, replies, strict=True):
+            description = f"{kind}: " + " > ".join(i.call.name for i in calls)
+            if isinstance(reply, BaseException):
+                rejected.append(RejectedCandidate(description=description, reason=str(reply)))
+                continue
+            try:
+                query, answer = parse_writing(reply)
+            except ValueError as err:
+                reason = f"writer reply unreadable: {err}"
+                rejected.append(RejectedCandidate(description=description, reason=reason))
+                continue
+            problem = repeats([query], neighbours, context.do_not_repeat)
+            if problem is None and normalise(query) in queries:
+                problem = "duplicates another candidate of this item"
+            if problem is None and self.grounding:
+                missing = ungrounded_values(query, calls)
+                if missing:
+                    problem = f"curation: the request does not name {', '.join(missing[:4])}"
+            if problem is not None:
+                rejected.append(RejectedCandidate(description=description, reason=problem))
+                continue
+            queries.add(normalise(query))
+            chosen.append(
+                CandidateTask(
+                    description=description,
+                    query=query,
+                    minimal_actions=[i.call for i in calls],
+                    reference_answer=answer,
+                    parent_task_id=task.id,
+                    signal=primary_signal(item),
+                    setup=candidate_setup(setup),
+                    kind=kind,
+                )
+            )
+        return Abstraction(candidates=chosen, rejections=rejected)
+
+    async def _write(self, calls: Sequence[Interaction]) -> str:
+        messages = [SystemMessage(self.prompt), HumanMessage(render_calls(calls))]
+        reply = await ask(self.model, messages, self.limiter)
+        content = getattr(reply, "content", reply)
+        return content if isinstance(content, str) else str(content)

@@ -1,0 +1,98 @@
+"""``coevolve writer``: teach the task writer from a config's seed tasks."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from .common import DebugOption, SetOption, console, fail
+
+
+def writer_command(
+    config_path: Annotated[
+        str | None,
+        typer.Argument(help="Run config (default: configs/quickstart.yaml's defaults)."),
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(help="Override writer.base: smollm2, bootstrap or a model directory."),
+    ] = None,
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the writer's metadata as JSON.")
+    ] = False,
+    overrides: SetOption = None,
+    debug: DebugOption = False,
+) -> None:
+    """Teach the task writer (SmolLM2 + LoRA) on the config's seed tasks: calls -> request.
+
+    It learns from the seed tasks only (env.split, the first pool.seed_tasks of them), never
+    a validation or held-out task. Serve the printed directory (``transformers serve``, or
+    vLLM) and name that endpoint in ``synthesis.roles.writer``. Cached: a second call with
+    the same settings and tasks returns at once.
+    """
+    from pathlib import Path
+
+    from ..config import ConfigError, load_config
+    from ..envs.catalog import load_tasks
+    from ..envs.registry import get_environment
+    from ..training.bootstrap_config import default_cache_dir
+
+    try:
+        config = load_config(config_path, overrides or ())
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    settings = config.writer if base is None else config.writer.model_copy(update={"base": base})
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    if settings.base == "smollm2":
+        from ..training.smollm2 import BaseModelError, base_model_dir
+
+        try:
+            base_dir = base_model_dir(root, progress=not as_json)
+        except BaseModelError as err:
+            raise fail(str(err)) from None
+    elif settings.base == "bootstrap":
+        from ..training.bootstrap import bootstrap
+
+        base_dir = bootstrap(config.bootstrap, cache_dir=root, progress=not as_json)
+    else:
+        base_dir = Path(settings.base).expanduser()
+        if not (base_dir / "config.json").is_file():
+            raise fail(
+                f"writer.base {settings.base!r} is not smollm2, bootstrap or a model directory"
+            )
+    env = config.env
+    seeds = load_tasks(env.name, split=env.split, category=env.category, seed=env.seed)
+    if config.pool.seed_tasks is not None:
+        seeds = seeds[: config.pool.seed_tasks]
+    from ..training.writer import METADATA_FILE, build_writer
+
+    try:
+        path = build_writer(
+            settings,
+            base_dir=base_dir,
+            tasks=seeds,
+            make_env=get_environment(env.name).environment,
+            cache_dir=root,
+            progress=not as_json,
+        )
+    except ValueError as err:
+        raise fail(str(err)) from None
+    metadata = json.loads((path / METADATA_FILE).read_text())
+    if as_json:
+        print(json.dumps({"path": str(path), **metadata}))
+        return
+    console.print(f"task writer: {path}")
+    console.print(
+        f"  taught on {metadata['examples']} seed tasks, {metadata['steps']} steps, "
+        f"final loss {metadata['final_loss']:.3f}"
+    )
+    console.print(
+        "  serve it (the model name is the directory): transformers serve --port 8001, "
+        "then an endpoint with that base_url and model, named in synthesis.roles.writer"
+    )
