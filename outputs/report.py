@@ -202,10 +202,18 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+# A terminal is often 100 columns wide: the per-cycle figures are split over two tables
+# whose headers fit without being cut, and the per-family table keeps as many cycle
+# columns as fit (cycle 0 and the latest ones), saying which it left out.
+SIGNAL_HEADERS = {"forgetting": "forgot", "boundary": "bound.", "rare": "rare", "unsolved": "unsolv."}
+FAMILY_FIXED_WIDTH = 6 + 7 + 4 + 5  # change, flagged, kept, synth: their widest text
+SUMMARY_WIDTH = 100
+
+
 def print_summary(
     console: Any, cycles: list[CycleSummary], pool: dict[str, int] | None = None
 ) -> None:
-    """The tables `coevolve run` ends with."""
+    """The tables `coevolve run` ends with, each fitting a 100-column terminal."""
     from rich.table import Table
 
     rows = metrics_rows(cycles)
@@ -215,24 +223,21 @@ def print_summary(
         "held-out",
         "tool seq",
         "rollout",
-        *SIGNAL_KINDS,
         "flag prec.",
-        "synth / accepted / dup",
+        "synth/acc/dup",
         "pool",
-        "train loss",
+        "loss",
         "overhead",
     ):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
-        signals = row["signals"] or {}
         table.add_row(
             str(row["cycle"]),
             _pct(row["heldout_success"]),
             _pct(row["heldout_tool_sequence"]),
             _pct(row["rollout_success"]),
-            *(str(signals.get(kind, "")) for kind in SIGNAL_KINDS),
             _pct(row["flag_precision"]) if row["cycle"] else "",
-            f"{row['candidates'] or 0} / {row['accepted'] or 0} / {row['duplicates'] or 0}"
+            f"{row['candidates'] or 0}/{row['accepted'] or 0}/{row['duplicates'] or 0}"
             if row["cycle"]
             else "",
             str(row["pool_size"] or ""),
@@ -240,20 +245,50 @@ def print_summary(
             _pct(row["overhead_share"]),
         )
     console.print(table)
+    console.print(
+        "held-out: greedy success on the held-out tasks; tool seq: right tool sequence; "
+        "rollout: success of the cycle's rollouts; flag prec.: share of the flagged budget on "
+        "families under 50% rollout success; synth/acc/dup: candidates synthesized / accepted "
+        "/ dropped as duplicates; loss: final train loss; overhead: share of the cycle outside "
+        "generation and optimiser steps"
+    )
+
+    signals_table = Table(title="signals flagged per cycle, by kind")
+    signals_table.add_column("cycle", justify="right", no_wrap=True)
+    for kind in SIGNAL_KINDS:
+        signals_table.add_column(SIGNAL_HEADERS.get(kind, kind), justify="right", no_wrap=True)
+    signals_table.add_column("flagged / kept", justify="right", no_wrap=True)
+    for row in rows:
+        if not row["cycle"]:
+            continue
+        signals = row["signals"] or {}
+        signals_table.add_row(
+            str(row["cycle"]),
+            *(str(signals.get(kind, "")) for kind in SIGNAL_KINDS),
+            f"{sum(signals.values())} / {row['flagged_kept'] or 0}",
+        )
+    if signals_table.row_count:
+        console.print(signals_table)
+        console.print(
+            "forgot: forgetting; bound.: boundary (mixed outcomes among the K rollouts); "
+            "rare: rare families; unsolv.: unsolved"
+        )
 
     families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
     if families:
+        evaluated = [row for row in rows if row["heldout_by_family"]]
+        shown = _cycle_columns_that_fit(evaluated, families, console)
         by_family = Table(
-            title="held-out success per family, and what the signals did about it "
+            title="held-out success per family by cycle, and what the signals did about it "
             "(flagged / kept items, accepted synthesized tasks, summed over cycles)"
         )
-        by_family.add_column("family")
-        for row in rows:
-            by_family.add_column(f"cycle {row['cycle']}", justify="right")
-        for column in ("change", "flagged", "kept", "synthesized"):
-            by_family.add_column(column, justify="right")
+        by_family.add_column("family", no_wrap=True)
+        for row in shown:
+            by_family.add_column(f"c{row['cycle']}", justify="right", no_wrap=True)
+        for column in ("change", "flagged", "kept", "synth"):
+            by_family.add_column(column, justify="right", no_wrap=True)
         for family in families:
-            scores = [(row["heldout_by_family"] or {}).get(family) for row in rows]
+            scores = [(row["heldout_by_family"] or {}).get(family) for row in evaluated]
             change = (
                 f"{100 * (scores[-1] - scores[0]):+.1f}"
                 if len(scores) > 1 and scores[0] is not None and scores[-1] is not None
@@ -262,28 +297,41 @@ def print_summary(
             flags = [((row["flags_by_family"] or {}).get(family) or {}) for row in rows]
             by_family.add_row(
                 family,
-                *(_pct(score) for score in scores),
+                *(_pct((row["heldout_by_family"] or {}).get(family)) for row in shown),
                 change,
                 str(sum(f.get("flagged_items", 0) for f in flags)),
                 str(sum(f.get("kept_items", 0) for f in flags)),
                 str(sum((row["accepted_by_family"] or {}).get(family, 0) for row in rows)),
             )
         console.print(by_family)
+        left_out = [row["cycle"] for row in evaluated if row not in shown]
+        console.print(
+            "cN: held-out success after cycle N; change: last evaluated cycle minus cycle 0, "
+            "in points; synth: accepted synthesized tasks"
+            + (
+                f"; cycles {', '.join(map(str, left_out))} left out to fit "
+                "(metrics.jsonl has them)"
+                if left_out
+                else ""
+            )
+        )
 
     times = Table(title="seconds per stage (share of the cycle)")
-    times.add_column("cycle", justify="right")
+    times.add_column("cycle", justify="right", no_wrap=True)
     for stage in (*CYCLE_STAGES, "total"):
-        times.add_column(stage, justify="right")
+        times.add_column(stage, justify="right", no_wrap=True)
     for row in rows:
         seconds = row["stage_time_s"]
         total = sum(seconds.values())
         times.add_row(
             str(row["cycle"]),
             *(
-                f"{seconds[s]:.1f} ({100 * seconds[s] / total:.0f}%)" if s in seconds else ""
+                f"{_seconds(seconds[s])} ({100 * seconds[s] / total:.0f}%)"
+                if s in seconds
+                else ""
                 for s in CYCLE_STAGES
             ),
-            f"{total:.1f}",
+            _seconds(total),
         )
     console.print(times)
     for row in rows:
@@ -299,6 +347,25 @@ def print_summary(
             f"pool: {counts.get('seed', 0)} seed + {counts.get('synthesized', 0)} synthesized "
             f"tasks ({signals or 'none'})"
         )
+
+
+def _cycle_columns_that_fit(
+    evaluated: list[dict[str, Any]], families: list[str], console: Any
+) -> list[dict[str, Any]]:
+    """The evaluated cycles the per-family table shows: all of them if they fit the console
+    (at most 100 columns), else cycle 0 and as many of the latest as fit."""
+    width = min(getattr(console, "width", SUMMARY_WIDTH) or SUMMARY_WIDTH, SUMMARY_WIDTH)
+    # each column takes its text plus 3 (padding and a border); the table one more border
+    fixed = max(len(f) for f in families) + 3 + FAMILY_FIXED_WIDTH + 4 * 3 + 1
+    fits = max((width - fixed) // (len("100.0%") + 3), 2)
+    if len(evaluated) <= fits:
+        return evaluated
+    return [evaluated[0], *evaluated[len(evaluated) - (fits - 1) :]]
+
+
+def _seconds(value: float) -> str:
+    """Seconds in at most 5 characters below 100,000 s: 20.0, 123, 4567."""
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
 def _pct(value: float | None) -> str:

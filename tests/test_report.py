@@ -123,12 +123,12 @@ def test_summary_tables_show_each_cycle_family_and_stage():
                 return cells
         raise AssertionError(f"no row {first_cell!r} under {after!r}")
 
-    # cycle, held-out, tool seq, rollout, 4 signal kinds, flag prec., synth/acc/dup, pool,
-    # loss, overhead
+    # cycle, held-out, tool seq, rollout, flag prec., synth/acc/dup, pool, loss, overhead
     assert row("1", "per cycle") == [
-        "1", "50.0%", "75.0%", "37.5%", "0", "2", "1", "3", "66.7%", "5 / 2 / 1", "42",
-        "1.234", "17.9%",
+        "1", "50.0%", "75.0%", "37.5%", "66.7%", "5/2/1", "42", "1.234", "17.9%",
     ]  # fmt: skip
+    # cycle, forgetting, boundary, rare, unsolved, flagged / kept
+    assert row("1", "signals flagged") == ["1", "0", "2", "1", "3", "6 / 3"]
     assert row("0", "per cycle")[:3] == ["0", "25.0%", "50.0%"]
     # family, cycle 0, cycle 1, change (points), flagged, kept, synthesized
     assert row("beta", "per family") == ["beta", "0.0%", "50.0%", "+50.0", "4", "3", "2"]
@@ -147,3 +147,82 @@ def test_summary_tables_show_each_cycle_family_and_stage():
     text = "\n".join(lines)
     assert "cycle 1 rollout diagnosis (SEAL labels): wrong_tool 3" in text
     assert "pool: 40 seed + 2 synthesized tasks (unsolved 2)" in text
+
+
+def _table_blocks(lines: list[str]) -> list[list[str]]:
+    """The lines of each rich table (heavy-head box) in a captured summary."""
+    blocks, block = [], None
+    for line in lines:
+        if line.lstrip().startswith("┏"):
+            block = []
+        if block is not None:
+            block.append(line.strip())
+        if block is not None and line.lstrip().startswith("└"):
+            blocks.append(block)
+            block = None
+    return blocks
+
+
+def _long_run() -> list[CycleSummary]:
+    """Six cycles of a run at full size: long family names, thousands of seconds, every
+    signal kind, three-digit counts."""
+    families = ["add_contact", "move_and_tell_two", "reschedule_and_notify", "price_check"]
+    cycles = [
+        CycleSummary.model_validate(
+            {**BASELINE, "evaluate": {**BASELINE["evaluate"], "episodes": 216,
+                                      "by_family": {f: 0.125 for f in families}}}
+        )
+    ]  # fmt: skip
+    for cycle in range(1, 7):
+        data = json.loads(json.dumps(CYCLE_1))
+        data["cycle"] = cycle
+        data["rollout"].update(success=0.4321, episodes=2048, time_s=1234.5)
+        data["signals"].update(
+            by_kind={"forgetting": 123, "boundary": 456, "rare": 78, "unsolved": 910},
+            kept_by_kind={"boundary": 48},
+            flagged=1567,
+            kept=48,
+            flag_precision=1.0,
+            by_family={f: {"flagged_items": 1234, "kept_items": 123, "rollout_success": 0.5}
+                       for f in families},
+        )  # fmt: skip
+        data["synthesize"].update(candidates=1234, accepted=480, duplicates=123,
+                                  by_family={f: 120 for f in families})  # fmt: skip
+        data["pool"].update(size=12345, seed=1000, synthesized=11345, time_s=12.3)
+        data["train"].update(final_loss=0.0123, stage_time_s=9876.5, train_time_s=9000.0)
+        data["evaluate"].update(
+            success=1.0, tool_sequence=1.0, episodes=216, time_s=543.2,
+            by_family={f: 0.5 + cycle / 100 for f in families},
+        )  # fmt: skip
+        cycles.append(CycleSummary.model_validate(data))
+    return cycles
+
+
+@pytest.mark.parametrize("cycles", [CYCLES, _long_run()], ids=["one cycle", "six cycles"])
+def test_summary_fits_a_100_column_terminal(cycles):
+    """At 100 columns no header is cut ("held-o…", "forget…", "bounda…") and no cell wraps."""
+    console = Console(record=True, width=100)
+    print_summary(console, cycles, {"seed": 1000, "synthesized": 11345, "signal:unsolved": 2})
+    text = console.export_text()
+    lines = text.splitlines()
+    assert "…" not in text
+    assert all(len(line) <= 100 for line in lines)
+    blocks = _table_blocks(lines)
+    assert len(blocks) == 4  # per cycle, signals, per family, seconds per stage
+    for block in blocks:
+        head = block[1 : next(i for i, line in enumerate(block) if line.startswith("┡"))]
+        assert len(head) == 1, f"a header wrapped onto two lines: {head}"
+        body = [line for line in block if line.startswith("│")]
+        # a wrapped cell continues on a line whose first cell is empty
+        assert all(line.split("│")[1].strip() for line in body), "\n".join(block)
+    headers = " ".join(block[1] for block in blocks)
+    for name in ("held-out", "tool seq", "flag prec.", "synth/acc/dup", "overhead", "forgot",
+                 "bound.", "unsolv.", "synthesize", "evaluate"):  # fmt: skip
+        assert name in headers
+    # the legends say what each abbreviation means
+    assert "bound.: boundary" in " ".join(lines) and "synth/acc/dup: candidates" in text
+    if len(cycles) > 4:
+        # the per-family table keeps cycle 0 and the latest cycles, naming those left out
+        family_head = blocks[2][1]
+        assert "c0" in family_head and "c6" in family_head
+        assert "left out to fit" in text.replace("\n", " ")
