@@ -205,7 +205,12 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
 # A terminal is often 100 columns wide: the per-cycle figures are split over two tables
 # whose headers fit without being cut, and the per-family table keeps as many cycle
 # columns as fit (cycle 0 and the latest ones), saying which it left out.
-SIGNAL_HEADERS = {"forgetting": "forgot", "boundary": "bound.", "rare": "rare", "unsolved": "unsolv."}
+SIGNAL_HEADERS = {
+    "forgetting": "forgot",
+    "boundary": "bound.",
+    "rare": "rare",
+    "unsolved": "unsolv.",
+}
 FAMILY_FIXED_WIDTH = 6 + 7 + 4 + 5  # change, flagged, kept, synth: their widest text
 SUMMARY_WIDTH = 100
 
@@ -309,8 +314,7 @@ def print_summary(
             "cN: held-out success after cycle N; change: last evaluated cycle minus cycle 0, "
             "in points; synth: accepted synthesized tasks"
             + (
-                f"; cycles {', '.join(map(str, left_out))} left out to fit "
-                "(metrics.jsonl has them)"
+                f"; cycles {', '.join(map(str, left_out))} left out to fit (metrics.jsonl has them)"
                 if left_out
                 else ""
             )
@@ -326,9 +330,7 @@ def print_summary(
         times.add_row(
             str(row["cycle"]),
             *(
-                f"{_seconds(seconds[s])} ({100 * seconds[s] / total:.0f}%)"
-                if s in seconds
-                else ""
+                f"{_seconds(seconds[s])} ({100 * seconds[s] / total:.0f}%)" if s in seconds else ""
                 for s in CYCLE_STAGES
             ),
             _seconds(total),
