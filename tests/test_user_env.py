@@ -506,3 +506,20 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     assert verdict.accepted, verdict.reason
     new = candidate_to_task(candidate, task, cycle=1)
     assert new.env == EXAMPLE and replay_reference(make_env(), new)[0] == 1.0
+
+
+def test_bench_learning_runs_on_the_example(tmp_path, cache_dir, tiny_build, monkeypatch):
+    """`coevolve bench learning --config` takes a user's environment like the world."""
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "learning", "--config", "examples/support_desk/config.yaml", "--quick",
+         "--seeds", "1", "--arms", "coevolve", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["seed_families"]) == {
+        *("cancel_order", "change_plan", "login_ticket", "order_status"),
+        *("plan_lookup", "refund", "upgrade_and_ticket"),
+    }
