@@ -57,6 +57,28 @@ def _entry_point_rows() -> list[dict[str, Any]]:
 
 
 ENV_HELP = "Environment: world, bfcl, or a user's (import path module:make_env, or entry point)."
+TasksOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tasks",
+        help="A user's environment: its task file (env.tasks), e.g. for a module of tool functions.",
+    ),
+]
+
+
+def _register_tasks(env: str, tasks: str | None) -> None:
+    """Pair ``env`` with the task file --tasks names, as a config's env.tasks does."""
+    if tasks is None:
+        return
+    from ..envs.registry import ENVIRONMENTS
+    from ..envs.user_env import register_user_environment
+
+    if env in ENVIRONMENTS:
+        raise fail(f"--tasks is for a user's environment, not {env!r}")
+    try:
+        register_user_environment(env, tasks)
+    except ValueError as err:
+        raise fail(str(err)) from None
 
 
 @env_app.command("check")
@@ -66,12 +88,14 @@ def env_check(
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     show_failures: Annotated[int, typer.Option(help="Failures to print per task set.")] = 5,
+    tasks_file: TasksOption = None,
 ) -> None:
     """Replay every reference solution through the environment and its verifier."""
     from ..envs.base import check_references
     from ..envs.registry import ENVIRONMENTS
     from ..envs.user_env import find_user_environment
 
+    _register_tasks(env, tasks_file)
     scopes, key = env_scopes(env, split, category)
     # A user's task file: its bad lines and broken references, each on one line with its
     # task id and line number (the splits below replay only the tasks that can be used).
@@ -121,10 +145,12 @@ def env_show(
     split: Annotated[str | None, typer.Option(help="World split.")] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category.")] = None,
     index: Annotated[int, typer.Option(help="Which task of the set.")] = 0,
+    tasks_file: TasksOption = None,
 ) -> None:
     """Show one task and replay its reference solution step by step."""
     from ..envs.parsing import render_call
 
+    _register_tasks(env, tasks_file)
     scopes, _ = env_scopes(env, split, category, default=env_spec(env).task_sets[:1])
     scope = scopes[0]
     try:

@@ -330,6 +330,10 @@ def test_a_module_of_tools_with_env_tasks(tmp_path, monkeypatch):
     env = spec.environment()
     assert [tool["function"]["name"] for tool in env.tools()] == ["balance", "transfer"]
     assert env.name == module and len(spec.load_tasks("train", "", 0)) == 4
+    result = CliRunner().invoke(
+        app, ["env", "check", module, "--tasks", str(tmp_path / "mine.jsonl")]
+    )
+    assert result.exit_code == 0 and "verified 4/4" in result.output, result.output
 
 
 def test_an_entry_point_names_an_environment(monkeypatch):
