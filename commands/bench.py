@@ -33,7 +33,9 @@ def bench_learning(
             "coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
             "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, "
             "grpo-demonstrations, grpo-reference, seal, "
-            "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives. "
+            "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
+            "coevolve-llm, random-llm (the task writer at the config's endpoint 'writer'; in "
+            "the default only when the config has one). "
             "Finished (arm, seed) units are skipped on a rerun."
         ),
     ] = None,
@@ -65,7 +67,7 @@ def bench_learning(
 
     import yaml
 
-    from ..bench.learning import ARMS, print_report, run_ablation
+    from ..bench.learning import ARMS, default_arms, print_report, run_ablation
     from ..config import ConfigError, load_config
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
@@ -84,7 +86,7 @@ def bench_learning(
         except ConfigError as err:
             raise fail(str(err)) from None
         source += "".join(f" --set {item}" for item in overrides)
-    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
+    chosen = [a.strip() for a in arms.split(",")] if arms else default_arms(base)
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
         raise fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")

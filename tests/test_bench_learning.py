@@ -16,6 +16,7 @@ from coevolve.bench.learning import (
     REFERENCE_EFFECT,
     ArmRun,
     arm_config,
+    default_arms,
     family_pairs,
     interval,
     package_commit,
@@ -236,9 +237,17 @@ def test_each_seal_arm_pairs_with_grpo():
 
 def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
+    assert "coevolve-llm" not in default_arms(base)  # no endpoint to serve the writer at
+    base["endpoints"] = {"writer": {"base_url": "http://127.0.0.1:8001/v1", "model": "w"}}
+    assert default_arms(base) == list(ARMS)
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
     assert not configs["static"].synthesis.enabled
     assert configs["random"].signals.selection == "random"
+    for arm in ("coevolve-llm", "random-llm"):  # the writer path: no task generator
+        roles = configs[arm].synthesis.roles
+        assert roles.writer == "writer" and roles.explorer_policy_rounds == roles.explorer_rounds
+    assert configs["random-llm"].signals.selection == "random"
+    assert configs["coevolve-llm"].signals == configs["coevolve"].signals
     assert configs["oracle-targeted"].signals.selection == "oracle"
     seal = {arm: configs[arm].training.seal for arm in ARMS if arm.startswith("seal")}
     assert {arm: (s.reweight.enable, s.adaptation.enable) for arm, s in seal.items()} == {
@@ -364,6 +373,8 @@ def test_quick_bench_runs_end_to_end(tmp_path):
         1,
         True,
     )
+    assert json.loads(out.stdout)["resumed"] == ["coevolve-seed1"]
+    assert "units resumed after a kill (r): 1 of 6 (coevolve-seed1)" in out.stderr
 
     # Units run with another config are not this bench's: one line says so, no traceback.
     stale = subprocess.run(
@@ -379,6 +390,57 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert stale.returncode != 0
     assert "were run with another config" in stale.stderr
     assert "Traceback" not in stale.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
+    """A bench unit killed part-way (its signals stage raises once, in cycle 2) and resumed by
+    the next bench run gives the figures of the same unit run through, and is marked resumed."""
+    from coevolve.bench.learning import run_ablation
+    from coevolve.graph import stages
+    from coevolve.testing.presets import quick_bench as quick_sections
+
+    base = load_config(Path(__file__).resolve().parents[1] / "configs" / "bench-learning.yaml")
+    base_dict = base.model_dump(mode="json")
+    base_dict.update(quick_sections())
+    base_dict["cycles"] = 2
+
+    def bench(out: Path):
+        return run_ablation(
+            base_dict,
+            seeds=[0],
+            arms=["static", "coevolve"],
+            out_dir=out,
+            config_name="bench-learning.yaml (--quick)",
+            scale_arm_steps=True,
+        )
+
+    straight = bench(tmp_path / "straight")
+
+    signals = stages.signals
+    killed = []
+
+    async def dies_once_in_cycle_2(rt, cycle, *args, **kwargs):
+        if cycle == 2 and rt.config.run_dir.endswith("coevolve-seed0") and not killed:
+            killed.append(cycle)
+            raise RuntimeError("killed in cycle 2's signals stage")
+        return await signals(rt, cycle, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "signals", dies_once_in_cycle_2)
+    with pytest.raises(RuntimeError, match="killed in cycle 2"):
+        bench(tmp_path / "killed")
+    assert killed == [2]
+    assert not (tmp_path / "killed" / "units" / "coevolve-seed0.json").exists()
+    resumed = bench(tmp_path / "killed")
+
+    assert resumed.resumed == ["coevolve-seed0"] and straight.resumed == []
+    figures = ("success_by_cycle", "by_family", "family_curves", "accepted_by_cycle",
+               "accepted_by_family")  # fmt: skip
+    for one, other in zip(straight.runs, resumed.runs, strict=True):
+        assert (one.arm, one.seed) == (other.arm, other.seed)
+        assert {f: getattr(one, f) for f in figures} == {f: getattr(other, f) for f in figures}
+    assert resumed.final == straight.final and resumed.paired == straight.paired
+    assert resumed.by_family == straight.by_family
 
 
 @pytest.mark.slow
@@ -586,7 +648,7 @@ def test_quick_scales_the_arms_step_counts_to_its_steps(tmp_path):
     base = load_config(None).model_dump(mode="json")
     base.update(quick_sections())
     quick_steps = base["training"]["max_steps"]
-    for arm in ARMS:  # every arm loads at --quick's steps once scaled ...
+    for arm in default_arms(base):  # every arm loads at --quick's steps once scaled ...
         config = load_config(arm_config(base, arm, 0, tmp_path, scale_steps=True))
         assert config.training.max_steps == quick_steps
     demonstrations = load_config(
@@ -616,6 +678,7 @@ def test_quick_bench_runs_every_default_arm(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert [run["arm"] for run in report["runs"]] == list(ARMS)
+    arms = [arm for arm in ARMS if arm not in ("coevolve-llm", "random-llm")]
+    assert [run["arm"] for run in report["runs"]] == arms  # the LLM arms need a writer server
     for run in report["runs"]:
         assert len(run["success_by_cycle"]) == 2

@@ -37,7 +37,7 @@ curves (learning_curves.png), per family (family_curves.png) and the paired
 differences per family (family_differences.png).
 """
 
-from .arms import ARMS, HARD_NEGATIVES_LEARNING_RATE, arm_config
+from .arms import ARMS, HARD_NEGATIVES_LEARNING_RATE, LLM_ARMS, arm_config, default_arms
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     BASELINES,
@@ -61,6 +61,7 @@ __all__ = [
     "ARMS",
     "BASELINES",
     "HARD_NEGATIVES_LEARNING_RATE",
+    "LLM_ARMS",
     "PAPER_EFFECTS",
     "REFERENCE_EFFECT",
     "REFERENCE_PAIRS",
@@ -69,6 +70,7 @@ __all__ = [
     "Interval",
     "Power",
     "arm_config",
+    "default_arms",
     "family_curves_of",
     "family_pairs",
     "interval",

@@ -69,6 +69,24 @@ ARMS: dict[str, dict[str, Any]] = {
     },
 }
 
+# The LLM path (issue 55): synthesis with no task generator. The task writer served at the
+# base config's endpoint named "writer" (`coevolve writer`, then a server) relabels what the
+# agent did (hindsight) and what the policy explored; replay and value grounding curate.
+WRITER_ENDPOINT = "writer"
+_WRITER_SYNTHESIS = {
+    "roles": {"writer": WRITER_ENDPOINT, "explorer_rounds": 2, "explorer_policy_rounds": 2}
+}
+ARMS["coevolve-llm"] = {"synthesis": _WRITER_SYNTHESIS}
+ARMS["random-llm"] = {"signals": {"selection": "random"}, "synthesis": _WRITER_SYNTHESIS}
+LLM_ARMS = ("coevolve-llm", "random-llm")
+
+
+def default_arms(base: dict[str, Any]) -> list[str]:
+    """The arms a bench runs when none are named: every arm, less the LLM arms when the
+    base config has no endpoint for the writer to be served at."""
+    served = WRITER_ENDPOINT in (base.get("endpoints") or {})
+    return [arm for arm in ARMS if served or arm not in LLM_ARMS]
+
 
 # The arms' own step counts (grpo.demonstration_steps above) are written for the bench's
 # configs/bench-learning.yaml, which trains this many optimisation steps a cycle.
