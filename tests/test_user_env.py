@@ -527,3 +527,31 @@ def test_bench_learning_runs_on_the_example(tmp_path, cache_dir, tiny_build, mon
         *("cancel_order", "change_plan", "login_ticket", "order_status"),
         *("plan_lookup", "refund", "upgrade_and_ticket"),
     }
+
+
+def test_studios_synthesis_pass_takes_a_users_environment():
+    """Studio's synthesis graph builds its runtime from a context naming the environment
+    (graph/studio.py): the desk's import path works there as `world` does."""
+    import asyncio
+
+    from coevolve.agents.oracle import OraclePolicy
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.graph.runtime_factory import spec_synthesis_runtime
+    from coevolve.graph.synthesis import synthesize
+    from coevolve.memory.signals import FlaggedTrajectory
+    from coevolve.records import Signal
+
+    spec = get_environment(EXAMPLE)
+    tasks = [t for t in spec.load_tasks("train", "", 0) if t.family == "upgrade_and_ticket"][:2]
+    trajectories = run_rollouts(OraclePolicy(), spec.environment, tasks, progress=False)
+    flagged = [
+        FlaggedTrajectory(
+            trajectory=t,
+            signals=[Signal(kind="rare", trajectory_id=t.id, task_id=t.task_id, family=t.family)],
+        )
+        for t in trajectories
+    ]
+    runtime = spec_synthesis_runtime(env=EXAMPLE)
+    result = asyncio.run(synthesize(flagged, tasks, runtime, cycle=1))
+    assert result.counts["flagged"] == 2 and result.counts["explored"] == 2, result.counts
+    assert all(task.env == EXAMPLE for task in result.accepted)
