@@ -24,7 +24,7 @@ import typer
 from coevolve.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # bench pages too
 _FENCE = re.compile(r"^```(\w*)\s*$")
 
 

@@ -114,6 +114,10 @@ class AblationReport(BaseModel):
     # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
     # could learn from demonstrations, and which it meets only through synthesis
     seed_families: dict[str, int] = {}
+    # units continued from a killed run's last finished stage ("coevolve-seed3"): a resumed
+    # unit gives the figures an uninterrupted one gives (test_a_killed_unit_resumes_to_the_
+    # same_figures), and the report says which they were
+    resumed: list[str] = []
     plot: str | None = None
 
 
@@ -230,6 +234,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         paired=paired,
         paired_by_family=paired_by_family,
         power=power,
+        resumed=[f"{run.arm}-seed{run.seed}" for run in runs if run.resumed],
     )
 
 
@@ -286,11 +291,18 @@ def print_report(console: Any, report: AblationReport) -> None:
             fmt(report.final[arm]),
             curve_text([p.mean for p in report.curves[arm]]),
             *(
-                f"{100 * runs[s].success_by_cycle[-1]:.1f}%" if s in runs else ""
+                f"{100 * runs[s].success_by_cycle[-1]:.1f}%{' (r)' if runs[s].resumed else ''}"
+                if s in runs
+                else ""
                 for s in report.seeds
             ),
         )
     console.print(table)
+    resumed = [f"{r.arm}-seed{r.seed}" for r in report.runs if r.resumed]
+    console.print(
+        f"units resumed after a kill (r): {len(resumed)} of {len(report.runs)}"
+        + (f" ({', '.join(resumed)})" if resumed else "")
+    )
     commits = Counter(
         r.commit[:12] + ("+modified" if r.commit.endswith("+modified") else "")
         if r.commit
