@@ -135,7 +135,7 @@ class UserEnvironment:
             task_sets=SPLITS,
             eval_task_sets=("heldout",),
             family_label="family",
-            max_tool_calls=12,
+            max_tool_calls=self._max_tool_calls(),
             load_tasks=self._load_tasks,
             load_task_set=self.tasks,
             seed_tasks=self._seed_tasks,
@@ -143,6 +143,15 @@ class UserEnvironment:
             failure_grade=self._failure_grade,
             inventory=self._inventory,
         )
+
+    def _max_tool_calls(self) -> int:
+        """Tool-calling replies per user turn in `coevolve eval`: room for twice the longest
+        reference turn (an agent may look things up or recover from an error), at least 4."""
+        longest = max(
+            (len(turn.reference_calls) for task in self.task_file.tasks for turn in task.turns),
+            default=0,
+        )
+        return max(4, 2 * longest)
 
     # ------------------------------------------------------------ the spec's callables
 

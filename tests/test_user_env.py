@@ -217,6 +217,7 @@ def test_the_example_is_found_by_import_path_and_derives_its_spec():
     assert EXAMPLE not in ENVIRONMENTS  # nothing in the package names it
     spec = get_environment(EXAMPLE)
     assert spec.name == EXAMPLE and spec.title == "support desk"
+    assert spec.max_tool_calls == 6  # twice the longest reference turn (3 calls)
     assert spec.environment().name == EXAMPLE  # tasks and synthesized tasks find it again
     inventory = spec.inventory()
     assert inventory["task_sets"] == {"train": 28, "validation": 14, "heldout": 14}
