@@ -257,6 +257,24 @@ def print_summary(
         "/ dropped as duplicates; loss: final train loss; overhead: share of the cycle outside "
         "generation and optimiser steps"
     )
+    lost = [
+        f"cycle {row['cycle']}: {', '.join(parts)}"
+        for row in rows
+        if (
+            parts := [
+                f"{count} {stage}"
+                for stage, count in (
+                    ("rollout", row["rollout_left_out"]),
+                    ("held-out", row["heldout_left_out"]),
+                )
+                if count
+            ]
+        )
+    ]
+    if lost:
+        console.print(
+            "episodes left out (no reply from the endpoint; in no rate above): " + "; ".join(lost)
+        )
 
     signals_table = Table(title="signals flagged per cycle, by kind")
     signals_table.add_column("cycle", justify="right", no_wrap=True)

@@ -385,3 +385,27 @@ def test_the_lock_refuses_a_second_holder_in_the_same_process(tmp_path):
             pass
     with hold_run_dir(tmp_path):  # released: free again
         pass
+
+
+def test_the_run_summary_names_the_episodes_left_out():
+    from rich.console import Console
+
+    from coevolve.outputs.report import print_summary
+    from coevolve.outputs.summary import CycleSummary, EvaluationFigures, RolloutFigures
+
+    evaluation = EvaluationFigures(
+        success=0.5, tool_sequence=0.5, calls=0.5, episodes=16, left_out=2, time_s=1.0
+    )
+    rollout = RolloutFigures(
+        tasks=8, seed_tasks=8, synthesized_tasks=0, episodes=13, left_out=3, success=0.5, time_s=1
+    )
+    cycles = [
+        CycleSummary(cycle=0, evaluate=evaluation),
+        CycleSummary(cycle=1, rollout=rollout, evaluate=evaluation),
+    ]
+    console = Console(record=True, width=200)
+    print_summary(console, cycles)
+    assert (
+        "episodes left out (no reply from the endpoint; in no rate above): cycle 0: 2 held-out; "
+        "cycle 1: 3 rollout, 2 held-out" in console.export_text()
+    )
