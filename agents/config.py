@@ -54,6 +54,12 @@ class EndpointConfig(Section):
         default=5.0, gt=0, description="Longest wait between two retries, in seconds."
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
+    server: Literal["vllm", "transformers"] = Field(
+        default="vllm",
+        description="The server `coevolve serve` starts for this endpoint: vllm (a GPU; LoRA "
+        "hot-loading, tool parsing) or transformers (`transformers serve`, the CPU path: it "
+        "serves any local model directory by its path as the model name, and has no LoRA API).",
+    )
     return_token_ids: bool = Field(
         default=False,
         description="Ask the server for the prompt's and the reply's token ids and the "

@@ -83,6 +83,25 @@ def vllm_command(
     return environment, argv
 
 
+def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, argv) of the ``transformers serve`` that serves ``endpoint``:
+    the CPU path, e.g. the task writer (its directory is the model name requests send)."""
+    if endpoint not in config.endpoints:
+        raise ServeError(
+            f"no endpoint {endpoint!r} in the config; defined: {', '.join(config.endpoints) or 'none'}"
+        )
+    served = config.endpoints[endpoint]
+    url = urlparse(served.base_url)
+    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1") or url.port is None:
+        raise ServeError(
+            f"endpoint {endpoint!r} is at {served.base_url}: serve it on this machine with a "
+            "port in base_url (e.g. http://127.0.0.1:8001/v1)"
+        )
+    argv = ["transformers", "serve", served.model, "--host", url.hostname, "--port", str(url.port)]
+    # Offline, with an existing hub cache: its /v1/models lists the cache and fails without one.
+    return {"HF_HUB_OFFLINE": "1"}, argv
+
+
 def _parser_for(model: str) -> str:
     lowered = model.lower()
     for family, parser in TOOL_CALL_PARSERS:
@@ -124,19 +143,37 @@ def serve_command(
     ] = None,
     overrides: SetOption = None,
 ) -> None:
-    """Serve a config's endpoint with vLLM: the model, its port, LoRA hot-loading at the
-    adapters' rank, and tool calling, derived from the config."""
+    """Serve a config's endpoint: with vLLM, the model, its port, LoRA hot-loading at the
+    adapters' rank and tool calling, derived from the config; with ``transformers serve``
+    (the endpoint's ``server: transformers``, the CPU path), the model directory and port."""
     from ..config import ConfigError, load_config
 
     try:
         config = load_config(config_path, overrides or [])
-        environment, argv = vllm_command(config, endpoint, tool_call_parser)
+        name = endpoint or config.policy.endpoint
+        if (
+            isinstance(name, str)
+            and name in config.endpoints
+            and (config.endpoints[name].server == "transformers")
+        ):
+            environment, argv = transformers_command(config, name)
+        else:
+            environment, argv = vllm_command(config, endpoint, tool_call_parser)
     except (ConfigError, ServeError) as err:
         raise fail(str(err)) from None
     argv += list(extra or [])
     if dry_run:
         console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
         return
+    if argv[0] == "transformers":
+        import sys
+        from pathlib import Path
+
+        # The venv's own console script, found beside this Python when PATH lacks it.
+        local = Path(sys.executable).parent / "transformers"
+        argv[0] = str(local) if local.exists() else argv[0]
+        console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
+        os.execvpe(argv[0], argv, {**os.environ, **environment})
     if shutil.which("vllm") is None:
         raise fail(
             "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a GPU "

@@ -26,6 +26,12 @@ def writer_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the writer's metadata as JSON.")
     ] = False,
+    path_only: Annotated[
+        bool,
+        typer.Option(
+            "--path", help="Print only the writer's directory (for endpoints.writer.model)."
+        ),
+    ] = False,
     overrides: SetOption = None,
     debug: DebugOption = False,
 ) -> None:
@@ -53,13 +59,13 @@ def writer_command(
         from ..training.smollm2 import BaseModelError, base_model_dir
 
         try:
-            base_dir = base_model_dir(root, progress=not as_json)
+            base_dir = base_model_dir(root, progress=not (as_json or path_only))
         except BaseModelError as err:
             raise fail(str(err)) from None
     elif settings.base == "bootstrap":
         from ..training.bootstrap import bootstrap
 
-        base_dir = bootstrap(config.bootstrap, cache_dir=root, progress=not as_json)
+        base_dir = bootstrap(config.bootstrap, cache_dir=root, progress=not (as_json or path_only))
     else:
         base_dir = Path(settings.base).expanduser()
         if not (base_dir / "config.json").is_file():
@@ -79,11 +85,14 @@ def writer_command(
             tasks=seeds,
             make_env=get_environment(env.name).environment,
             cache_dir=root,
-            progress=not as_json,
+            progress=not (as_json or path_only),
         )
     except ValueError as err:
         raise fail(str(err)) from None
     metadata = json.loads((path / METADATA_FILE).read_text())
+    if path_only:
+        print(path)
+        return
     if as_json:
         print(json.dumps({"path": str(path), **metadata}))
         return
@@ -93,6 +102,6 @@ def writer_command(
         f"final loss {metadata['final_loss']:.3f}"
     )
     console.print(
-        "  serve it (the model name is the directory): transformers serve --port 8001, "
-        "then an endpoint with that base_url and model, named in synthesis.roles.writer"
+        "  serve it: an endpoint with server: transformers and this directory as its model, "
+        "then `coevolve serve CONFIG --endpoint writer` (docs/synthesis.md)"
     )

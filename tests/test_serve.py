@@ -76,3 +76,17 @@ def test_without_vllm_it_says_so_in_one_line():
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("error: vLLM is not installed here: pip install 'coevolve[vllm]'")
+
+
+def test_an_endpoint_on_transformers_serve_gets_its_command(tmp_path):
+    config = tmp_path / "writer.yaml"
+    config.write_text(
+        "endpoints:\n  writer:\n    base_url: http://127.0.0.1:8011/v1\n"
+        "    model: /models/writer-1\n    server: transformers\n"
+        "synthesis:\n  roles:\n    writer: writer\n"
+    )
+    out = dry_run(str(config), "--endpoint", "writer", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "HF_HUB_OFFLINE=1 transformers serve /models/writer-1 --host 127.0.0.1 --port 8011"
+    )
