@@ -53,7 +53,7 @@ from .diagnosis import (
 )
 from .function_tools import TOOL_FAILED, FunctionEnvironment
 from .parsing import render_call
-from .registry import EnvironmentSpec
+from .spec import EnvironmentSpec
 from .task_file import SPLITS, TaskFile, TaskProblem, assign_splits, read_task_file
 
 ENTRY_POINT_GROUP = "coevolve.environments"
