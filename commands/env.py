@@ -91,6 +91,8 @@ def env_check(
     tasks_file: TasksOption = None,
 ) -> None:
     """Replay every reference solution through the environment and its verifier."""
+    from rich.markup import escape
+
     from ..envs.base import check_references
     from ..envs.registry import ENVIRONMENTS
     from ..envs.user_env import find_user_environment
@@ -105,7 +107,7 @@ def env_check(
         if as_json:
             print(json.dumps({"env": env, "problem": str(problem)}), flush=True)
         else:
-            console.print(f"[red]problem[/red] {problem}", soft_wrap=True, markup=False)
+            console.print(f"[red]problem[/red] {escape(str(problem))}", soft_wrap=True)
 
     all_verified = True
     for scope in scopes:
