@@ -226,13 +226,7 @@ def find_user_environment(name: str) -> UserEnvironment | None:
         entry = _entry_point(name)
         if entry is None:
             return None
-        try:
-            factory = entry.load()
-        except Exception as err:  # boundary: a third-party package's import
-            raise ValueError(
-                f"environment {name!r}: entry point {entry.value} of {ENTRY_POINT_GROUP} "
-                f"cannot be loaded ({type(err).__name__}: {err})"
-            ) from None
+        factory = _load_entry_point(entry, name)
     return _remember(name, factory, tasks=None)
 
 
@@ -244,7 +238,7 @@ def register_user_environment(name: str, tasks: str | Path) -> UserEnvironment:
         factory = _import_attribute(name)
     else:
         entry = _entry_point(name)
-        factory = entry.load() if entry is not None else _module_of_tools(name)
+        factory = _load_entry_point(entry, name) if entry is not None else _module_of_tools(name)
     return _remember(name, factory, tasks=tasks)
 
 
@@ -309,6 +303,11 @@ def _import_module(module_name: str, name: str) -> Any:
             f"environment {name!r}: cannot import module {module_name!r} ({err}); run from "
             "the directory that holds it or install it"
         ) from None
+    except Exception as err:  # boundary: the user's module failed while importing
+        raise ValueError(
+            f"environment {name!r}: importing module {module_name!r} raised "
+            f"{type(err).__name__}: {err}"
+        ) from None
 
 
 def _import_attribute(name: str) -> Any:
@@ -322,6 +321,16 @@ def _import_attribute(name: str) -> Any:
             raise ValueError(f"environment {name!r}: module {module_name!r} has no {attribute!r}")
         target = getattr(target, part)
     return target
+
+
+def _load_entry_point(entry: importlib.metadata.EntryPoint, name: str) -> Any:
+    try:
+        return entry.load()
+    except Exception as err:  # boundary: a third-party package's import
+        raise ValueError(
+            f"environment {name!r}: entry point {entry.value} of {ENTRY_POINT_GROUP} "
+            f"cannot be loaded ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _entry_point(name: str) -> importlib.metadata.EntryPoint | None:

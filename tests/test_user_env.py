@@ -317,6 +317,9 @@ def test_an_import_path_that_does_not_resolve_is_one_line(tmp_path, monkeypatch)
         with pytest.raises(ConfigError, match=message) as caught:
             load_config({"env": {"name": name}})
         assert "\n" not in str(caught.value)
+    broken = write_module(tmp_path, monkeypatch, "def make_env(:\n    pass\n")
+    with pytest.raises(ConfigError, match=f"importing module '{broken}' raised SyntaxError"):
+        load_config({"env": {"name": f"{broken}:make_env"}})
     result = CliRunner().invoke(app, ["env", "check", "no_such_module_xyz:make_env"])
     assert result.exit_code == 2 and "cannot import module 'no_such_module_xyz'" in result.output
 
