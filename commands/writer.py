@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -42,8 +43,6 @@ def writer_command(
     vLLM) and name that endpoint in ``synthesis.roles.writer``. Cached: a second call with
     the same settings and tasks returns at once.
     """
-    from pathlib import Path
-
     from ..config import ConfigError, load_config
     from ..envs.catalog import load_tasks
     from ..envs.registry import get_environment
@@ -89,6 +88,7 @@ def writer_command(
         )
     except ValueError as err:
         raise fail(str(err)) from None
+    linked = _link_for_endpoint(config, path)
     metadata = json.loads((path / METADATA_FILE).read_text())
     if path_only:
         print(path)
@@ -97,6 +97,10 @@ def writer_command(
         print(json.dumps({"path": str(path), **metadata}))
         return
     console.print(f"task writer: {path}")
+    if linked is not None:
+        console.print(
+            f"  linked as {linked}, the model of endpoint {config.synthesis.roles.writer!r}"
+        )
     console.print(
         f"  taught on {metadata['examples']} seed tasks, {metadata['steps']} steps, "
         f"final loss {metadata['final_loss']:.3f}"
@@ -105,3 +109,27 @@ def writer_command(
         "  serve it: an endpoint with server: transformers and this directory as its model, "
         "then `coevolve serve CONFIG --endpoint writer` (docs/synthesis.md)"
     )
+
+
+def _link_for_endpoint(config: Any, built: Path) -> Path | None:
+    """Point the path the writer's endpoint names as its model at the built writer, so a
+    config can name a stable path (``runs/writer-n100``) that ``coevolve serve`` serves and
+    the roles ask for. A path that exists and is not a link is left alone (an error)."""
+    name = config.synthesis.roles.writer
+    if name is None or name not in config.endpoints:
+        return None
+    link = Path(config.endpoints[name].model)
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        if link.resolve() == built.resolve():
+            return link
+        raise fail(
+            f"endpoints.{name}.model {str(link)!r} exists and is not a link to a writer: "
+            "name another path, or remove it"
+        )
+    elif not (link.is_absolute() or str(link).startswith(".") or "/" in str(link)):
+        return None  # a served model's name, not a path: the user serves it their way
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(built.resolve(), target_is_directory=True)
+    return link

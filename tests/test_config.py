@@ -216,7 +216,7 @@ def test_test_presets_load_and_the_quick_bench_is_a_valid_config():
     base = load_config(_shipped_configs()[0].with_name("bench-learning.yaml"))
     quick = load_config({**base.model_dump(mode="json"), **quick_bench()})
     assert quick.bootstrap == tiny_bootstrap()
-    assert (quick.cycles, quick.training.max_steps, quick.policy.max_new_tokens) == (1, 1, 16)
+    assert (quick.cycles, quick.training.max_steps, quick.policy.max_new_tokens) == (1, 2, 16)
 
 
 def test_pool_seed_tasks_bounds_the_bootstrap_and_its_cache_key():
