@@ -315,6 +315,55 @@ class FunctionEnvironment(ToolEnvironment):
             raise RuntimeError("score() before reset()")
         return verify(self, self.task, self.current_state(), self.answer)
 
+    # ------------------------------------------------------------ offline synthesis
+
+    def describe(self, calls: Sequence[ToolCall], setup: Mapping[str, Any]) -> str:
+        """A request for ``calls`` in the tools' own words (the first sentence of each
+        docstring), naming the argument values a user would give and leaving out the ones an
+        earlier call's one-line result shows, which the agent must look up and pass on::
+
+            Find a customer by email address (email: ana@mail.com), then refund a
+            delivered order (reason: damaged).
+
+        Offline synthesis writes its tasks' text with it (``SupportsDescribe``)."""
+        replica = copy.copy(self)  # shares the tools, not the episode
+        replica._state = self.new_state(setup.get("state", {}))
+        sentences = {
+            schema["function"]["name"]: _first_sentence(schema["function"]["description"])
+            for schema in self._schemas
+        }
+        seen = ""
+        parts = []
+        for call in calls:
+            given = [
+                f"{key}: {value if isinstance(value, str) else json.dumps(value)}"
+                for key, value in call.arguments.items()
+                if not _shows(seen, value)
+            ]
+            sentence = sentences.get(call.name, call.name.replace("_", " "))
+            parts.append(sentence + (f" ({', '.join(given)})" if given else ""))
+            observation = replica.step(call)
+            # A one-line result names the thing it found; from a list of several the request
+            # must still say which one, so its values stay in the text.
+            if observation.error is None and "\n" not in observation.text.strip():
+                seen += "\n" + observation.text
+        if not parts:
+            return ""
+        text = ", then ".join([parts[0], *(part[:1].lower() + part[1:] for part in parts[1:])])
+        return text + "."
+
+
+def _first_sentence(description: str) -> str:
+    return description.split(". ")[0].rstrip(".")
+
+
+def _shows(text: str, value: Any) -> bool:
+    """Whether an observation text shows ``value`` as a whole word (ids, names, numbers)."""
+    shown = value if isinstance(value, str) else json.dumps(value)
+    if not shown:
+        return False
+    return re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", text) is not None
+
 
 def verify(
     env: FunctionEnvironment, task: Task, final_state: Mapping[str, Any], answer: str | None

@@ -398,6 +398,19 @@ def test_diagnosis_and_failure_grade_come_from_the_replay():
     assert trajectory.score == 0.0 and 0.0 < grade < 1.0 and progress < 1.0
 
 
+def test_offline_synthesis_describes_calls_in_the_tools_words():
+    spec = get_environment(EXAMPLE)
+    env = spec.environment()
+    task = next(t for t in spec.load_tasks("train", "", 0) if t.family == "change_plan")
+    find, change = task.reference_calls
+    text = env.describe(task.reference_calls, task.setup)
+    assert text == (
+        f"Find a customer by email address (email: {find.arguments['email']}), then move a "
+        f"customer to another plan (plan: {change.arguments['plan']})."
+    )  # the customer id is left out: the agent looks it up
+    assert change.arguments["customer_id"] not in text
+
+
 # --------------------------------------------------------------------------- the loop
 
 
