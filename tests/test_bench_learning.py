@@ -105,6 +105,37 @@ def test_power_is_a_paired_t_tests_from_scipy():
     other = report.power["random - static"]
     assert other.paper_effect is None and other.effect == REFERENCE_EFFECT
     assert other.power == pytest.approx(paired_power(other.sd, REFERENCE_EFFECT, 4))
+    # every difference is also stated at the +5 goal, which the stopping rule reads
+    assert power.goal_power == pytest.approx(paired_power(sd, 0.05, 4))
+    assert power.seeds_for_goal == seeds_for_power(sd, 0.05)
+
+
+def test_the_report_says_which_differences_are_short_of_the_stopping_rule():
+    from rich.console import Console
+
+    from coevolve.bench.learning import print_report
+    from coevolve.bench.learning.report import stopping_rule_text
+
+    # paired SD 2 points at 4 seeds: +5 has 80% power from 4 seeds on (met); SD 8 points
+    # needs far more
+    runs = [_run("static", s, 0.3) for s in range(4)]
+    runs += [_run("coevolve", s, 0.3 + d) for s, d in enumerate([0.05, 0.03, 0.07, 0.05])]
+    runs += [_run("random", s, 0.3 + d) for s, d in enumerate([0.1, -0.05, 0.08, -0.06])]
+    runs[5] = runs[5].model_copy(update={"resumed": True})  # coevolve seed 1
+    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2, 3], "test")
+    text = stopping_rule_text(report)
+    assert text.startswith("stopping rule: 80% power at +5 points decides the seeds, never")
+    needed = report.power["random - static"].seeds_for_goal
+    assert needed is not None and needed > 4
+    assert f"random - static (4 of {needed})" in text
+    assert "coevolve - static (" not in text
+    assert report.resumed == ["coevolve-seed1"]
+    console = Console(record=True, width=200)
+    print_report(console, report)
+    printed = console.export_text()
+    assert "stopping rule: 80% power at +5 points" in printed and "short of it" in printed
+    assert "units resumed after a kill (r): 1 of 12 (coevolve-seed1)" in printed
+    assert "(r)" in printed
 
 
 def test_equal_paired_differences_give_no_interval():

@@ -42,6 +42,10 @@ REFERENCE_PAIRS = (
 # a difference that tests none is stated at REFERENCE_EFFECT.
 PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
 REFERENCE_EFFECT = 0.05
+# The goal effect every difference is also stated at, and the stopping rule: 80% power at
+# it decides a bench's seeds, never fewer than MIN_SEEDS (docs/benchmarks.md).
+GOAL_EFFECT = 0.05
+MIN_SEEDS = 4
 NO_SPREAD = 1e-9  # a paired SD below this is no measured spread (floating-point noise)
 MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this many seeds
 
@@ -94,6 +98,10 @@ class Power(BaseModel):
     effect: float | None = None
     power: float | None = None
     seeds_for_effect: int | None = None
+    # the same at the goal effect (GOAL_EFFECT, +5 points), which the stopping rule reads:
+    # a bench runs max(seeds_for_goal, MIN_SEEDS) seeds
+    goal_power: float | None = None
+    seeds_for_goal: int | None = None
 
 
 class AblationReport(BaseModel):
@@ -212,6 +220,8 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
                     effect=effect,
                     power=paired_power(sd, effect, len(differences)),
                     seeds_for_effect=seeds_for_power(sd, effect),
+                    goal_power=paired_power(sd, GOAL_EFFECT, len(differences)),
+                    seeds_for_goal=seeds_for_power(sd, GOAL_EFFECT),
                 )
             paired_by_family[name] = {
                 family: paired_interval(
@@ -329,6 +339,7 @@ def print_report(console: Any, report: AblationReport) -> None:
         table.add_column("effect", justify="right")
         table.add_column("power at n", justify="right")
         table.add_column(f"seeds for {TARGET_POWER:.0%}", justify="right")
+        table.add_column(f"power at +{100 * GOAL_EFFECT:.0f} (goal); seeds", justify="right")
         table.add_column("seeds, if the mean holds", justify="right")
         for name, power in report.power.items():
             effect = power.effect or REFERENCE_EFFECT
@@ -339,9 +350,13 @@ def print_report(console: Any, report: AblationReport) -> None:
                 f"+{100 * effect:.0f} ({source})",
                 f"{power.power:.0%} (n={power.n})" if power.power is not None else "",
                 _seeds_text(power.seeds_for_effect),
+                f"{power.goal_power:.0%}; {_seeds_text(power.seeds_for_goal)}"
+                if power.goal_power is not None
+                else "",
                 _seeds_text(power.seeds_for_observed),
             )
         console.print(table)
+        console.print(stopping_rule_text(report))
     families = sorted({f for arm in report.arms for f in report.by_family[arm]})
     if families:
         table = Table(
@@ -377,6 +392,25 @@ def print_report(console: Any, report: AblationReport) -> None:
                 family, *(points_text(report.paired_by_family[name][family]) for name in against)
             )
         console.print(table)
+
+
+def stopping_rule_text(report: AblationReport) -> str:
+    """Whether each paired difference has the seeds the stopping rule asks for: 80% power
+    at the goal effect (+5 points), never fewer than MIN_SEEDS."""
+    short = []
+    for name, power in report.power.items():
+        needed = max(power.seeds_for_goal or 0, MIN_SEEDS)
+        if power.seeds_for_goal is None:
+            short.append(f"{name} ({power.n} of more than {MAX_SEEDS})")
+        elif power.n < needed:
+            short.append(f"{name} ({power.n} of {needed})")
+    rule = (
+        f"stopping rule: {TARGET_POWER:.0%} power at +{100 * GOAL_EFFECT:.0f} points decides "
+        f"the seeds, never fewer than {MIN_SEEDS}"
+    )
+    if not short:
+        return f"{rule}: every difference has its seeds"
+    return f"{rule}; short of it, seeds run of seeds needed: " + ", ".join(short)
 
 
 def _seeds_text(seeds: int | None) -> str:
