@@ -16,7 +16,7 @@ def _read_trajectories(path: str) -> list[Any]:
 
     from pydantic import ValidationError
 
-    from ..records import Trajectory
+    from ..records import Trajectory, split_transport_failures
 
     file = Path(path)
     if not file.is_file():
@@ -31,6 +31,15 @@ def _read_trajectories(path: str) -> list[Any]:
             raise fail(f"{path}:{number} is not a trajectory: {err.errors()[0]['msg']}") from None
     if not trajectories:
         raise fail(f"{path} holds no trajectories")
+    # Episodes the endpoint gave no reply for (`coevolve eval --save` keeps them) are no
+    # outcomes of the agent: no signal may flag them.
+    trajectories, lost = split_transport_failures(trajectories)
+    if lost:
+        err_console.print(
+            f"[yellow]{len(lost)} trajectories got no reply from the endpoint; left out[/yellow]"
+        )
+    if not trajectories:
+        raise fail(f"{path}: no trajectory got a reply from the endpoint", code=1)
     return trajectories
 
 

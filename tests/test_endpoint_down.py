@@ -111,7 +111,9 @@ def endpoint_policy(base_url: str):
     return EndpointPolicy(endpoint, retry_base_s=0.01, retry_max_s=0.02)
 
 
-def test_an_endpoint_that_gives_no_reply_marks_the_episode_a_transport_failure(scripted_server):
+def test_an_endpoint_that_gives_no_reply_marks_the_episode_a_transport_failure(
+    tmp_path, scripted_server
+):
     tasks = load_split("heldout")[:3]
     down = run_rollouts(
         endpoint_policy(f"http://127.0.0.1:{free_port()}/v1"), WorldEnvironment, tasks
@@ -121,6 +123,13 @@ def test_an_endpoint_that_gives_no_reply_marks_the_episode_a_transport_failure(s
     report = evaluate(down, tasks, "world", {"split": "heldout"}, "agent")
     assert (report.overall.episodes, report.overall.left_out) == (0, 3)
     assert report.overall.success_rate == 0.0
+
+    # `coevolve synthesize` on saved episodes flags none of them.
+    saved = tmp_path / "down.jsonl"
+    saved.write_text("".join(t.model_dump_json() + "\n" for t in down))
+    synthesized = cli("synthesize", str(saved), timeout=120)
+    assert synthesized.returncode == 1
+    assert "no trajectory got a reply from the endpoint" in error_line(synthesized.stderr)
 
     # A request the server refuses (a 4xx) got a reply: the agent's failure, counted.
     refused = scripted_server([Reply.status(400, "context too long")], repeat_last=True)
