@@ -125,6 +125,7 @@ def main() -> None:
     if args.policy:
         from coevolve.agents.local_policy import LocalPolicy
         from coevolve.agents.rollout import run_rollouts
+        from coevolve.records import is_success
 
         policy = LocalPolicy(args.policy, temperature=0.0, max_new_tokens=40)
         readable = [r for r in rows if r["readable"]]
@@ -138,11 +139,11 @@ def main() -> None:
             for r in readable
         ]
         for trajectory in run_rollouts(policy, WorldEnvironment, written, max_tool_calls=6):
-            solved_written[trajectory.task_id] = trajectory.score >= 1.0
+            solved_written[trajectory.task_id] = is_success(trajectory.score)
         for trajectory in run_rollouts(
             policy, WorldEnvironment, [r["task"] for r in readable], max_tool_calls=6
         ):
-            solved_true[trajectory.task_id] = trajectory.score >= 1.0
+            solved_true[trajectory.task_id] = is_success(trajectory.score)
 
     def share(selected: list[dict], key: str) -> float:
         return sum(bool(r.get(key)) for r in selected) / max(len(selected), 1)
