@@ -50,6 +50,16 @@ def bench_learning(
     out: Annotated[
         str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
     ] = None,
+    seed_sets: Annotated[
+        str,
+        typer.Option(
+            help="fixed: every seed learns from the config's seed set, from one bootstrap "
+            "agent, measured on one held-out set (intervals cover training seeds only); "
+            "per-seed: seed s draws its tasks from the environment's generator seed s (env.seed "
+            "and bootstrap.world_seed), so each seed has its own seed subset, bootstrap agent "
+            "and held-out draw, and the intervals cover them too."
+        ),
+    ] = "fixed",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     report_only: Annotated[
         bool,
@@ -90,6 +100,8 @@ def bench_learning(
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
         raise fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    if seed_sets not in ("fixed", "per-seed"):
+        raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
     if seeds < 1:
         raise fail("--seeds must be at least 1 (2 or more for intervals)")
     try:
@@ -119,6 +131,7 @@ def bench_learning(
             run_missing=not report_only,
             # --quick trains a step or two a cycle: the arms' own step counts shrink with it.
             scale_arm_steps=quick,
+            seed_sets=seed_sets,
         )
     except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None

@@ -303,6 +303,38 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert len({c.run_dir for c in configs.values()}) == len(ARMS)
 
 
+def test_per_seed_seed_sets_give_each_seed_its_own_tasks_and_bootstrap_agent(tmp_path):
+    """--seed-sets per-seed: seed s draws from the environment's generator seed s, so its seed
+    subset, its bootstrap agent (built on that subset) and its held-out draw are its own;
+    fixed (the default) keeps one of each for every seed."""
+    from coevolve.envs.catalog import load_tasks
+    from coevolve.graph.runtime_factory import evaluation_tasks
+
+    root = Path(__file__).resolve().parents[1]
+    base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
+    fixed = [load_config(arm_config(base, "coevolve", s, tmp_path)) for s in (0, 1)]
+    varied = [
+        load_config(arm_config(base, "coevolve", s, tmp_path, seed_sets="per-seed")) for s in (0, 1)
+    ]
+    assert [c.env.seed for c in fixed] == [0, 0] and [c.env.seed for c in varied] == [0, 1]
+    assert [c.bootstrap.world_seed for c in varied] == [0, 1]
+    assert fixed[0].bootstrap.cache_key() == fixed[1].bootstrap.cache_key()
+    assert varied[0].bootstrap.cache_key() != varied[1].bootstrap.cache_key()
+    # seed 0 of per-seed is the fixed bench's seed 0, unit for unit
+    assert varied[0].model_dump() == fixed[0].model_dump()
+
+    def seed_subset(config):
+        tasks = load_tasks(config.env.name, split=config.env.split, seed=config.env.seed)
+        return [task.id for task in tasks[: config.pool.seed_tasks]]
+
+    assert seed_subset(fixed[0]) == seed_subset(fixed[1])
+    assert set(seed_subset(varied[0])).isdisjoint(seed_subset(varied[1]))
+    held_out = [[t.id for t in evaluation_tasks(c)] for c in varied]
+    assert len(held_out[0]) == len(held_out[1]) == 216 and held_out[0] != held_out[1]
+    with pytest.raises(ValueError, match="seed_sets"):
+        arm_config(base, "coevolve", 0, tmp_path, seed_sets="each")
+
+
 def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
     """`coevolve bench learning --quick --json`, run as a user runs it; fails on a non-zero exit."""
     out = subprocess.run(
@@ -421,6 +453,32 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert stale.returncode != 0
     assert "were run with another config" in stale.stderr
     assert "Traceback" not in stale.stderr
+
+
+@pytest.mark.slow
+def test_quick_bench_with_per_seed_seed_sets(tmp_path):
+    """`--seed-sets per-seed` end to end: each seed's runs learn from their own seed set and
+    bootstrap agent, and the report says which variance its intervals cover."""
+    out = quick_bench(tmp_path, "static,coevolve", 2, "--seed-sets", "per-seed")
+    report = json.loads(out.stdout)
+    assert report["seed_sets"] == "per-seed"
+    for seed in (0, 1):
+        config = load_config(tmp_path / f"coevolve-seed{seed}" / "config.yaml")
+        assert (config.env.seed, config.bootstrap.world_seed) == (seed, seed)
+    # one cycle-0 evaluation per seed, each of its own agent on its own held-out draw
+    assert len(list((tmp_path / "baselines").iterdir())) == 2
+    printed = " ".join(out.stderr.split())  # the console wraps at its width
+    assert "cover training seeds, seed sets, bootstrap agents and held-out draws" in printed
+    # the mean over the two seeds' sets of 60 (pool.seed_tasks of --quick), rounded per family
+    families = report["seed_families"]
+    assert abs(sum(families.values()) - 60) <= len(families) / 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--seed-sets", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "--seed-sets takes fixed or per-seed" in bad.stderr
 
 
 @pytest.mark.slow

@@ -88,6 +88,9 @@ def default_arms(base: dict[str, Any]) -> list[str]:
     return [arm for arm in ARMS if served or arm not in LLM_ARMS]
 
 
+# What a seed varies besides training (arm_config's seed_sets).
+SEED_SETS = ("fixed", "per-seed")
+
 # The arms' own step counts (grpo.demonstration_steps above) are written for the bench's
 # configs/bench-learning.yaml, which trains this many optimisation steps a cycle.
 ARM_STEPS_WRITTEN_FOR = 16
@@ -112,13 +115,25 @@ def steps_scaled(changes: dict[str, Any], max_steps: int) -> dict[str, Any]:
 
 
 def arm_config(
-    base: dict[str, Any], arm: str, seed: int, out_dir: Path, scale_steps: bool = False
+    base: dict[str, Any],
+    arm: str,
+    seed: int,
+    out_dir: Path,
+    scale_steps: bool = False,
+    seed_sets: str = "fixed",
 ) -> dict[str, Any]:
     """The base config with the arm's changes, the seed and its own run directory.
 
     ``scale_steps``: the arm's step counts scaled to the base's ``training.max_steps``
     (``steps_scaled``); off, they are taken as written, so finished units keep their config.
+    ``seed_sets``: ``fixed`` (every seed learns from the base's seed set, from one bootstrap
+    agent, and is measured on one held-out set: an interval covers training seeds only) or
+    ``per-seed`` (seed s draws its tasks from the environment's generator seed s,
+    ``env.seed``: its own seed subset, its own bootstrap agent built on it,
+    ``bootstrap.world_seed``, and its own held-out draw, so an interval covers those too).
     """
+    if seed_sets not in SEED_SETS:
+        raise ValueError(f"seed_sets {seed_sets!r}: one of {', '.join(SEED_SETS)}")
     changes = ARMS[arm]
     if scale_steps:
         max_steps = int(base.get("training", {}).get("max_steps", ARM_STEPS_WRITTEN_FOR))
@@ -128,4 +143,7 @@ def arm_config(
     config["pool"] = {**config.get("pool", {}), "seed": seed}
     config["training"] = {**config.get("training", {}), "seed": seed}
     config["run_dir"] = str(out_dir / f"{arm}-seed{seed}")
+    if seed_sets == "per-seed":
+        config["env"] = {**config.get("env", {}), "seed": seed}
+        config["bootstrap"] = {**config.get("bootstrap", {}), "world_seed": seed}
     return config

@@ -122,6 +122,11 @@ class AblationReport(BaseModel):
     # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
     # could learn from demonstrations, and which it meets only through synthesis
     seed_families: dict[str, int] = {}
+    # what a seed varies besides training: "fixed" (one seed set, bootstrap agent and
+    # held-out set for every seed: the intervals cover training seeds only) or "per-seed"
+    # (each seed its own seed subset, bootstrap agent and held-out draw; seed_families is
+    # then the mean over the seeds' sets)
+    seed_sets: str = "fixed"
     # units continued from a killed run's last finished stage ("coevolve-seed3"): a resumed
     # unit gives the figures an uninterrupted one gives (test_a_killed_unit_resumes_to_the_
     # same_figures), and the report says which they were
@@ -308,6 +313,13 @@ def print_report(console: Any, report: AblationReport) -> None:
             ),
         )
     console.print(table)
+    console.print(
+        "the intervals cover training seeds only: every seed has the same seed set, "
+        f"bootstrap agent and {measure} tasks"
+        if report.seed_sets == "fixed"
+        else f"the intervals cover training seeds, seed sets, bootstrap agents and {measure} "
+        "draws: each seed has its own (--seed-sets per-seed)"
+    )
     resumed = [f"{r.arm}-seed{r.seed}" for r in report.runs if r.resumed]
     console.print(
         f"units resumed after a kill (r): {len(resumed)} of {len(report.runs)}"

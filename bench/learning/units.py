@@ -113,6 +113,12 @@ def was_killed(run_dir: Path, fingerprint: str) -> bool:
     return unit_still_counts(saved_config, fingerprint)
 
 
+def _mean_families(per_seed: list[dict[str, int]]) -> dict[str, int]:
+    """Seed tasks per family, the mean over the seeds' own seed sets (rounded)."""
+    families = sorted({family for counts in per_seed for family in counts})
+    return {f: round(sum(c.get(f, 0) for c in per_seed) / len(per_seed)) for f in families}
+
+
 def run_ablation(
     base: dict[str, Any],
     *,
@@ -123,12 +129,15 @@ def run_ablation(
     console: Any = None,
     run_missing: bool = True,
     scale_arm_steps: bool = False,
+    seed_sets: str = "fixed",
 ) -> AblationReport:
     """Run every (arm, seed) unit not finished before, then write the report.
 
     ``run_missing=False`` runs nothing: the report covers the finished units only
     (a bench run in pieces, read between them). ``scale_arm_steps``: the arms' own step
     counts follow the base's ``training.max_steps`` (``--quick``; see ``arm_config``).
+    ``seed_sets``: ``per-seed`` gives each seed its own seed subset, bootstrap agent and
+    held-out draw (``arm_config``), so the report's intervals cover them too.
     """
     from ...config import load_config
     from ...runner import resume, run
@@ -143,7 +152,9 @@ def run_ablation(
     units = out_dir / "units"
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
-            config = load_config(arm_config(base, arm, seed, out_dir, scale_arm_steps))
+            config = load_config(
+                arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets=seed_sets)
+            )
             unit = units / f"{arm}-seed{seed}.json"
             fingerprint = config.model_dump_json()
             if unit.exists():
@@ -234,7 +245,19 @@ def run_ablation(
         raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
     report = summarize(runs, arms, seeds, config_name)
     base_config = load_config(base)
-    report.seed_families = seed_families(base_config)
+    report.seed_sets = seed_sets
+    report.seed_families = (
+        seed_families(base_config)
+        if seed_sets == "fixed"
+        else _mean_families(
+            [
+                seed_families(
+                    load_config(arm_config(base, arms[0], seed, out_dir, False, seed_sets))
+                )
+                for seed in seeds
+            ]
+        )
+    )
     report.split = base_config.evaluation.split
     report.plot = str(plot_curves(report, out_dir / "learning_curves.png"))
     if report.family_curves:
