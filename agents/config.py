@@ -60,6 +60,26 @@ class EndpointConfig(Section):
         "hot-loading, tool parsing) or transformers (`transformers serve`, the CPU path: it "
         "serves any local model directory by its path as the model name, and has no LoRA API).",
     )
+    tensor_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="GPUs each replica of the model is split across (`coevolve serve` passes "
+        "vLLM's --tensor-parallel-size): above 1 for a model too big for one GPU.",
+    )
+    data_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="Replicas of the model behind the one port (`coevolve serve` passes vLLM's "
+        "--data-parallel-size): more throughput; GPUs used = tensor × data parallel size.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="Longest context, prompt plus reply, in tokens, the server holds (vLLM's "
+        "--max-model-len). None: for the policy's endpoint, the longest conversation training "
+        "reads (training.max_length) plus one reply (max_tokens); for another endpoint, the "
+        "model's own limit.",
+    )
     return_token_ids: bool = Field(
         default=False,
         description="Ask the server for the prompt's and the reply's token ids and the "

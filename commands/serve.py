@@ -1,4 +1,5 @@
-"""``coevolve serve``: the ``vllm serve`` command a config expects, printed or run.
+"""``coevolve serve``: the ``vllm serve`` (or ``trl vllm-serve``, ``transformers serve``)
+command a config expects, printed or run.
 
 A run's endpoint and training settings decide the server's flags: the model and
 the port come from the endpoint, LoRA hot-loading needs ``--enable-lora`` with a
@@ -64,8 +65,18 @@ def vllm_command(
             "in base_url (e.g. http://127.0.0.1:8000/v1)"
         )
     argv = ["vllm", "serve", served.model, "--host", url.hostname, "--port", str(url.port)]
+    # Sampling as the request and the config say: without it vLLM fills every field a
+    # request leaves out (top_p, top_k, repetition_penalty) from generation_config.json.
+    argv += ["--generation-config", "vllm"]
     environment: dict[str, str] = {}
     serves_policy = config.policy.kind == "endpoint" and config.policy.endpoint == name
+    length = served.max_model_len
+    if length is None and serves_policy:
+        # The longest conversation training reads, and one reply on top of it.
+        length = config.training.max_length + served.max_tokens
+    if length is not None:
+        argv += ["--max-model-len", str(length)]
+    argv += _parallel(served.tensor_parallel_size, served.data_parallel_size)
     if serves_policy and config.policy.renders_tools:
         parser = tool_call_parser or _parser_for(served.model)
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
@@ -81,6 +92,47 @@ def vllm_command(
         argv += ["--enable-lora", "--max-lora-rank", str(fitting[0]), "--max-loras", "2"]
         environment[RUNTIME_LORA] = "True"
     return environment, argv
+
+
+def _parallel(tensor: int, data: int) -> list[str]:
+    """The parallelism flags vLLM and ``trl vllm-serve`` share (none at 1, their default)."""
+    flags = []
+    if tensor > 1:
+        flags += ["--tensor-parallel-size", str(tensor)]
+    if data > 1:
+        flags += ["--data-parallel-size", str(data)]
+    return flags
+
+
+def trl_vllm_command(config: Any, model: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, argv) of the ``trl vllm-serve`` that GRPO generates with under
+    ``training.grpo.vllm: server``: the base model the step trains (TRL pushes the new weights
+    to it every step), at ``grpo.vllm_server_url``, holding ``training.max_length``."""
+    grpo = config.training.grpo
+    if grpo.vllm != "server" or grpo.vllm_server_url is None:
+        raise ServeError(
+            "training.grpo.vllm is not 'server': `trl vllm-serve` serves GRPO's generation only "
+            "then (set training.grpo.vllm: server and training.grpo.vllm_server_url)"
+        )
+    url = urlparse(grpo.vllm_server_url)
+    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1") or url.port is None:
+        raise ServeError(
+            f"training.grpo.vllm_server_url is {grpo.vllm_server_url}: serve it on this machine "
+            "with a port (e.g. http://127.0.0.1:8001)"
+        )
+    if model is None:
+        model = config.policy.train_model
+        if model is None and config.policy.kind == "local" and config.policy.model != "bootstrap":
+            model = config.policy.model
+    if model is None:
+        raise ServeError(
+            "the model GRPO trains is not named in the config (policy.train_model, or a local "
+            "policy.model directory): pass --model"
+        )
+    argv = ["trl", "vllm-serve", "--model", model, "--host", url.hostname, "--port", str(url.port)]
+    argv += ["--max-model-len", str(config.training.max_length)]
+    argv += _parallel(grpo.vllm_tensor_parallel_size, grpo.vllm_data_parallel_size)
+    return {}, argv
 
 
 def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[str]]:
@@ -113,6 +165,30 @@ def _parser_for(model: str) -> str:
     )
 
 
+# Flags derived here that a --vllm-arg of the same name replaces (each takes one value).
+DERIVED_FLAGS = (
+    "--generation-config",
+    "--max-model-len",
+    "--tensor-parallel-size",
+    "--data-parallel-size",
+)
+
+
+def _without(argv: list[str], extra: list[str]) -> list[str]:
+    """``argv`` less each derived flag (and its value) that ``extra`` sets itself."""
+    given = {item.split("=", 1)[0] for item in extra}
+    out: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in DERIVED_FLAGS and item in given:
+            skip = True
+        else:
+            out.append(item)
+    return out
+
+
 def shell_line(environment: dict[str, str], argv: list[str]) -> str:
     """The command as one shell line, variables first."""
     return " ".join(
@@ -130,6 +206,18 @@ def serve_command(
         str | None,
         typer.Option(help="vLLM's --tool-call-parser (default: from the model's family)."),
     ] = None,
+    grpo: Annotated[
+        bool,
+        typer.Option(
+            "--grpo",
+            help="Serve GRPO's generation (`trl vllm-serve`, training.grpo.vllm: server) instead "
+            "of an endpoint; the default when the policy has no endpoint and the config asks so.",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(help="--grpo: the model trl vllm-serve loads (default: policy.train_model)."),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command instead of running it.")
     ] = False,
@@ -143,15 +231,20 @@ def serve_command(
     ] = None,
     overrides: SetOption = None,
 ) -> None:
-    """Serve a config's endpoint: with vLLM, the model, its port, LoRA hot-loading at the
-    adapters' rank and tool calling, derived from the config; with ``transformers serve``
-    (the endpoint's ``server: transformers``, the CPU path), the model directory and port."""
+    """Serve a config's endpoint: with vLLM, the model, its port, sampling as the request says
+    (--generation-config vllm), the context (--max-model-len), tensor and data parallelism,
+    LoRA hot-loading at the adapters' rank and tool calling, derived from the config; with
+    ``transformers serve`` (the endpoint's ``server: transformers``, the CPU path), the model
+    directory and port; with --grpo, the ``trl vllm-serve`` GRPO generates with."""
     from ..config import ConfigError, load_config
 
     try:
         config = load_config(config_path, overrides or [])
         name = endpoint or config.policy.endpoint
-        if (
+        grpo_server = config.training.grpo.vllm == "server"
+        if grpo or (endpoint is None and not isinstance(name, str) and grpo_server):
+            environment, argv = trl_vllm_command(config, model)
+        elif (
             isinstance(name, str)
             and name in config.endpoints
             and (config.endpoints[name].server == "transformers")
@@ -161,7 +254,8 @@ def serve_command(
             environment, argv = vllm_command(config, endpoint, tool_call_parser)
     except (ConfigError, ServeError) as err:
         raise fail(str(err)) from None
-    argv += list(extra or [])
+    extra = list(extra or [])
+    argv = [*_without(argv, extra), *extra]
     if dry_run:
         console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
         return
@@ -172,6 +266,16 @@ def serve_command(
         # The venv's own console script, found beside this Python when PATH lacks it.
         local = Path(sys.executable).parent / "transformers"
         argv[0] = str(local) if local.exists() else argv[0]
+        console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
+        os.execvpe(argv[0], argv, {**os.environ, **environment})
+    if argv[0] == "trl":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise fail(
+                "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a "
+                "GPU (--dry-run prints the command)"
+            )
         console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
         os.execvpe(argv[0], argv, {**os.environ, **environment})
     if shutil.which("vllm") is None:

@@ -305,6 +305,17 @@ class GrpoConfig(Section):
         description="vllm server: base URL of the `trl vllm-serve` process, e.g. "
         "http://127.0.0.1:8000.",
     )
+    vllm_tensor_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="vllm server: GPUs the `trl vllm-serve` model is split across (its "
+        "--tensor-parallel-size; `coevolve serve --grpo` passes it).",
+    )
+    vllm_data_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="vllm server: replicas `trl vllm-serve` runs (its --data-parallel-size).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GrpoConfig:
