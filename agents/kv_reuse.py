@@ -38,6 +38,10 @@ class _Entry:
     last_used: int
 
 
+def _entry_bytes(entry: _Entry) -> int:
+    return sum(t.nbytes for t in entry.keys) + sum(t.nbytes for t in entry.values)
+
+
 def _common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
     """Length of the common prefix, by binary search over slices (compared in C)."""
     low, high = 0, min(len(left), len(right))
@@ -63,18 +67,37 @@ class PrefixCache:
         self.buckets: dict[tuple[int, ...], list[_Entry]] = {}
         self.reused_tokens = 0
         self.encoded_tokens = 0
+        # Memory figures (bench/memory.py): bytes of keys and values held in entries, the
+        # most held at once, and the largest padded batch of them one forward pass read.
+        self.kept_bytes = 0
+        self.peak_kept_bytes = 0
+        self.peak_batch_bytes = 0
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self.buckets.values())
 
     def clear(self) -> None:
         self.buckets.clear()
+        self.kept_bytes = 0
+
+    def reset_peaks(self) -> None:
+        """Start the peak figures again from what is held now."""
+        self.peak_kept_bytes = self.kept_bytes
+        self.peak_batch_bytes = 0
+
+    def note_batch(self, nbytes: int) -> None:
+        self.peak_batch_bytes = max(self.peak_batch_bytes, nbytes)
 
     def tick(self) -> None:
         """Start a generate call; forget entries idle for too long."""
         self.clock += 1
         for key in list(self.buckets):
-            kept = [e for e in self.buckets[key] if self.clock - e.last_used <= self.max_idle_calls]
+            kept = []
+            for entry in self.buckets[key]:
+                if self.clock - entry.last_used <= self.max_idle_calls:
+                    kept.append(entry)
+                else:
+                    self.kept_bytes -= _entry_bytes(entry)
             if kept:
                 self.buckets[key] = kept
             else:
@@ -107,12 +130,60 @@ class PrefixCache:
         self.encoded_tokens += len(ids) - best_length
         return (best, best_length) if best_length > 0 else (None, 0)
 
+    def discard_extended(
+        self, found: Sequence[tuple[_Entry | None, int]], prompts: Sequence[Sequence[int]]
+    ) -> None:
+        """Forget the entries that ``prompts`` extend, once they are copied into a batch.
+
+        Each would be superseded when its row's new entry is added at the end of the
+        call (``add``), and every lookup of the call is already made: dropping them now
+        only frees their memory for the call's forward passes."""
+        for (entry, _), ids in zip(found, prompts, strict=True):
+            if entry is None or tuple(ids[: len(entry.ids)]) != entry.ids:
+                continue
+            bucket = self.buckets.get(entry.ids[:_BUCKET_TOKENS], [])
+            if any(held is entry for held in bucket):
+                bucket[:] = [held for held in bucket if held is not entry]
+                self.kept_bytes -= _entry_bytes(entry)
+
     def add(self, ids: Sequence[int], keys: list[Any], values: list[Any]) -> None:
         key = tuple(ids)
         bucket = self.buckets.setdefault(key[:_BUCKET_TOKENS], [])
         # An entry this one extends is superseded: the episode has moved on.
-        bucket[:] = [e for e in bucket if key[: len(e.ids)] != e.ids]
-        bucket.append(_Entry(key, keys, values, self.clock))
+        kept = []
+        for entry in bucket:
+            if key[: len(entry.ids)] == entry.ids:
+                self.kept_bytes -= _entry_bytes(entry)
+            else:
+                kept.append(entry)
+        entry = _Entry(key, keys, values, self.clock)
+        kept.append(entry)
+        bucket[:] = kept
+        self.kept_bytes += _entry_bytes(entry)
+        self.peak_kept_bytes = max(self.peak_kept_bytes, self.kept_bytes)
+
+
+def return_freed_memory() -> None:
+    """Hand the memory that freed keys and values leave behind back to the system.
+
+    glibc's malloc keeps freed blocks in its arenas for reuse: after a rollout released
+    every conversation's cache, the process stayed gigabytes above what it held (2.5
+    GiB resident after 48 SmolLM2 episodes, 0.6 before them), and the next stage's
+    peak sat on top of that. ``malloc_trim`` returns the free pages; elsewhere than
+    glibc this does nothing."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
 
 
 def _cache_keyword(model: Any) -> str:
@@ -177,27 +248,11 @@ def generate_batch(
         mask[row, width - len(new) :] = 1
         positions[row, new_width - len(new) :] = torch.arange(length, length + len(new))
 
-    past = None
-    if cached_width > 0:
-        layers = []
-        config = model.config
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or (
-            config.hidden_size // config.num_attention_heads
-        )
-        dtype = next(model.parameters()).dtype
-        for layer in range(config.num_hidden_layers):
-            keys = torch.zeros((batch, kv_heads, cached_width, head_dim), dtype=dtype)
-            values = torch.zeros_like(keys)
-            for row, (entry, length) in enumerate(found):
-                if entry is not None and length > 0:
-                    keys[row, :, cached_width - length :] = entry.keys[layer][:, :length]
-                    values[row, :, cached_width - length :] = entry.values[layer][:, :length]
-            layers.append((keys.to(model.device), values.to(model.device)))
-        past = DynamicCache(ddp_cache_data=layers, config=config)
-    else:
-        past = DynamicCache(config=model.config)
+    past = DynamicCache(config=model.config)
     _grow_in_place(past)
+    if cached_width > 0:
+        _load_cached(past, model, found, cached_width, room=new_width + max_new_tokens)
+        cache.discard_extended(found, prompts)
 
     device = model.device
     mask = mask.to(device)
@@ -211,8 +266,9 @@ def generate_batch(
         fed = list(prompts[row]) + generated[row][:-1]
         columns = real[position].nonzero().squeeze(1)[: len(fed)]
         layers: list[Any] = list(past.layers)
-        keys = [layer.keys[position][:, columns].clone() for layer in layers]
-        values = [layer.values[position][:, columns].clone() for layer in layers]
+        # Indexing by a tensor of columns copies: the entry owns its memory already.
+        keys = [layer.keys[position][:, columns] for layer in layers]
+        values = [layer.values[position][:, columns] for layer in layers]
         cache.add(fed, keys, values)
 
     cache_keyword = _cache_keyword(model)
@@ -227,6 +283,7 @@ def generate_batch(
             # prompt token (49k vocabulary) was a fifth of the prefill's work.
             logits_to_keep=1,
         )
+        cache.note_batch(_layers_bytes(past))
         if logprobs is not None:
             logprobs.extend([] for _ in range(batch))
         for step in range(max_new_tokens):
@@ -285,6 +342,57 @@ def generate_batch(
     for position, row in enumerate(rows):
         keep(position, row, real)
     return generated
+
+
+def _load_cached(
+    past: Any, model: Any, found: Sequence[tuple[_Entry | None, int]], cached_width: int, room: int
+) -> None:
+    """Lay every row's kept keys and values into ``past``, right-aligned at ``cached_width``
+    (zeros before them), in buffers with ``room`` more positions for this call's tokens.
+
+    Built in place, the padded batch exists once. Handed to ``DynamicCache`` it was
+    copied on the way in, and copied again into buffers with room at the first forward
+    pass, while the first copy stayed referenced: two to three times the batch's keys
+    and values at the prefill."""
+    import torch
+
+    config = model.config
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    dtype = next(model.parameters()).dtype
+    growing = _growing_layer_class()
+    for index, layer in enumerate(past.layers):
+        grows = isinstance(layer, growing)
+        width = cached_width + (room if grows else 0)
+        shape = (len(found), kv_heads, width, head_dim)
+        keys = torch.zeros(shape, dtype=dtype, device=model.device)
+        values = torch.zeros_like(keys)
+        for row, (entry, length) in enumerate(found):
+            if entry is not None and length > 0:
+                keys[row, :, cached_width - length : cached_width] = entry.keys[index][:, :length]
+                values[row, :, cached_width - length : cached_width] = entry.values[index][
+                    :, :length
+                ]
+        if grows:
+            cached_keys, cached_values = keys[..., :cached_width, :], values[..., :cached_width, :]
+            layer.lazy_initialization(cached_keys, cached_values)
+            layer.keys, layer.values = cached_keys, cached_values
+            layer.room = (keys, values)
+            layer.views = (cached_keys, cached_values)
+        else:  # sliding-window or other layers keep their own rules
+            layer.update(keys, values)
+
+
+def _layers_bytes(past: Any) -> int:
+    """Bytes of the keys and values ``past`` holds, the room to grow included."""
+    total = 0
+    for layer in past.layers:
+        room = getattr(layer, "room", None)
+        tensors = room if room is not None else (layer.keys, layer.values)
+        total += sum(t.nbytes for t in tensors if t is not None)
+    return total
 
 
 @functools.cache
