@@ -140,8 +140,10 @@ class PolicyConfig(Section):
     )
     train_model: str | None = Field(
         default=None,
-        description="endpoint: the local copy of the served base model (a directory) that "
-        "`coevolve run` trains LoRA adapters on; the server must read the adapters' paths.",
+        description="endpoint: the served base model that `coevolve run` trains LoRA adapters "
+        "on: a local directory, or a Hugging Face model id (e.g. Qwen/Qwen2.5-7B-Instruct; "
+        "from the Hub cache, downloaded once when online). The server must read the "
+        "adapters' paths.",
     )
     tools_in_prompt: bool | None = Field(
         default=None,

@@ -31,7 +31,8 @@ def bootstrap_command(
         str | None,
         typer.Option(
             "--base",
-            help="smollm2: LoRA SFT of SmolLM2-135M-Instruct (the default agent); tiny: the "
+            help="smollm2: LoRA SFT of SmolLM2-135M-Instruct (the default agent); a Hugging "
+            "Face model id or a local model directory: LoRA SFT of that model; tiny: the "
             "seconds-long from-scratch test preset (learns nothing useful).",
         ),
     ] = None,
@@ -45,7 +46,8 @@ def bootstrap_command(
     ] = False,
     debug: DebugOption = False,
 ) -> None:
-    """Build the bootstrap agent: SmolLM2-135M-Instruct after LoRA SFT on the seed split. Cached."""
+    """Build the bootstrap agent: SmolLM2-135M-Instruct (or --base: any Hugging Face model)
+    after LoRA SFT on the seed split. Cached."""
     from ..config import ConfigError, load_config
     from ..training.bootstrap import (
         BootstrapConfig,
@@ -56,8 +58,6 @@ def bootstrap_command(
         load_metadata,
     )
 
-    if base not in (None, "smollm2", "tiny"):
-        raise fail(f"--base {base!r} is not a base model; use smollm2 or tiny")
     try:
         if tiny or base == "tiny":
             from ..testing.presets import tiny_bootstrap
@@ -67,6 +67,10 @@ def bootstrap_command(
             config = load_config(config_path).bootstrap
             if base == "smollm2" and config.base != "smollm2":
                 config = BootstrapConfig()
+            elif base is not None and base != config.base:
+                # Any other model: the config's recipe (or the default) on that base.
+                recipe = config if config.base != "tiny" else BootstrapConfig()
+                config = recipe.model_copy(update={"base": base})
     except ConfigError as err:
         raise fail(str(err)) from None
     cached = is_complete(bootstrap_dir(config, cache_dir)) and not force

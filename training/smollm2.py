@@ -168,9 +168,10 @@ def build_bootstrap(
     progress: bool,
     cache_dir: Path | str | None = None,
 ) -> dict[str, Any]:
-    """The default bootstrap agent: LoRA SFT of SmolLM2 on the seed split, merged, saved in ``work``.
+    """The bootstrap agent: LoRA SFT of the base model (SmolLM2 by default, or any Hugging
+    Face model: training/base_models.py) on the seed split, merged, saved in ``work``.
 
-    ``config`` is a ``BootstrapConfig`` with ``base == "smollm2"``; ``conversations``
+    ``config`` is a ``BootstrapConfig`` whose ``base`` is not ``tiny``; ``conversations``
     are the verified seed demonstrations; the converted base model is cached under
     ``cache_dir`` (default: ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``). Training runs
     exactly ``config.max_steps`` steps through the cycle's own training step
@@ -184,12 +185,19 @@ def build_bootstrap(
 
     from ..common.tokenization import load_tokenizer
     from .algorithm_config import SftConfig
+    from .base_models import prepared_base
     from .config import LoraSettings, TrainingConfig
     from .trainers import train_adapter
 
     started = time.perf_counter()
-    base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
+    if config.base == "smollm2":
+        base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
+    else:
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        base = prepared_base(config.base, root, progress)
     manifest = read_manifest(base) or {}
+    if config.base != "smollm2":  # a Hugging Face id or a local directory, prepared
+        manifest = json.loads((base / "coevolve-base.json").read_text())
     training = TrainingConfig(
         algorithm="sft",
         lora=LoraSettings(
@@ -210,9 +218,10 @@ def build_bootstrap(
         # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
         sft=SftConfig(batching="random"),
     )
+    name = "SmolLM2-135M-Instruct" if config.base == "smollm2" else config.base
     if progress:
         print(
-            f"[bootstrap] LoRA SFT of SmolLM2-135M-Instruct: {config.max_steps} steps of "
+            f"[bootstrap] LoRA SFT of {name}: {config.max_steps} steps of "
             f"{config.batch_size} from {len(conversations)} seed demonstrations",
             flush=True,
         )
@@ -240,11 +249,15 @@ def build_bootstrap(
     return {
         "config": config.model_dump(),
         "cache_key": config.cache_key(),
-        "base": "smollm2",
-        "base_model": {
-            "source_file": manifest.get("source_file"),
-            "source_sha256": manifest.get("source_sha256"),
-        },
+        "base": config.base,
+        "base_model": (
+            {
+                "source_file": manifest.get("source_file"),
+                "source_sha256": manifest.get("source_sha256"),
+            }
+            if config.base == "smollm2"
+            else {"source": manifest.get("source_dir"), "fingerprint": manifest.get("fingerprint")}
+        ),
         "parameters": parameters,
         "train_demonstrations": len(conversations),
         "train_examples": len(conversations),
