@@ -160,24 +160,41 @@ def export_command(
         str,
         typer.Option(
             "--format",
-            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl; hf: the same tables as "
+            help="jsonl: OUT/tasks.jsonl, OUT/sft.jsonl, OUT/dpo.jsonl, OUT/grpo.jsonl; hf: the same tables as "
             "parquet. Either way one configuration per table in OUT/README.md: "
             "datasets.load_dataset(OUT, 'sft', split='train').",
         ),
     ] = "jsonl",
     as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(
+            "--push-to-hub",
+            metavar="REPO",
+            help="Also push the tables to the Hub dataset REPO (one configuration per table: "
+            "load_dataset(REPO, 'sft')); needs a token (huggingface-cli login) and the network.",
+        ),
+    ] = None,
+    private: Annotated[
+        bool, typer.Option("--private", help="--push-to-hub: create the dataset private.")
+    ] = False,
 ) -> None:
-    """Export a run's synthesized tasks (with provenance) and each cycle's training examples."""
-    from ..outputs.export import export_run
+    """Export a run's synthesized tasks (with provenance) and each cycle's training examples
+    (SFT, DPO, GRPO prompts: tables TRL's trainers take as they are)."""
+    from ..outputs.export import HubPushError, export_run, push_tables
 
     if format not in ("jsonl", "hf"):
         raise fail(f"unknown --format {format!r}; allowed: jsonl, hf")
     try:
         counts = export_run(run_dir, out, format)  # type: ignore[arg-type]
-    except (FileNotFoundError, ValueError) as err:
+        if push_to_hub is not None:
+            push_tables(run_dir, push_to_hub, private)
+    except (FileNotFoundError, ValueError, HubPushError) as err:
         raise fail(str(err)) from None
     if as_json:
         print(json.dumps(counts))
     else:
         rows = ", ".join(f"{name} {count}" for name, count in counts.items())
         err_console.print(f"exported {rows} rows to {out} ({format})")
+        if push_to_hub is not None:
+            err_console.print(f"pushed {', '.join(counts)} to the Hub dataset {push_to_hub}")

@@ -224,6 +224,16 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             )
         elif training.algorithm == "dpo":
             files.write_train_data(pairs)
+        else:  # grpo: the prompts its episodes start from, with each task's tools
+            from ..training.grpo import grpo_rows
+
+            prompt_rows: list[dict[str, object]] = []
+            for task in tasks:
+                rows, schemas = grpo_rows([task], rt.make_env, config.policy.system_prompt, 1, True)
+                prompt_rows += [
+                    {"prompt": row["prompt"], "tools": schemas, "task_id": task.id} for row in rows
+                ]
+            files.write_train_data(prompt_rows)
         seed = seed_everything(config.seed, cycle, "train")
         step = TrainStepArguments(
             model_dir=rt.model_dir,

@@ -10,8 +10,17 @@ Three tables, each written only when the run has rows for it:
   ``messages`` (OpenAI messages, tool-call arguments as JSON strings) and
   ``tools`` (the tool schemas the prompt carried, as a JSON string, or null),
   with the example's ``weight`` and its ``cycle``;
-- ``dpo``: each cycle's preference pairs (``prompt``, ``chosen``, ``rejected``
-  messages of one ``task_id``), with the ``cycle``.
+- ``dpo``: each cycle's preference pairs as TRL's DPOTrainer reads them: ``prompt``,
+  ``chosen``, ``rejected`` (messages of one ``task_id``) and ``tools`` (a JSON string, or
+  null), with the ``cycle``; the token ids the rollouts kept (``chosen_turns``,
+  ``rejected_turns``, coevolve's own token-exact DPO) are left out;
+- ``grpo``: each GRPO cycle's prompts as TRL's GRPOTrainer reads them: ``prompt`` (the
+  opening messages of an episode), ``tools`` (the task's tool schemas, a JSON string; the
+  trainer takes its tools as callables, a reward function reads this column) and
+  ``task_id``, with the ``cycle``.
+
+Every table is what TRL's trainer takes as it is (tests/test_export_trl.py trains one step
+on each).
 
 Tables with different columns are different datasets, so each is its own
 configuration (the Hub's convention): ``OUT/README.md`` declares them, and
@@ -59,24 +68,50 @@ def export_tables(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     tasks = load_jsonl(tasks_file, Task) if tasks_file.exists() else []
     sft: list[dict[str, Any]] = []
     dpo: list[dict[str, Any]] = []
+    grpo: list[dict[str, Any]] = []
     for files in CycleFiles.of_run(run):
         cycle = files.cycle
         for row in files.train_data():
+            # a JSON string: tool schemas differ in their keys, and Arrow would merge them
+            # into one struct padded with nulls (TRL's trainers read the string)
+            tools = row.get("tools")
+            tools_json = json.dumps(tools, ensure_ascii=False) if tools else None
             if "messages" in row:
-                tools, weight = row.get("tools"), row.get("weight", 1.0)
+                weight = row.get("weight", 1.0)
                 sft.append(
                     {
                         "messages": row["messages"],
-                        # a JSON string: tool schemas differ in their keys, and Arrow would
-                        # merge them into one struct with nulls (TRL reads the string)
-                        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+                        "tools": tools_json,
                         "weight": float(weight) if isinstance(weight, int | float) else 1.0,
                         "cycle": cycle,
                     }
                 )
-            else:
-                dpo.append({"cycle": cycle, **row})
-    tables = {"tasks": [task_row(task) for task in tasks], "sft": sft, "dpo": dpo}
+            elif "chosen" in row:
+                dpo.append(
+                    {
+                        "prompt": row["prompt"],
+                        "chosen": row["chosen"],
+                        "rejected": row["rejected"],
+                        "tools": tools_json,
+                        "task_id": row.get("task_id"),
+                        "cycle": cycle,
+                    }
+                )
+            elif "prompt" in row:
+                grpo.append(
+                    {
+                        "prompt": row["prompt"],
+                        "tools": tools_json,
+                        "task_id": row.get("task_id"),
+                        "cycle": cycle,
+                    }
+                )
+    tables = {
+        "tasks": [task_row(task) for task in tasks],
+        "sft": sft,
+        "dpo": dpo,
+        "grpo": grpo,
+    }
     return {name: rows for name, rows in tables.items() if rows}
 
 
@@ -115,3 +150,35 @@ def dataset_card(run_dir: str | Path, tables: list[str], suffix: str) -> str:
         + ", ".join(f"`{name}`" for name in tables)
         + ". See coevolve's export.py for the columns.\n"
     )
+
+
+class HubPushError(RuntimeError):
+    """A push to the Hugging Face Hub that could not be made; the message is one line."""
+
+
+def push_tables(run_dir: str | Path, repo: str, private: bool = False) -> dict[str, int]:
+    """Push the run's tables to the Hub dataset ``repo``, one configuration per table
+    (``Dataset.push_to_hub(repo, config_name=NAME)``); returns the row count per table."""
+    from huggingface_hub import constants
+
+    tables = export_tables(run_dir)
+    if not tables:
+        raise ValueError(f"{run_dir} has no synthesized tasks or training examples to export")
+    if constants.HF_HUB_OFFLINE:
+        raise HubPushError(
+            f"cannot push to {repo}: the Hugging Face Hub is offline here (HF_HUB_OFFLINE is "
+            "set); export to a directory and push it from a machine that reaches the Hub"
+        )
+    from datasets import Dataset
+
+    for name, rows in tables.items():
+        try:
+            Dataset.from_list(rows).push_to_hub(
+                repo, config_name=name, split="train", private=private
+            )
+        except Exception as err:  # no network, no token, no permission, a bad repo name
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else "no detail"
+            raise HubPushError(
+                f"cannot push table {name!r} to {repo}: {type(err).__name__}: {detail}"
+            ) from None
+    return {name: len(rows) for name, rows in tables.items()}
