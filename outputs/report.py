@@ -92,6 +92,10 @@ def write_report(run_dir: str | Path, cycles: list[CycleSummary], pool: Any) -> 
         RunSummary(cycles=cycles, pool=pool.counts() if pool else {}).model_dump_json(indent=2)
     )
     paths = {"metrics": metrics, "summary": summary}
+    from .model_card import write_model_cards
+
+    # Each cycle's adapter with a model card carrying its figures (outputs/model_card.py).
+    write_model_cards(run_dir, rows)
     if rows:
         paths["report"] = plot_report(rows, run_dir / "report.png")
     return paths

@@ -233,3 +233,11 @@ def test_a_grpo_cycle_exports_its_prompts(tmp_path, cache_dir, tiny_build, monke
     grpo = export_tables(tmp_path / "run")["grpo"]
     assert grpo and {row["cycle"] for row in grpo} == {1}
     assert grpo[0]["prompt"][-1]["role"] == "user" and json.loads(grpo[0]["tools"])
+    # The cycle's adapter: a model card with the run's figures, loadable by PEFT.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "run" / "adapters" / "cycle-1"
+    card = (adapter / "README.md").read_text()
+    assert "# coevolve adapter, cycle 1" in card and "| training algorithm | grpo |" in card
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_build)), str(adapter))
