@@ -86,6 +86,11 @@ class TrainResult(BaseModel):
     skipped: str | None = Field(
         default=None, description="Why nothing was trained (no data); None when trained."
     )
+    resumed_from_step: int | None = Field(
+        default=None,
+        description="training.checkpoint_every: the step of the checkpoint a killed step "
+        "continued from; None when it ran from step 0.",
+    )
 
 
 # --------------------------------------------------------------------------- adapters

@@ -189,6 +189,15 @@ class TrainingConfig(Section):
         "config's. batch_size is per process: the global batch is batch_size x "
         "gradient_accumulation_steps x processes.",
     )
+    checkpoint_every: int | None = Field(
+        default=None,
+        gt=0,
+        description="Save a trainer checkpoint (adapter, optimizer, scheduler, RNG states, "
+        "step) every N optimisation steps, in adapters/.checkpoints/cycle-N/, the last one "
+        "kept; a killed step (a killed run, a launched step's process) then continues from "
+        "its last checkpoint when the run resumes, instead of from step 0. Removed once the "
+        "adapter is saved. None: no checkpoints (a killed step restarts).",
+    )
     # ------------------------------------------------------------------ seal
     seal: SealSettings = Field(
         default_factory=SealSettings,

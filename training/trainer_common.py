@@ -55,7 +55,12 @@ def common_arguments(
         "fp16": False,
         "gradient_checkpointing": False,
         "activation_checkpointing": False,
-        "save_strategy": "no",
+        # checkpoint_every: the trainer's own checkpoints, the last one kept (resumable).
+        **(
+            {"save_strategy": "steps", "save_steps": config.checkpoint_every, "save_total_limit": 1}
+            if config.checkpoint_every
+            else {"save_strategy": "no"}
+        ),
         "logging_steps": 1,
         "logging_strategy": "steps",
         # Our own one-line bar (_StepBar) replaces tqdm and the printed log dicts.
@@ -169,10 +174,13 @@ def quiet_trainer(trainer: Any, progress: bool) -> None:
         trainer.add_callback(_step_bar(trainer.args.max_steps))
 
 
-def run_trainer(trainer: Any) -> tuple[int, float | None, float | None, float, dict[str, float]]:
-    """Train; return (steps, final loss, mean loss, seconds, mean of other logged metrics)."""
+def run_trainer(
+    trainer: Any, resume_from: str | None = None
+) -> tuple[int, float | None, float | None, float, dict[str, float]]:
+    """Train (from the checkpoint ``resume_from`` when given); return (steps, final loss,
+    mean loss, seconds, mean of other logged metrics)."""
     started = time.perf_counter()
-    output = trainer.train()
+    output = trainer.train(resume_from_checkpoint=resume_from)
     elapsed = time.perf_counter() - started
     history = [entry for entry in trainer.state.log_history if "loss" in entry]
     losses = [float(entry["loss"]) for entry in history]

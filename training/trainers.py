@@ -30,6 +30,7 @@ checkpointing) and on a GPU (bf16 where supported).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -175,7 +176,11 @@ def train_adapter(
         "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
     )
     tokenizer = load_tokenizer(model_dir)
-    work = Path(tempfile.mkdtemp(prefix="coevolve-train-"))
+    checkpoints, resume_from = step_checkpoints(
+        config, output, model_dir, previous_adapter, len(conversations), len(pairs), len(tasks)
+    )
+    # The trainer's output_dir: a temporary folder, or the step's checkpoint folder.
+    work = checkpoints or Path(tempfile.mkdtemp(prefix="coevolve-train-"))
     bars = ProgressBars(progress)
     try:
         capability_state = None
@@ -230,7 +235,9 @@ def train_adapter(
         quiet_trainer(trainer, progress)
         if tracking is not None:
             tracking.attach(trainer)
-        steps, final_loss, mean_loss, elapsed, metrics = run_trainer(trainer)
+        if resume_from is not None:
+            logger.info("training resumes from the checkpoint %s", resume_from)
+        steps, final_loss, mean_loss, elapsed, metrics = run_trainer(trainer, resume_from)
         result = TrainResult(
             algorithm=config.algorithm,
             adapter_dir=str(output),
@@ -245,6 +252,7 @@ def train_adapter(
             steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
             device=device,
             world_size=trainer.args.world_size,
+            resumed_from_step=_checkpoint_step(resume_from),
         )
         # Under `accelerate launch` every rank trains (same max_steps) but one writes:
         # trainer.model is the unwrapped model, the same on every rank under DDP. FSDP
@@ -256,12 +264,68 @@ def train_adapter(
             save_adapter(trainer.model, output, result, config, state_dict)
             if capability_state is not None and capability_state_path is not None:
                 capability_state.save(capability_state_path)
+        if checkpoints is not None and trainer.is_world_process_zero():
+            shutil.rmtree(checkpoints, ignore_errors=True)  # the adapter is saved: done
         return result
     finally:
         bars.restore()
-        shutil.rmtree(work, ignore_errors=True)
+        if checkpoints is None:
+            shutil.rmtree(work, ignore_errors=True)
         trainer = None  # the model, optimizer and data go with it
         release_memory()
+
+
+CHECKPOINTS_FOLDER = ".checkpoints"
+CHECKPOINT_KEY_FILE = "step-key.json"
+
+
+def step_checkpoints(
+    config: TrainingConfig,
+    output: Path,
+    model_dir: str | Path,
+    previous_adapter: str | Path | None,
+    *sizes: int,
+) -> tuple[Path | None, str | None]:
+    """(the folder of this step's trainer checkpoints, the last checkpoint to resume from)
+    under ``training.checkpoint_every``; (None, None) without it. The folder,
+    ``<adapters>/.checkpoints/<adapter name>/``, is keyed by the step's settings, base,
+    previous adapter and data sizes: checkpoints of another step are removed, not resumed."""
+    if not config.checkpoint_every:
+        return None, None
+    import hashlib
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = output.parent / CHECKPOINTS_FOLDER / output.name
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                config.model_dump(mode="json"),
+                str(model_dir),
+                str(previous_adapter),
+                list(sizes),
+            ],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    key_file = folder / CHECKPOINT_KEY_FILE
+    try:
+        same = json.loads(key_file.read_text()).get("key") == key
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(json.dumps({"key": key}) + "\n")
+        return folder, None
+    return folder, get_last_checkpoint(str(folder))
+
+
+def _checkpoint_step(checkpoint: str | None) -> int | None:
+    """The step of a ``checkpoint-N`` folder (None for none)."""
+    if checkpoint is None:
+        return None
+    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def _demonstrations_then_grpo(
