@@ -86,13 +86,15 @@ _TOKEN = re.compile(r"[\w:.@+/-]+")
 
 
 def _value_tokens(text: str) -> list[str]:
-    """The parts of a free-text value the agent cannot make up: numbers, dates, times, names
-    (a token with a digit or a capital). "training moved to 01-24 at 14:30" needs 01-24 and
-    14:30 from somewhere; its wording is the agent's own."""
+    """The parts of a free-text value the request (or an earlier result) must name: its
+    numbers, dates, times and names, and its words of three letters or more. "training moved
+    to 01-24 at 14:30" needs training, moved, 01-24 and 14:30 from somewhere, in any order;
+    "to" and "at" are the agent's own. (A looser rule, numbers and names only, passed
+    "Tell Gwen I'm moving to a new meeting" for the text "meeting moved".)"""
     return [
         token.strip(".")
         for token in _TOKEN.findall(text)
-        if any(ch.isdigit() for ch in token) or token[:1].isupper()
+        if len(token.strip(".")) >= 3 or any(ch.isdigit() for ch in token) or token[:1].isupper()
     ]
 
 
@@ -114,8 +116,8 @@ def ungrounded_values(query: str, interactions: Sequence[Interaction]) -> list[s
     """Argument values of the calls that neither the request nor an earlier result names:
     the agent could not know them from the request, so the task would teach guessing.
 
-    A one-word value must appear whole; a longer one (a message text) needs only its
-    numbers and names (``_value_tokens``)."""
+    A one-word value must appear whole; a longer one (a message text) needs its words and
+    values, in any order (``_value_tokens``)."""
     missing: list[str] = []
     seen: list[str] = [query]
     for interaction in interactions:

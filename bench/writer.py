@@ -185,6 +185,15 @@ def main() -> None:
     for example in examples:
         print(f"  {example['family']}: {example['true']!r} -> {example['written']!r}")
     if args.json:
+        written = [
+            {
+                "task": r["task"].id,
+                "family": r["family"],
+                "written": r.get("query"),
+                "reply": r.get("reply"),
+            }
+            for r in rows
+        ]
         Path(args.json).write_text(
             json.dumps(
                 {
@@ -192,6 +201,7 @@ def main() -> None:
                     "split": args.split,
                     "figures": table,
                     "examples": examples,
+                    "written": written,
                     "write_s": round(write_s, 1),
                 },
                 indent=2,

@@ -67,6 +67,11 @@ def test_every_training_task_is_grounded_and_a_vague_request_is_not():
     missing = ungrounded_values("Move my event and tell people.", calls)
     move = next(i.call for i in calls if i.call.name == "move_event")
     assert move.arguments["date"] in missing and move.arguments["time"] in missing
+    # a message text's words must be named, not only its values
+    send = next(i for i in calls if i.call.name == "send_message")
+    assert send.call.arguments["text"] in ungrounded_values(
+        "Tell Lou I am moving to a new training.", [send]
+    )
     # the message repeats the date and time the move's result showed: grounded by it
     assert not any(value.startswith(calls[0].call.arguments["title"]) for value in missing[2:])
 
