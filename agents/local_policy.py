@@ -14,6 +14,9 @@ template speaks one of the two formats works too.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import json
 import threading
 from collections.abc import Sequence
@@ -80,6 +83,13 @@ class LocalPolicy:
         self._fixed_version = version
         self._base_version: str | None = None
         self._lock = threading.Lock()
+        # Generation runs on one thread of its own, not asyncio.to_thread's pool: glibc's
+        # malloc gives each thread an arena and keeps what was freed there, so keys,
+        # values and activations spread over the pool's threads stayed resident once per
+        # thread (SmolLM2 evaluation, 108 episodes: 6.3 GiB peak, 5.3 GiB after it ended).
+        self._generation_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="local-policy"
+        )
 
         import torch
         from transformers import AutoModelForCausalLM
@@ -179,8 +189,11 @@ class LocalPolicy:
     def release_cache(self) -> None:
         """Forget every conversation's kept keys and values (the rollout engine calls this
         when its episodes have ended)."""
+        from .kv_reuse import return_freed_memory
+
         with self._lock:
             self.prefix_cache.clear()
+            return_freed_memory()
 
     # ------------------------------------------------------------------ generation
 
@@ -192,7 +205,11 @@ class LocalPolicy:
         **_: Any,
     ) -> list[AssistantMessage]:
         """The next assistant message of every conversation (one batched generate per chunk)."""
-        return await asyncio.to_thread(self.generate_sync, conversations, tools, temperature)
+        context = contextvars.copy_context()  # as asyncio.to_thread passes it
+        return await asyncio.get_running_loop().run_in_executor(
+            self._generation_thread,
+            functools.partial(context.run, self.generate_sync, conversations, tools, temperature),
+        )
 
     def generate_sync(
         self,
@@ -380,4 +397,5 @@ class LocalPolicy:
         with self._lock:
             self.model = None
             self.base_model = None  # type: ignore[assignment]
+        self._generation_thread.shutdown(wait=False)
         gc.collect()
