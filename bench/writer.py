@@ -28,6 +28,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -102,7 +103,7 @@ def main() -> None:
     )
     write_s = time.perf_counter() - started
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for task, calls, reply in zip(tasks, material, replies, strict=True):
         try:
             query, answer = parse_writing(reply)
