@@ -364,6 +364,9 @@ def print_summary(
                 f"{label} {count}" for label, count in list(row["diagnosis"].items())[:6]
             )
             console.print(f"cycle {row['cycle']} rollout diagnosis (SEAL labels): {labels}")
+    line = synthesizer_line(cycles)
+    if line is not None:
+        console.print(line)
     if pool is not None:
         counts = pool
         signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in counts.items() if ":" in k)
@@ -371,6 +374,38 @@ def print_summary(
             f"pool: {counts.get('seed', 0)} seed + {counts.get('synthesized', 0)} synthesized "
             f"tasks ({signals or 'none'})"
         )
+
+
+# Candidate kinds the environment's own task generator makes (OfflineAbstractor, steered):
+# a figure learnt from them rests on that generator, which a user's environment lacks.
+GENERATOR_KINDS = frozenset({"structure_variant", "prefix", "transition"})
+
+
+def synthesizer_line(cycles: list[CycleSummary]) -> str | None:
+    """Which synthesizer made the run's tasks, in one line: every figure says which."""
+    ran = [c.synthesize for c in cycles if c.synthesize is not None]
+    if not ran:
+        return None
+    abstractor = ran[-1].roles.get("abstractor", "?")
+    kinds: dict[str, int] = {}
+    for figures in ran:
+        for key, count in figures.candidate_kinds.items():
+            kind = key.rsplit(":", 1)[-1]
+            kinds[kind] = kinds.get(kind, 0) + count
+    generated = sum(count for kind, count in kinds.items() if kind in GENERATOR_KINDS)
+    if abstractor.startswith("abstractor:writer("):
+        how = "the task writer, from what the agent did and explored: no task generator"
+    elif abstractor.startswith("abstractor:llm("):
+        how = "an LLM abstractor on the explorer's log: no task generator"
+    elif generated:
+        how = (
+            f"the environment's own task generator ({generated} of "
+            f"{sum(kinds.values())} candidates: structure variants, prefixes, transitions), "
+            "which a user's environment does not have"
+        )
+    else:
+        how = "explored windows described by the environment: no task generator"
+    return f"synthesizer: {abstractor}: {how}"
 
 
 def _cycle_columns_that_fit(

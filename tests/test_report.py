@@ -226,3 +226,29 @@ def test_summary_fits_a_100_column_terminal(cycles):
         family_head = blocks[2][1]
         assert "c0" in family_head and "c6" in family_head
         assert "left out to fit" in text.replace("\n", " ")
+
+
+@pytest.mark.parametrize(
+    "abstractor, kinds, says",
+    [
+        (
+            "abstractor:offline",
+            {"unsolved:structure_variant": 3, "rare:window": 1},
+            "task generator (3 of 4",
+        ),
+        ("abstractor:offline", {"rare:window": 2}, "explored windows described by the environment"),
+        ("abstractor:writer(w, both)", {"unsolved:hindsight": 2}, "the task writer"),
+    ],
+)
+def test_the_summary_names_the_synthesizer(abstractor, kinds, says):
+    from coevolve.outputs.report import synthesizer_line
+    from coevolve.outputs.summary import SynthesisFigures
+
+    figures = SynthesisFigures(roles={"abstractor": abstractor}, candidate_kinds=kinds, time_s=1.0)
+    cycles = [CycleSummary(cycle=0), CycleSummary(cycle=1, synthesize=figures)]
+    line = synthesizer_line(cycles)
+    assert line is not None and line.startswith(f"synthesizer: {abstractor}: ") and says in line
+    console = Console(width=100, record=True)
+    print_summary(console, cycles)
+    assert "synthesizer: " in console.export_text()
+    assert synthesizer_line([CycleSummary(cycle=0)]) is None
