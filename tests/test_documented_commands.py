@@ -169,6 +169,14 @@ TOUR: dict[str, list[str] | str] = {
     "coevolve synthesize runs/demo/rollouts.jsonl": [
         "synthesize", "{tmp}/runs/demo/rollouts.jsonl", "--store", "{tmp}/store",
     ],
+    "coevolve writer configs/writer.yaml": [
+        "writer", "configs/writer.yaml", "--base", "{model}", "--cache-dir", "{tmp}/cache",
+        "--set", "writer.max_steps=1", "--set", "pool.seed_tasks=8",
+        "--set", "endpoints.writer.model={tmp}/runs/writer",
+    ],
+    "coevolve serve configs/writer.yaml --endpoint writer --dry-run": [
+        "serve", "configs/writer.yaml", "--endpoint", "writer", "--dry-run",
+    ],
     "coevolve bench learning --seeds 3": [
         "bench", "learning", "--quick", "--seeds", "1", "--arms", "static",
         "--out", "{tmp}/bench",
