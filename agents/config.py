@@ -41,8 +41,10 @@ class EndpointConfig(Section):
     max_retries: int = Field(
         default=3,
         ge=0,
-        description="Retries of one request after a 5xx, a timeout, a dropped connection or a "
-        "reply that cannot be read (a body that is no chat completion, null choices).",
+        description="Retries of one request after an HTTP 408, 429 or 5xx, a timeout, a dropped "
+        "connection or a reply that cannot be read (a body that is no chat completion, null "
+        "choices); never after another 4xx. One policy (common/retry.py) for the policy, the "
+        "synthesis roles and the embeddings on this endpoint.",
     )
     retry_base_s: float = Field(
         default=0.2,
@@ -51,7 +53,10 @@ class EndpointConfig(Section):
         "(with jitter), up to retry_max_s.",
     )
     retry_max_s: float = Field(
-        default=5.0, gt=0, description="Longest wait between two retries, in seconds."
+        default=5.0,
+        gt=0,
+        description="Longest wait between two retries, in seconds; a server's Retry-After "
+        "(429, 503) is honoured up to it (raise it for a hosted API's rate limits).",
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
     server: Literal["vllm", "transformers"] = Field(

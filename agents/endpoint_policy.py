@@ -21,7 +21,6 @@ counts every attempt, so error messages are honest ("failed after 4 attempts").
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from ..common.lean_http import (
     Pool,
@@ -39,6 +37,7 @@ from ..common.lean_http import (
     open_pool,
     retry_after_s,
 )
+from ..common.retry import RetryPolicy
 from .completion_body import (
     completion_problem,
     encode_request,
@@ -61,6 +60,10 @@ class _Transient(Exception):
     def __init__(self, message: str, retry_after_s: float | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+def _is_transient(error: BaseException) -> bool:
+    return isinstance(error, _Transient)
 
 
 class _Rejected(Exception):
@@ -275,13 +278,9 @@ class EndpointPolicy:
                     raise
                 await asyncio.sleep(self._delay(1, err))
             # One AsyncRetrying per request: tenacity keeps a call's state on the object
-            # (per thread), so the concurrent requests of a batch cannot share one.
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(_Transient),
-                stop=stop_after_attempt(attempts - 1),
-                wait=self._backoff,
-                reraise=True,
-            )
+            # (per thread), so the concurrent requests of a batch cannot share one. The
+            # endpoints' one retry policy (common/retry.py), after the first attempt.
+            retrying = self._retry_policy().asynchronous(_is_transient, done_before=1)
             message: AssistantMessage = await retrying(self._attempt, state, payload)
         except _Transient as err:
             return AssistantMessage(
@@ -349,22 +348,13 @@ class EndpointPolicy:
             raise _Transient(f"malformed response ({problem}): {shown(data)}")
         return body
 
-    def _backoff(self, retry_state: RetryCallState) -> float:
-        """tenacity's wait: its attempts come after the first one, made outside it."""
-        error = retry_state.outcome.exception() if retry_state.outcome else None
-        return self._delay(retry_state.attempt_number + 1, error)
+    def _retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.endpoint.max_retries, self.retry_base_s, self.retry_max_s)
 
     def _delay(self, failed: int, error: BaseException | None) -> float:
-        """Seconds before the next attempt after ``failed`` failed ones: exponential
-        backoff with jitter, so retries of a batch do not arrive in lockstep.
-
-        A server's Retry-After (429, 503) is honoured up to ``retry_max_s``.
-        """
-        delay = min(self.retry_max_s, self.retry_base_s * 2 ** (failed - 1))
-        delay *= random.uniform(0.5, 1.5)
-        if isinstance(error, _Transient) and error.retry_after_s is not None:
-            delay = max(delay, min(error.retry_after_s, self.retry_max_s))
-        return delay
+        """Seconds before the next attempt after ``failed`` failed ones (common/retry.py:
+        exponential backoff with jitter, a server's Retry-After honoured up to retry_max_s)."""
+        return self._retry_policy().delay(failed, error)
 
     # ------------------------------------------------------------------ plumbing
 

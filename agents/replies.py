@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import random
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
+
+from ..common.retry import RetryPolicy
 
 log = logging.getLogger("coevolve.agents.llm")
 
@@ -191,7 +192,8 @@ async def ask(
     chat = runnable if model is None else model
     label = model_label(chat)
     retries, base_s, most_s = _retry_policy(chat)
-    for attempt_number in range(retries + 1):
+
+    async def attempt_once() -> Any:
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)
         try:
@@ -208,12 +210,20 @@ async def ask(
         counter = _REPLY_ERRORS.get()
         if counter is not None:
             counter[error.kind] += 1
-        if attempt_number == retries or not _worth_retrying(error):
-            raise error from error.cause
-        log.info("%s; asking again (%d of %d)", error, attempt_number + 1, retries)
-        delay = min(most_s, base_s * 2**attempt_number)
-        await asyncio.sleep(delay * (0.5 + random.random() / 2))
-    raise AssertionError("unreachable: the last attempt returns or raises")
+        raise error from error.cause
+
+    def retryable(error: BaseException) -> bool:
+        return isinstance(error, ReplyError) and _worth_retrying(error)
+
+    def log_retry(state: Any) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.info("%s; asking again (%d of %d)", error, state.attempt_number, retries)
+
+    # The endpoints' one retry policy (common/retry.py): backoff with jitter, a server's
+    # Retry-After honoured.
+    retrying = RetryPolicy(retries, base_s, most_s).asynchronous(retryable)
+    retrying.before_sleep = log_retry
+    return await retrying(attempt_once)
 
 
 def names_response_format(err: BaseException | None) -> bool:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,20 +263,13 @@ class MiniLMEmbedding(EmbeddingFunction[Documents]):
 # --------------------------------------------------------------------------- OpenAI-compatible
 
 
-# Statuses the openai client retries besides 5xx (openai._base_client._should_retry).
-_RETRIED_STATUSES = (408, 409, 429)
-_RETRY_BASE_S, _RETRY_MAX_S = 0.5, 8.0
+class _Retried(Exception):
+    """A failed attempt worth asking again (common/retry.py): 408, 429, 5xx or transport."""
 
-
-def _backoff_s(attempt: int, retry_after: str | None) -> float:
-    """The wait before the next attempt: the server's Retry-After (seconds, up to a
-    minute), else a jittered exponential backoff, as the openai client waits."""
-    from ..common.lean_http import retry_after_s
-
-    asked = retry_after_s(retry_after)
-    if asked is not None and asked <= 60:
-        return asked
-    return min(_RETRY_MAX_S, _RETRY_BASE_S * 2**attempt) * (1 - 0.25 * random.random())
+    def __init__(self, failure: Exception, retry_after_s: float | None = None) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+        self.retry_after_s = retry_after_s
 
 
 @register_embedding_function
@@ -287,9 +278,10 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
 
     ``api_key_env`` names the environment variable holding the key (read at
     each client creation, never stored in the collection's config); None sends
-    the placeholder key "EMPTY", as vLLM expects. A 5xx, 408, 409, 429, a timeout
+    the placeholder key "EMPTY", as vLLM expects. A 5xx, 408, 429, a timeout
     or a dropped connection is retried ``max_retries`` times after the server's
-    Retry-After or a jittered exponential backoff (the openai client's policy);
+    Retry-After or a jittered exponential backoff (the endpoints' one retry policy,
+    common/retry.py, with the endpoint's retry_base_s and retry_max_s);
     other errors, and failures after the retries, raise ``EmbeddingError``
     naming the endpoint. Vectors are returned unit length.
     """
@@ -304,6 +296,8 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         batch_size: int = 256,
         timeout_s: float = 60.0,
         max_retries: int = 3,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 8.0,
     ) -> None:
         if batch_size <= 0 or timeout_s <= 0 or max_retries < 0:
             raise ValueError("batch_size and timeout_s must be > 0, max_retries >= 0")
@@ -314,6 +308,8 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.max_retries = max_retries
+        self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
         self._client: SyncPool | None = None
 
     @classmethod
@@ -322,6 +318,8 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         defaults = {
             "timeout_s": getattr(endpoint, "timeout_s", 60.0),
             "max_retries": getattr(endpoint, "max_retries", 3),
+            "retry_base_s": getattr(endpoint, "retry_base_s", 0.5),
+            "retry_max_s": getattr(endpoint, "retry_max_s", 8.0),
         }
         return cls(
             endpoint.base_url,
@@ -353,34 +351,35 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         return self._client
 
     def _post(self, body: bytes, where: str) -> dict[str, Any]:
-        """POST /embeddings, retried as the openai client retries (module docstring);
+        """POST /embeddings, retried by the endpoints' retry policy (class docstring);
         the decoded JSON body of a 2xx answer."""
         from ..common.lean_http import TransportError, error_detail
+        from ..common.retry import RetryPolicy, retry_after_s, retryable_status
 
         pool = self._pool()
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
+
+        def attempt() -> dict[str, Any]:
             try:
                 response = pool.request("POST", "/embeddings", body)
             except TransportError as err:  # refused, reset, or no answer in time
-                if last:
-                    raise EmbeddingError(self._exhausted(where, err)) from err
-                time.sleep(_backoff_s(attempt, None))
-                continue
+                raise _Retried(err) from err
             if response.status < 300:
                 try:
-                    return json.loads(response.body)
+                    return dict(json.loads(response.body))
                 except ValueError as err:  # a body that is not JSON
                     raise EmbeddingError(f"{where}: bad response: {err}") from err
             status = response.status
             message = error_detail(response.body, response.reason)
-            if not (status in _RETRIED_STATUSES or status >= 500):
+            if not retryable_status(status):
                 raise EmbeddingError(f"{where}: HTTP {status}: {message}")
-            if last:
-                failure = RuntimeError(f"HTTP {status}: {message}")
-                raise EmbeddingError(self._exhausted(where, failure))
-            time.sleep(_backoff_s(attempt, response.headers.get("retry-after")))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            asked = retry_after_s(response.headers.get("retry-after"))
+            raise _Retried(RuntimeError(f"HTTP {status}: {message}"), asked)
+
+        policy = RetryPolicy(self.max_retries, self.retry_base_s, self.retry_max_s)
+        try:
+            return policy.synchronous(lambda err: isinstance(err, _Retried))(attempt)
+        except _Retried as err:
+            raise EmbeddingError(self._exhausted(where, err.failure)) from err.failure
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         payload: dict[str, Any] = {"input": texts, "model": self.model, "encoding_format": "float"}
