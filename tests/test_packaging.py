@@ -86,6 +86,9 @@ def test_index_limits_live_in_the_constraints_file():
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
     # What the tests ran, bounded: the private TRL methods overridden, openai's major.
     assert '"trl>=1.16,<1.17"' in (ROOT / "pyproject.toml").read_text()
+    # langchain-openai: the tested minor (agents/llm.py overrides its ChatOpenAI's methods).
+    assert '"langchain-openai>=1.7,<1.8"' in (ROOT / "pyproject.toml").read_text()
+    assert importlib.metadata.version("langchain-openai").startswith("1.7.")
     assert importlib.metadata.version("trl").startswith("1.16.")
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert extras["vllm"] == ["trl[vllm]>=1.16,<1.17"] and "tensorboard" in extras
