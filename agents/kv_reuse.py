@@ -172,16 +172,12 @@ def return_freed_memory() -> None:
     peak sat on top of that. ``malloc_trim`` returns the free pages; elsewhere than
     glibc this does nothing."""
     import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
-    except OSError:
-        trim = None
+    # The symbols already loaded into this process: ctypes.util.find_library would start
+    # a process (ldconfig) to find the C library.
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
 

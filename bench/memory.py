@@ -12,7 +12,7 @@ peak resident memory of this process during the stage (Linux: the kernel's
 high-water mark ``VmHWM``, reset before each stage through
 ``/proc/self/clear_refs``; elsewhere a sampler thread), the peak of the processes
 it launched (``training.launcher: subprocess`` or ``accelerate``: their resident
-memory summed, sampled every 50 ms, and ``RUSAGE_CHILDREN`` where it rose), the
+memory summed, sampled every 50 ms), the
 resident memory left when the stage ended, and the in-process policy's KV
 figures: the largest total of keys and values kept between steps and the largest
 padded batch of them built for one forward pass (``agents/kv_reuse.py``).
@@ -33,8 +33,6 @@ import argparse
 import asyncio
 import gc
 import os
-import resource
-import sys
 import tempfile
 import threading
 import time
@@ -95,12 +93,6 @@ def _own_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def _children_max_rss() -> int:
-    """The largest resident memory any waited-for child reached (bytes; KiB on Linux)."""
-    scale = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
-
-
 @dataclass
 class StageMemory:
     name: str
@@ -124,7 +116,6 @@ class PeakMeter:
         self.sampled_peak = 0
         self.children_peak = 0
         self.exact = False
-        self._children_before = 0
 
     def _sample(self) -> None:
         while not self._stop.is_set():
@@ -136,7 +127,6 @@ class PeakMeter:
     def __enter__(self) -> PeakMeter:
         gc.collect()
         self.exact = _reset_high_water_mark()
-        self._children_before = _children_max_rss()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -152,10 +142,9 @@ class PeakMeter:
         return max(self.sampled_peak, _own_rss())
 
     def children(self) -> int:
-        # A child that exited between two samples still shows in RUSAGE_CHILDREN when it
-        # raised that all-time maximum during the stage.
-        after = _children_max_rss()
-        return max(self.children_peak, after if after > self._children_before else 0)
+        # Sampled only: RUSAGE_CHILDREN also counts a short-lived fork (ctypes.util,
+        # subprocess helpers) as resident with all of this process's pages.
+        return self.children_peak
 
 
 @contextmanager
