@@ -69,12 +69,16 @@ def test_cycle_files_write_the_files_their_docstring_names_and_read_them_back(tm
     files.write_rejections([])
     files.write_train_data([{"messages": [], "tools": None, "weight": 1.0}])
     files.write_evaluation([episode])
+    unreached = episode.model_copy(update={"id": "e2", "transport_failure": True})
+    files.write_unreachable("rollout", [unreached])
     files.write_failure_rollouts([episode])
     files.write_hard_negative_figures({"failure_pairs": 3})
     files.write_train_record(episode)  # any record: the step's result in a run
     files.train_step_spec.write_text("{}")
     documented = set(re.findall(r"^    (\S+\.jsonl?) ", cycle_files.__doc__ or "", re.M))
+    documented = {name.replace("STAGE", "rollout") for name in documented}  # one per stage
     assert {path.name for path in files.folder.iterdir()} == documented
+    assert files.unreachable("rollout") == [unreached] and files.unreachable("evaluate") == []
     assert files.folder == tmp_path / "cycles" / "002"
     assert [f.cycle for f in CycleFiles.of_run(tmp_path)] == [2]
     assert files.rollouts() == [episode] and files.failure_rollouts() == [episode]
