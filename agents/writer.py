@@ -135,12 +135,21 @@ def ungrounded_values(query: str, interactions: Sequence[Interaction]) -> list[s
 
 
 def succeeded(steps: Sequence[tuple[ToolCall | None, Observation]]) -> list[Interaction]:
-    """The calls that ran without an error, in order (failed calls change nothing to replay)."""
-    return [
-        Interaction(call=ToolCall(name=call.name, arguments=call.arguments), observation=obs)
-        for call, obs in steps
-        if call is not None and not obs.error
-    ]
+    """The calls that ran without an error, in order, each once: failed calls change nothing
+    to replay, and a call made again with the same arguments (a small policy looks the same
+    contact up three times) would teach the repetition as part of the task."""
+    kept: list[Interaction] = []
+    seen: set[str] = set()
+    for call, observation in steps:
+        if call is None or observation.error:
+            continue
+        key = actions_key([call])
+        if key in seen:
+            continue
+        seen.add(key)
+        bare = ToolCall(name=call.name, arguments=call.arguments)
+        kept.append(Interaction(call=bare, observation=observation))
+    return kept
 
 
 class TaskWriter:

@@ -250,3 +250,15 @@ def test_coevolve_writer_teaches_on_the_seed_tasks_only(tmp_path, tiny_build):
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
     again = subprocess.run(run, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and f"task writer: {path}" in again.stdout.replace("\n", "")
+
+
+def test_material_keeps_each_call_that_ran_once():
+    from coevolve.agents.writer import succeeded
+    from coevolve.records import Observation, ToolCall
+
+    find = ToolCall(name="find_contact", arguments={"name": "Pax"})
+    other = ToolCall(name="find_contact", arguments={"name": "Ugo"})
+    found = Observation(text="id=c1 name=Pax phone=555-2964")
+    failed = Observation(text="error: no such contact", error="not_found")
+    steps = [(find, found), (find, found), (other, failed), (None, failed), (find, found)]
+    assert [i.call for i in succeeded(steps)] == [find]
