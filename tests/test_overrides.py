@@ -71,7 +71,7 @@ def test_named_entries_and_inline_sections():
         ),
         ("rollout.k.x=1", ["rollout.k is a value, not a section"]),
         ("training.max_steps=ten", ["training.max_steps", "valid integer"]),
-        ("env.name=wrld", ["env.name", "allowed values: 'world' or 'bfcl'"]),
+        ("env.name=wrld", ["env", "unknown environment 'wrld'", "allowed: world, bfcl"]),
         ("max_steps", ["expected KEY=VALUE"]),
         ("rollout.k=[1", ["not valid YAML", "quote it"]),
     ],

@@ -46,6 +46,7 @@ TRAIN_RESULT: dict[str, Any] = {
     "steps_per_s": 0.33,
     "device": "cpu",
     "skipped": None,
+    "resumed_from_step": None,  # added with resumable steps (training.checkpoint_every)
 }
 
 CURRENT: dict[str, Any] = {
