@@ -21,7 +21,6 @@ reason. Nothing here reads the environment's task generator or any split.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -46,8 +45,6 @@ from .roles import (
     candidate_setup,
     primary_signal,
 )
-
-log = logging.getLogger(__name__)
 
 # Results longer than this are cut in the writer's input: it needs the values, not pages.
 OBSERVATION_CHARS = 160
