@@ -552,7 +552,8 @@ def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(t
     out = quick_bench(tmp_path, "seal", seeds=1)
     run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
     trained = json.loads((run_dir / "cycles" / "001" / "train.json").read_text())
-    assert trained["algorithm"] == "grpo" and trained["steps"] == 2  # the quick preset's training.max_steps
+    # two steps: the quick preset's training.max_steps
+    assert trained["algorithm"] == "grpo" and trained["steps"] == 2
     state = json.loads((run_dir / "capability_state.json").read_text())
     # Every GRPO episode's labels were counted, and the dynamic update ran.
     assert sum(stats["count"] for stats in state["total"].values()) > 0
