@@ -34,6 +34,7 @@ from .conversation import opening_messages
 from .llm import ReplyError, ask, model_label
 from .policy import Message, Policy, PolicyError, parse_assistant_text
 from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
+from .replies import raise_unless_one_replied
 from .roles import EnvFactory, ExplorationRound, Interaction
 
 log = logging.getLogger(__name__)
@@ -391,14 +392,8 @@ class LLMExplorer:
             *(self._round(item, task, context, make_env, i) for i in range(self.rounds)),
             return_exceptions=True,
         )
-        rounds = [outcome for outcome in outcomes if isinstance(outcome, ExplorationRound)]
-        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        for failure in failures:
-            if not isinstance(failure, ReplyError):
-                raise failure  # a bug, or a cancellation: not the endpoint's doing
-        if failures and not rounds:
-            raise failures[0]  # no round got a readable reply: the item fails with the reason
-        return rounds
+        raise_unless_one_replied(outcomes)
+        return [outcome for outcome in outcomes if isinstance(outcome, ExplorationRound)]
 
     async def _round(
         self,

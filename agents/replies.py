@@ -226,6 +226,19 @@ async def ask(
     return await retrying(attempt_once)
 
 
+def raise_unless_one_replied(outcomes: Sequence[object]) -> None:
+    """Of the outcomes of requests gathered with ``return_exceptions=True``: raise any that
+    is not a ``ReplyError`` (a bug, or a cancellation: not the endpoint's doing), and the
+    first ``ReplyError`` when every request failed (nothing readable came: the caller's
+    item fails with the endpoint's reason). Some replies and some errors return."""
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    for failure in failures:
+        if not isinstance(failure, ReplyError):
+            raise failure
+    if failures and len(failures) == len(outcomes):
+        raise failures[0]
+
+
 def names_response_format(err: BaseException | None) -> bool:
     """A server error about the request's response_format (a server answered json_schema
     with HTTP 500): asking again cannot help."""

@@ -34,7 +34,7 @@ from .abstractor import actions_key, normalise, repeats
 from .explorer import mentions
 from .llm import model_label
 from .prompts import WRITER_PROMPT
-from .replies import ReplyError, ask
+from .replies import ask, raise_unless_one_replied
 from .roles import (
     Abstraction,
     EnvFactory,
@@ -208,12 +208,7 @@ class TaskWriter:
         replies = await asyncio.gather(
             *(self._write(calls) for _, _, calls in material), return_exceptions=True
         )
-        failures = [r for r in replies if isinstance(r, BaseException)]
-        for failure in failures:
-            if not isinstance(failure, ReplyError):
-                raise failure  # a bug, or a cancellation: not the endpoint's doing
-        if failures and len(failures) == len(replies):
-            raise failures[0]  # no reply at all: the branch fails with the endpoint's reason
+        raise_unless_one_replied(replies)
         chosen: list[CandidateTask] = []
         rejected: list[RejectedCandidate] = []
         queries: set[str] = set()
