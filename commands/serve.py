@@ -53,18 +53,8 @@ def vllm_command(
                 f"{', '.join(config.endpoints) or 'none defined'})"
             )
         name = config.policy.endpoint
-    if name not in config.endpoints:
-        raise ServeError(
-            f"no endpoint {name!r} in the config; defined: {', '.join(config.endpoints) or 'none'}"
-        )
-    served = config.endpoints[name]
-    url = urlparse(served.base_url)
-    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1") or url.port is None:
-        raise ServeError(
-            f"endpoint {name!r} is at {served.base_url}: serve it on this machine with a port "
-            "in base_url (e.g. http://127.0.0.1:8000/v1)"
-        )
-    argv = ["vllm", "serve", served.model, "--host", url.hostname, "--port", str(url.port)]
+    served, host, port = _served_here(config, name)
+    argv = ["vllm", "serve", served.model, "--host", host, "--port", port]
     # Sampling as the request and the config say: without it vLLM fills every field a
     # request leaves out (top_p, top_k, repetition_penalty) from generation_config.json.
     argv += ["--generation-config", "vllm"]
@@ -135,21 +125,27 @@ def trl_vllm_command(config: Any, model: str | None = None) -> tuple[dict[str, s
     return {}, argv
 
 
-def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[str]]:
-    """(environment variables, argv) of the ``transformers serve`` that serves ``endpoint``:
-    the CPU path, e.g. the task writer (its directory is the model name requests send)."""
-    if endpoint not in config.endpoints:
+def _served_here(config: Any, name: str) -> tuple[Any, str, str]:
+    """(endpoint config, host, port) of endpoint ``name``, which must be on this machine."""
+    if name not in config.endpoints:
         raise ServeError(
-            f"no endpoint {endpoint!r} in the config; defined: {', '.join(config.endpoints) or 'none'}"
+            f"no endpoint {name!r} in the config; defined: {', '.join(config.endpoints) or 'none'}"
         )
-    served = config.endpoints[endpoint]
+    served = config.endpoints[name]
     url = urlparse(served.base_url)
     if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1") or url.port is None:
         raise ServeError(
-            f"endpoint {endpoint!r} is at {served.base_url}: serve it on this machine with a "
-            "port in base_url (e.g. http://127.0.0.1:8001/v1)"
+            f"endpoint {name!r} is at {served.base_url}: serve it on this machine with a port "
+            "in base_url (e.g. http://127.0.0.1:8000/v1)"
         )
-    argv = ["transformers", "serve", served.model, "--host", url.hostname, "--port", str(url.port)]
+    return served, url.hostname, str(url.port)
+
+
+def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, argv) of the ``transformers serve`` that serves ``endpoint``:
+    the CPU path, e.g. the task writer (its directory is the model name requests send)."""
+    served, host, port = _served_here(config, endpoint)
+    argv = ["transformers", "serve", served.model, "--host", host, "--port", port]
     # Offline, with an existing hub cache: its /v1/models lists the cache and fails without one.
     return {"HF_HUB_OFFLINE": "1"}, argv
 
