@@ -78,6 +78,15 @@ def test_a_local_directory_and_a_hub_id_as_the_base_and_as_train_model(tmp_path,
 
     assert load_tokenizer(prepared).chat_template == PLAIN_CALLS_TEMPLATE
     assert bootstrap(config, cache_dir=tmp_path / "cache", progress=False) == built  # cached
+    # One sequence per forward pass (the quickstart's memory setting): its own build, the
+    # same step (no LoRA dropout in the bootstrap, so only float rounding differs).
+    micro = config.model_copy(update={"micro_batch_size": 1})
+    micro_built = bootstrap(micro, cache_dir=tmp_path / "cache", progress=False)
+    assert micro_built != built
+    assert load_metadata(micro_built)["config"]["micro_batch_size"] == 1
+    assert load_metadata(micro_built)["final_loss"] == pytest.approx(
+        metadata["final_loss"], rel=1e-3
+    )
 
     # A Hub id, offline, from a Hub cache: the bootstrap base and an endpoint's train_model.
     hub = tmp_path / "hub"

@@ -272,6 +272,13 @@ def test_cache_location_and_key(monkeypatch, tmp_path):
     assert BootstrapConfig().cache_key() == BootstrapConfig().cache_key()
 
 
+def test_micro_batches_change_the_key_only_when_set():
+    # The default build's key from before micro_batch_size existed (3eb1778): committed
+    # caches and bench units keep theirs while the field is left at None.
+    assert BootstrapConfig().cache_key() == "a655e0ae86a2ed1b"
+    assert BootstrapConfig(micro_batch_size=2).cache_key() != BootstrapConfig().cache_key()
+
+
 # --------------------------------------------------------------------------- config validation
 
 

@@ -166,6 +166,17 @@ class BootstrapConfig(Section):
     )
     weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW weight decay.")
     batch_size: int = Field(default=8, gt=0, description="Sequences per optimisation step.")
+    micro_batch_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Sequences per forward/backward pass; the step still averages batch_size "
+        "sequences by accumulating (LoRA dropout is 0 here, so only float rounding differs). "
+        "Activations grow with it: SmolLM2's 30 layers keep about 2.8 MB a token, so 8 "
+        "sequences at once peaked at 10.5 GiB and 2 at a time fit in 4 GB "
+        "(docs/benchmarks/memory.md). None: batch_size at once, as the committed builds were "
+        "made (and their cache keys, which leave the field out while it is None). The tiny "
+        "model trains whole batches.",
+    )
     max_steps: int = Field(
         default=32,
         gt=0,
@@ -264,6 +275,8 @@ class BootstrapConfig(Section):
     def cache_key(self) -> str:
         """Hash of everything that shapes the trained model (and the recipe version)."""
         fields = self.model_dump(exclude=set(_NOT_HASHED))
+        if fields["micro_batch_size"] is None:  # keys from before the field existed still hold
+            del fields["micro_batch_size"]
         local = Path(self.base).expanduser()
         if self.base not in ("smollm2", "tiny") and local.is_dir():
             from ..common.hf_models import directory_fingerprint

@@ -216,7 +216,7 @@ def build_bootstrap(
         seed=config.seed,
         device="cpu",
         # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
-        sft=SftConfig(batching="random"),
+        sft=SftConfig(batching="random", micro_batch_size=config.micro_batch_size),
     )
     name = "SmolLM2-135M-Instruct" if config.base == "smollm2" else config.base
     if progress:
