@@ -37,6 +37,7 @@ from .graph.synthesis_config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig
+from .run_files import RunFiles
 from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negative_settings import HardNegativeSettings
@@ -202,7 +203,7 @@ class CoevolveConfig(Section):
         return self
 
     def store_path(self) -> str:
-        return self.synthesis.store_path or str(Path(self.run_dir) / "task_store")
+        return self.synthesis.store_path or str(RunFiles(self.run_dir).task_store)
 
     def endpoint(self, ref: str | EndpointConfig) -> EndpointConfig:
         """Resolve an endpoint reference (a name or an inline endpoint)."""

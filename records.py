@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict
 
 # "random" marks trajectories picked at random instead of by a detector (the
 # control arm of the learning ablation, coevolve bench learning); "oracle" marks
@@ -217,6 +218,25 @@ class Signal(Record):
     )
 
 
+class FlaggedTrajectory(BaseModel):
+    """A trajectory with every signal that flagged it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory: Trajectory
+    signals: list[Signal]
+    nearest_miss: Trajectory | None = Field(
+        default=None,
+        description="Another failed episode of the same task that got further (higher graded "
+        "progress): a hard negative the summarizer reads beside the flagged one "
+        "(attach_nearest_misses).",
+    )
+
+    @property
+    def kinds(self) -> list[SignalKind]:
+        return [s.kind for s in self.signals]
+
+
 class SynthesisContext(Record):
     """The summarizer's signal-conditioned reading of a flagged trajectory."""
 
@@ -296,3 +316,111 @@ class Verdict(Record):
 
     def is_accepted(self, judge_veto: bool) -> bool:
         return self.vetoed_accepted if judge_veto else self.accepted
+
+
+# --------------------------------------------------------------------------- the train stage
+
+Algorithm = Literal["sft", "grpo", "dpo"]
+
+
+class GroupFigures(BaseModel):
+    """GRPO: the reward spread of the generation rounds' groups (means over rounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    without_reward_spread: float | None = Field(
+        default=None, description="Share of groups whose rewards were all equal (TRL's count)."
+    )
+    with_spread: float | None = Field(
+        default=None,
+        description="Dynamic sampling: share of a round's first groups with both successes and "
+        "failures.",
+    )
+    dropped: float | None = Field(
+        default=None, description="Dynamic sampling: groups without spread dropped per round."
+    )
+    refilled: float | None = Field(
+        default=None, description="Dynamic sampling: groups of further prompts drawn per round."
+    )
+    final_with_spread: float | None = Field(
+        default=None, description="Dynamic sampling: share of the trained groups with spread."
+    )
+    all_failed: float | None = Field(
+        default=None,
+        description="Reference episodes: share of a round's groups whose episodes all failed.",
+    )
+    given_reference: float | None = Field(
+        default=None,
+        description="Reference episodes: share of a round's groups given the task's reference "
+        "episode in place of one of theirs.",
+    )
+
+
+class TrainResult(BaseModel):
+    """What one training step did; also stored as ``training.json`` in the adapter directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Algorithm
+    adapter_dir: str | None = Field(
+        description="The new adapter; when skipped, the previous adapter (or None)."
+    )
+    previous_adapter: str | None = None
+    steps: int = 0
+    examples: int = Field(
+        default=0, description="Conversations (sft), pairs (dpo) or tasks (grpo) trained on."
+    )
+    final_loss: float | None = None
+    mean_loss: float | None = None
+    mean_reward: float | None = Field(default=None, description="GRPO: mean episode reward.")
+    groups: GroupFigures | None = Field(
+        default=None, description="GRPO: the reward spread of its groups."
+    )
+    demonstration_steps: int | None = Field(
+        default=None,
+        description="GRPO: of steps, SFT steps on the demonstrations of tasks no rollout solved.",
+    )
+    train_time_s: float = 0.0
+    steps_per_s: float | None = None
+    device: str | None = None
+    world_size: int = Field(
+        default=1, ge=1, description="Training processes that took part (DDP world size)."
+    )
+    skipped: str | None = Field(
+        default=None, description="Why nothing was trained (no data); None when trained."
+    )
+    resumed_from_step: int | None = Field(
+        default=None,
+        description="training.checkpoint_every: the step of the checkpoint a killed step "
+        "continued from; None when it ran from step 0.",
+    )
+
+
+class AgentShare(TypedDict):
+    """One agent's episodes and how many of their failures are hard negatives."""
+
+    episodes: int
+    success: float | None  # share of episodes that succeeded
+    failures: int
+    hard: int  # failures graded at or above the threshold
+    share: float | None  # hard / failures
+    mean_failure_grade: float | None
+
+
+class HardNegativeFigures(TypedDict):
+    """A hard-negative cycle's figures (``hard_negatives.json``, the summary's
+    ``train.hard_negatives``)."""
+
+    threshold: float
+    target: AgentShare
+    failure_agent: AgentShare | None  # None without a failure agent
+    failure_pairs: int
+    failure_pairs_hard: int
+    failure_pairs_with_success: int
+    target_pairs: int
+    target_pairs_hard: int
+    target_pairs_by_source: dict[str, int]
+    experts: int
+    failure_rollout_time_s: float
+    failure_train_time_s: float
+    failure_time_s: float

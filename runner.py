@@ -11,19 +11,7 @@ The runtime type and RunError (``graph/runtime.py``), the runtime construction
 and the cycle's training step (``graph/training_step.py``) live under graph/ so
 the graph never imports the runner; they are re-exported here.
 
-Run directory:
-    config.yaml               the config the run uses (a resume reads it back)
-    checkpoints.sqlite        LangGraph checkpoints (thread "run")
-    history.jsonl             scores per task and cycle (forgetting)
-    patterns.json             action-pattern counts (rare)
-    task_store/               the Chroma task store (dedup, nearest tasks)
-    synthesized_tasks.jsonl   accepted synthesized tasks with provenance (the pool's file)
-    adapters/cycle-N/         the LoRA adapter trained in cycle N
-    run.log                   the trainers' log dicts and the roles' log lines (coevolve.outputs.run_log)
-    run.lock                  while a run works here: its pid and host (graph/run_lock.py);
-                              a second run, resume or --overwrite is refused
-    cycles/NNN/               rollouts, flagged items, synthesized tasks, train and eval files
-    metrics.jsonl, summary.json, report.png
+The run directory's files are named, read and written in ``run_files.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from .graph.run_lock import LOCK_FILE, hold_run_dir
+from .graph.run_lock import hold_run_dir
 from .graph.runtime import CycleRuntime, RunError
 from .graph.runtime_factory import (
     build_policy,
@@ -48,6 +36,7 @@ from .graph.runtime_factory import (
 )
 from .graph.training_step import sft_weights, train_cycle, use_adapter
 from .outputs.summary import CycleSummary
+from .run_files import CHECKPOINTS, LOCK_FILE, RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import CoevolveConfig
@@ -69,7 +58,6 @@ __all__ = [
     "use_adapter",
 ]
 
-CHECKPOINTS = "checkpoints.sqlite"
 THREAD = {"configurable": {"thread_id": "run"}}
 
 
@@ -135,7 +123,7 @@ def run(
                 )
             _clear(run_dir)
         header = "".join(f"# --set {item}\n" for item in overrides)
-        (run_dir / "config.yaml").write_text(header + _yaml(config))
+        RunFiles(run_dir).config.write_text(header + _yaml(config))
         return _execute(
             config,
             resuming=False,
@@ -159,7 +147,7 @@ def resume(
     from .config import load_config
 
     run_dir = Path(run_dir)
-    saved = run_dir / "config.yaml"
+    saved = RunFiles(run_dir).config
     if not saved.is_file():
         raise RunError(f"{run_dir} holds no run to resume ({saved} is missing)")
     config = load_config(saved)

@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 from ..envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
 from ..envs.parsing import render_call
-from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
 from .roles import (
     Abstraction,

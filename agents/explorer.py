@@ -28,8 +28,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from ..envs.base import Environment, SupportsSampleAction
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
-from ..memory.signals import FlaggedTrajectory
-from ..records import Observation, SynthesisContext, Task, ToolCall
+from ..records import FlaggedTrajectory, Observation, SynthesisContext, Task, ToolCall
 from .conversation import opening_messages
 from .llm import ReplyError, ask, model_label
 from .policy import Message, Policy, PolicyError, parse_assistant_text

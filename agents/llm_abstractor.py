@@ -17,8 +17,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
-from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, ToolCall
 from .abstractor import actions_key, normalise, repeats
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT

@@ -20,9 +20,9 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.base import Environment
-from ..memory.signals import FlaggedTrajectory
 from ..records import (
     CandidateTask,
+    FlaggedTrajectory,
     Neighbour,
     Observation,
     SignalKind,

@@ -18,8 +18,8 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from ..envs.parsing import render_call
-from ..memory.signals import FlaggedTrajectory
 from ..records import (
+    FlaggedTrajectory,
     Signal,
     Step,
     SynthesisContext,

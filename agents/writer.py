@@ -28,8 +28,15 @@ from typing import Any, Literal
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from ..envs.parsing import render_call
-from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, Observation, SynthesisContext, Task, ToolCall
+from ..records import (
+    CandidateTask,
+    FlaggedTrajectory,
+    Neighbour,
+    Observation,
+    SynthesisContext,
+    Task,
+    ToolCall,
+)
 from .abstractor import actions_key, normalise, repeats
 from .explorer import mentions
 from .llm import model_label

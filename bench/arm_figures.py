@@ -21,14 +21,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from coevolve.graph.cycle_files import CycleFiles
+from coevolve.run_files import CycleFiles, RunFiles
 
 RUN = re.compile(r"^(?P<arm>.+)-seed(?P<seed>\d+)$")
 
 
 def cycle_figures(run_dir: Path) -> list[dict[str, Any]]:
     """One row per cycle of a finished (or running) run directory."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunFiles(run_dir).metrics
     if not metrics.exists():
         return []
     rows = []

@@ -21,8 +21,7 @@ from coevolve.agents.explorer import OfflineExplorer
 from coevolve.agents.judge import ExecutableJudge
 from coevolve.agents.summarizer import OfflineSummarizer
 from coevolve.envs.world import FAMILIES, WorldEnvironment, make_task
-from coevolve.memory.signals import FlaggedTrajectory
-from coevolve.records import Signal, Step, ToolCall, Trajectory
+from coevolve.records import FlaggedTrajectory, Signal, Step, ToolCall, Trajectory
 
 
 def failing(task):

@@ -52,6 +52,7 @@ def main() -> None:
 
     from coevolve.agents.conversation import reference_conversation
     from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.run_files import LOG_FILE
     from coevolve.testing.presets import tiny_training
     from coevolve.training.config import TrainingConfig
     from coevolve.training.launch import launch_train_adapter
@@ -82,7 +83,7 @@ def main() -> None:
         result = launch_train_adapter(
             TrainingConfig.model_validate(settings),
             step_file=folder / "step.json",
-            log_file=folder / "run.log",
+            log_file=folder / LOG_FILE,
             progress=False,
             seed=0,
             model_dir=model_dir,
@@ -90,7 +91,7 @@ def main() -> None:
             conversations=conversations,
         )
         wall = time.perf_counter() - started
-        curves[name] = losses(folder / "run.log")
+        curves[name] = losses(folder / LOG_FILE)
         figures[name] = (result.world_size, result.train_time_s / result.steps, wall)
 
     print(

@@ -20,10 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coevolve.common.files import load_jsonl
 from coevolve.envs.registry import ENVIRONMENTS
-from coevolve.graph.cycle_files import CycleFiles
 from coevolve.records import Task, Trajectory
+from coevolve.run_files import CycleFiles, RunFiles
 from coevolve.training.hard_negative_pairs import (
     failure_pairs,
     hard_negative_share,
@@ -45,9 +44,7 @@ def run_tasks(run_dir: Path, task_ids: set[str]) -> dict[str, Task]:
             tasks.update(spec.seed_tasks(task_ids))
         except ImportError:  # an environment whose package is not installed
             continue
-    synthesized = run_dir / "synthesized_tasks.jsonl"
-    if synthesized.exists():
-        tasks.update({task.id: task for task in load_jsonl(synthesized, Task)})
+    tasks.update({task.id: task for task in RunFiles(run_dir).read_synthesized_tasks()})
     return tasks
 
 

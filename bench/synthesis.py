@@ -83,9 +83,8 @@ def bench_graph(server_kind: str = "asyncio") -> float:
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.graph.runtime import SynthesisRuntime
     from coevolve.graph.synthesis import synthesize
-    from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.memory.store import TaskStore
-    from coevolve.records import Signal
+    from coevolve.records import FlaggedTrajectory, Signal
 
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(DELAY_S), server_kind])

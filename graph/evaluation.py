@@ -115,13 +115,15 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
     it already (its trajectories copied into this run), else made now and shared."""
     from ..common.files import write_atomically
+    from ..run_files import SharedBaselineFiles
 
     key = _baseline_key(rt) if rt.baseline_cache is not None else None
     if key is None or rt.baseline_cache is None:
         return await evaluate_agent(rt, 0)
     shared = rt.baseline_cache / key
     # The cache's own files (not a cycle's): its figures and a copy of cycle 0's episodes.
-    figures, trajectories = shared / "evaluation.json", shared / "eval.jsonl"
+    cache = SharedBaselineFiles(shared)
+    figures, trajectories = cache.figures, cache.episodes
     if figures.is_file() and trajectories.is_file():
         evaluation = EvaluationFigures.model_validate_json(figures.read_text())
         write_atomically(rt.files(0).evaluation_episodes, trajectories.read_text())

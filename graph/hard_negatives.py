@@ -31,9 +31,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..records import Trajectory, is_success, split_transport_failures
-from ..training.hard_negative_pairs import HardNegativeFigures
-from ..training.trainers import TrainResult
+from ..records import (
+    HardNegativeFigures,
+    TrainResult,
+    Trajectory,
+    is_success,
+    split_transport_failures,
+)
+from ..run_files import RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runtime import CycleRuntime
@@ -55,7 +60,7 @@ class HardNegativeTrainResult(TrainResult):
 
 
 def failure_adapter_dir(run_dir: Path, cycle: int) -> Path:
-    return run_dir / "adapters" / f"failure-cycle-{cycle}"
+    return RunFiles(run_dir).failure_adapter(cycle)
 
 
 def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str | None:
@@ -105,7 +110,7 @@ async def train_with_hard_negatives(
             "training needs the base model locally: set policy.train_model to the "
             "directory of the model the endpoint serves"
         )
-    target_out = rt.run_dir / "adapters" / f"cycle-{cycle}"
+    target_out = rt.run_files.adapter(cycle)
     failure_out = failure_adapter_dir(rt.run_dir, cycle)
     failure_before = latest_failure_adapter(rt.run_dir, cycle, config.policy.adapter)
 

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..run_files import LOCK_FILE
 from .runtime import RunError
-
-LOCK_FILE = "run.lock"
 
 
 class LockHolder(BaseModel):

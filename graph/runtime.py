@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..records import Task, Trajectory
-from .cycle_files import CycleFiles
+from ..run_files import CycleFiles, RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from chromadb.api.types import Where
@@ -139,6 +139,11 @@ class CycleRuntime:
 
         stop_if_unreachable(trajectories, self.config.rollout.max_unreachable_share, description)
         return trajectories
+
+    @property
+    def run_files(self) -> RunFiles:
+        """This run's files (run_files.py names them all)."""
+        return RunFiles(self.run_dir)
 
     def files(self, cycle: int) -> CycleFiles:
         """Cycle ``cycle``'s files in this run."""

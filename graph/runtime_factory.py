@@ -110,6 +110,7 @@ def build_runtime(
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.pool import TaskPool
+    from ..run_files import RunFiles
 
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -121,6 +122,7 @@ def build_runtime(
     if config.pool.seed_tasks is not None:
         seeds = seeds[: config.pool.seed_tasks]
     store = build_store(config)
+    files = RunFiles(run_dir)
     if store.count() == 0:
         store.add(seeds)  # synthesized tasks are compared with the seed pool too
     return CycleRuntime(
@@ -128,9 +130,9 @@ def build_runtime(
         run_dir=run_dir,
         policy=policy,
         make_env=get_environment(config.env.name).environment,
-        pool=TaskPool(seeds, run_dir / "synthesized_tasks.jsonl"),
-        history=OutcomeHistory(run_dir / "history.jsonl"),
-        patterns=PatternCounts(run_dir / "patterns.json"),
+        pool=TaskPool(seeds, files.synthesized_tasks),
+        history=OutcomeHistory(files.history),
+        patterns=PatternCounts(files.patterns),
         store=store,
         roles=build_roles(config.synthesis.roles, config.endpoints, policy=policy),
         eval_tasks=evaluation_tasks(config),

@@ -45,8 +45,7 @@ from .runtime_factory import build_runtime
 from .synthesis_state import REPLY_ERRORS, SynthesisResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..memory.signals import FlaggedTrajectory
-    from ..training.adapters import TrainResult
+    from ..records import FlaggedTrajectory, TrainResult
 
 __all__ = [
     "build_runtime",

@@ -30,8 +30,7 @@ from ..agents.llm import counting_reply_errors
 from ..agents.roles import candidate_to_task, primary_signal
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
-from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, Task, Verdict
+from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
 from .runtime import SynthesisRuntime
 from .synthesis_state import (
     REPLY_ERRORS,

@@ -13,8 +13,7 @@ from typing import Annotated, TypedDict
 from pydantic import BaseModel
 
 from ..agents.roles import ExplorationRound
-from ..memory.signals import FlaggedTrajectory
-from ..records import CandidateTask, Neighbour, SynthesisContext, Task, Verdict
+from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, Verdict
 
 # The synthesis funnel: how many items reach each stage of a pass, in order.
 FUNNEL_STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")

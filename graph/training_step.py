@@ -29,13 +29,11 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:  # pragma: no cover
     from ..agents.policy import Message
     from ..envs.base import Environment
-    from ..memory.signals import FlaggedTrajectory
     from ..outputs.tracking import TrainTracking
-    from ..records import Task, Trajectory
+    from ..records import FlaggedTrajectory, Task, TrainResult, Trajectory
     from ..training.algorithm_config import GrpoConfig
     from ..training.datasets import PreferencePair, TrainingConversation
     from ..training.seal import ReweightSettings
-    from ..training.trainers import TrainResult
 
 
 class TrainStepArguments(TypedDict):
@@ -133,7 +131,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         await use_adapter(rt, coevolved.adapter_dir)
         return coevolved
     files = rt.files(cycle)
-    output_dir = rt.run_dir / "adapters" / f"cycle-{cycle}"
+    output_dir = rt.run_files.adapter(cycle)
     if files.train_record.exists():  # trained before a kill; the adapter is complete
         result = TrainResult.model_validate_json(files.train_record.read_text())
     elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
@@ -246,14 +244,13 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
             system_prompt=config.policy.system_prompt,
             progress=rt.progress,
             tracking=for_training(config, rt.run_dir, cycle),
-            capability_state_path=rt.run_dir / "capability_state.json",
+            capability_state_path=rt.run_files.capability_state,
             example_weights=example_weights,
             tools_in_prompt=config.policy.renders_tools,
         )
         if training.launcher == "inprocess":
             result = await asyncio.to_thread(train_adapter, training, **step)
         else:  # a process of its own (training/launch.py); its output goes to run.log
-            from ..outputs.run_log import LOG_FILE
             from ..outputs.tracking import release_shared_runs
             from ..training.launch import launch_train_adapter
 
@@ -263,7 +260,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
                 launch_train_adapter,
                 training,
                 step_file=files.train_step_spec,
-                log_file=rt.run_dir / LOG_FILE,
+                log_file=rt.run_files.log,
                 environment=config.env.name,
                 seed=seed,
                 **step,

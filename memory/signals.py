@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..records import (
     PAPER_SIGNAL_KINDS,
     SIGNAL_KINDS,
+    FlaggedTrajectory,
     Signal,
     SignalKind,
     Trajectory,
@@ -128,25 +129,6 @@ class SignalConfig(BaseModel):
                 "(for random selection set selection: random)"
             )
         return self
-
-
-class FlaggedTrajectory(BaseModel):
-    """A trajectory with every signal that flagged it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    trajectory: Trajectory
-    signals: list[Signal]
-    nearest_miss: Trajectory | None = Field(
-        default=None,
-        description="Another failed episode of the same task that got further (higher graded "
-        "progress): a hard negative the summarizer reads beside the flagged one "
-        "(attach_nearest_misses).",
-    )
-
-    @property
-    def kinds(self) -> list[SignalKind]:
-        return [s.kind for s in self.signals]
 
 
 def detect_signals(

@@ -35,9 +35,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from ..common.files import dump_jsonl, load_jsonl, write_atomically
-from ..graph.cycle_files import CycleFiles
+from ..common.files import dump_jsonl, write_atomically
 from ..records import Task
+from ..run_files import CONFIG_FILE, RunFiles
 
 ExportFormat = Literal["jsonl", "hf"]
 # Written by graph.training_step.train_cycle in each cycle directory.
@@ -62,16 +62,16 @@ def task_row(task: Task) -> dict[str, Any]:
 def export_tables(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     """The run's tables (see the module docstring); empty tables are left out."""
     run = Path(run_dir)
-    if not (run / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run} is not a run directory (it has no config.yaml)")
-    tasks_file = run / "synthesized_tasks.jsonl"
-    tasks = load_jsonl(tasks_file, Task) if tasks_file.exists() else []
+    files = RunFiles(run)
+    if not files.config.is_file():
+        raise FileNotFoundError(f"{run} is not a run directory (it has no {CONFIG_FILE})")
+    tasks = files.read_synthesized_tasks()
     sft: list[dict[str, Any]] = []
     dpo: list[dict[str, Any]] = []
     grpo: list[dict[str, Any]] = []
-    for files in CycleFiles.of_run(run):
-        cycle = files.cycle
-        for row in files.train_data():
+    for cycle_files in files.cycles():
+        cycle = cycle_files.cycle
+        for row in cycle_files.train_data():
             # a JSON string: tool schemas differ in their keys, and Arrow would merge them
             # into one struct padded with nulls (TRL's trainers read the string)
             tools = row.get("tools")

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..run_files import RunFiles
+
 CARD_FILE = "README.md"
 
 
@@ -83,7 +85,7 @@ def model_card(row: dict[str, Any], adapter: Path, baseline: dict[str, Any] | No
         "",
         f'base = AutoModelForCausalLM.from_pretrained("{base}")',
         f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
-        f'model = PeftModel.from_pretrained(base, "adapters/cycle-{cycle}")',
+        f'model = PeftModel.from_pretrained(base, "{RunFiles(".").adapter(cycle)}")',
         "```",
         "",
     ]
@@ -97,11 +99,11 @@ def _lora(settings: dict[str, Any]) -> str | None:
 
 def write_model_cards(run_dir: str | Path, rows: list[dict[str, Any]]) -> list[Path]:
     """A card in each trained cycle's adapter directory; returns the cards written."""
-    adapters = Path(run_dir) / "adapters"
+    files = RunFiles(run_dir)
     baseline = next((row for row in rows if row["cycle"] == 0), None)
     written = []
     for row in rows:
-        adapter = adapters / f"cycle-{row['cycle']}"
+        adapter = files.adapter(row["cycle"])
         if not row.get("train_steps") or not (adapter / "adapter_config.json").is_file():
             continue
         card = adapter / CARD_FILE

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..records import SIGNAL_KINDS
+from ..run_files import RunFiles
 from .summary import CycleSummary, RunSummary
 
 # The keys of a cycle summary, in the order the cycle graph runs them.
@@ -85,9 +86,10 @@ def write_report(run_dir: str | Path, cycles: list[CycleSummary], pool: Any) -> 
     """metrics.jsonl, summary.json and report.png in the run directory; returns their paths."""
     run_dir = Path(run_dir)
     rows = metrics_rows(cycles)
-    metrics = run_dir / "metrics.jsonl"
+    files = RunFiles(run_dir)
+    metrics = files.metrics
     metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    summary = run_dir / "summary.json"
+    summary = files.summary
     summary.write_text(
         RunSummary(cycles=cycles, pool=pool.counts() if pool else {}).model_dump_json(indent=2)
     )
@@ -97,7 +99,7 @@ def write_report(run_dir: str | Path, cycles: list[CycleSummary], pool: Any) -> 
     # Each cycle's adapter with a model card carrying its figures (outputs/model_card.py).
     write_model_cards(run_dir, rows)
     if rows:
-        paths["report"] = plot_report(rows, run_dir / "report.png")
+        paths["report"] = plot_report(rows, files.report)
     return paths
 
 

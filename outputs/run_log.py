@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOG_FILE = "run.log"
+from ..run_files import LOG_FILE
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from ..training.adapters import TrainResult
+from ..records import TrainResult
 
 
 class RolloutFigures(BaseModel):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..common.errors import PROGRAMMING_ERRORS
+from ..run_files import TENSORBOARD_FOLDER, CycleFiles, RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from .summary import CycleSummary
@@ -43,7 +44,6 @@ PACKAGES = {
     "wandb": ("wandb", "pip install 'coevolve[wandb]'"),
     "mlflow": ("mlflow", "pip install 'coevolve[mlflow]'"),
 }
-TENSORBOARD_DIR = "tensorboard"
 
 
 class TrackingConfig(BaseModel):
@@ -65,7 +65,7 @@ class TrackingConfig(BaseModel):
     )
     logging_dir: str | None = Field(
         default=None,
-        description=f"TensorBoard event files (None: <run_dir>/{TENSORBOARD_DIR}).",
+        description=f"TensorBoard event files (None: <run_dir>/{TENSORBOARD_FOLDER}).",
     )
 
     @model_validator(mode="after")
@@ -84,7 +84,7 @@ class TrackingConfig(BaseModel):
         return self.run_name or Path(run_dir).resolve().name
 
     def tensorboard_dir(self, run_dir: str | Path) -> Path:
-        return Path(self.logging_dir) if self.logging_dir else Path(run_dir) / TENSORBOARD_DIR
+        return Path(self.logging_dir) if self.logging_dir else RunFiles(run_dir).tensorboard
 
 
 def require_backends(config: TrackingConfig) -> None:
@@ -172,8 +172,6 @@ class TrainTracking(BaseModel):
 
 def steps_before(run_dir: str | Path, cycle: int) -> int:
     """Training steps of cycles 1..cycle-1, from their finished steps' records."""
-    from ..graph.cycle_files import CycleFiles
-
     return sum(CycleFiles(run_dir, earlier).train_steps() for earlier in range(1, cycle))
 
 
@@ -198,10 +196,6 @@ def for_training(config: Any, run_dir: str | Path, cycle: int) -> TrainTracking:
     )
 
 
-# The run directory's record of its tracker runs, so a resumed run logs into the same ones.
-TRACKER_RUNS = "tracker_runs.json"
-
-
 def wandb_run_id(run_dir: str | Path) -> str:
     """The run's W&B run id: fixed by its run directory, so the loop, every launched step and
     a resumed run all log into one W&B run."""
@@ -216,7 +210,7 @@ def mlflow_run_id(tracking: TrackingConfig, run_dir: str | Path) -> str:
     ``<run_dir>/tracker_runs.json``."""
     from ..common.files import write_atomically
 
-    record = Path(run_dir) / TRACKER_RUNS
+    record = RunFiles(run_dir).tracker_runs
     runs: dict[str, str] = json.loads(record.read_text()) if record.exists() else {}
     if "mlflow" not in runs:
         import mlflow

@@ -296,7 +296,7 @@ def test_a_server_that_dies_mid_rollout_stops_the_run_and_a_resume_matches_an_un
 def test_one_request_in_ten_failing_trains_only_on_episodes_that_got_their_replies(
     tmp_path, tiny_build, scripted_server
 ):
-    from coevolve.graph.cycle_files import CycleFiles
+    from coevolve.run_files import CycleFiles
     from coevolve.runner import run
 
     server = scripted_server(one_in_ten_fails)
@@ -347,7 +347,8 @@ with hold_run_dir(sys.argv[1]):
 def test_a_second_run_on_a_live_runs_directory_is_refused_and_a_dead_ones_lock_taken_over(
     tmp_path,
 ):
-    from coevolve.graph.run_lock import LOCK_FILE, hold_run_dir
+    from coevolve.graph.run_lock import hold_run_dir
+    from coevolve.run_files import LOCK_FILE
     from coevolve.runner import RunError, resume, run
 
     run_dir = tmp_path / "run"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph.cycle_files import CycleFiles
 from coevolve.records import ModelTurn
+from coevolve.run_files import CycleFiles
 from coevolve.training.datasets import PreferencePair, demonstrations_by_task, json_arguments
 from coevolve.training.grpo import grpo_rows
 

@@ -50,10 +50,8 @@ def test_jsonl_round_trip_and_torn_lines(tmp_path):
 def test_cycle_files_write_the_files_their_docstring_names_and_read_them_back(tmp_path) -> None:
     import re
 
-    from coevolve.graph import cycle_files
-    from coevolve.graph.cycle_files import CycleFiles
-    from coevolve.memory.signals import FlaggedTrajectory
-    from coevolve.records import Signal, Task, Trajectory
+    from coevolve.records import FlaggedTrajectory, Signal, Task, Trajectory
+    from coevolve.run_files import CycleFiles
 
     task = Task(id="t1", env="world", family="phone_lookup", turns=[Turn(query="Find Ana.")])
     episode = Trajectory(id="e1", task_id="t1", env="world", family="phone_lookup", score=1.0)
@@ -75,7 +73,7 @@ def test_cycle_files_write_the_files_their_docstring_names_and_read_them_back(tm
     files.write_hard_negative_figures({"failure_pairs": 3})
     files.write_train_record(episode)  # any record: the step's result in a run
     files.train_step_spec.write_text("{}")
-    documented = set(re.findall(r"^    (\S+\.jsonl?) ", cycle_files.__doc__ or "", re.M))
+    documented = set(re.findall(r"^    (\S+\.jsonl?) ", CycleFiles.__doc__ or "", re.M))
     documented = {name.replace("STAGE", "rollout") for name in documented}  # one per stage
     assert {path.name for path in files.folder.iterdir()} == documented
     assert files.unreachable("rollout") == [unreached] and files.unreachable("evaluate") == []

@@ -23,7 +23,15 @@ PACKAGE = "coevolve"
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 EXCLUDED_FOLDERS = frozenset({"tests", "examples"})
 SCRIPT_FOLDER = "bench"  # its scripts run from a clone; bench/learning/ is the package's
-ROOT_MODULES = "root modules"
+# The files at the package root, drawn as three nodes of the folder graph: the bottom
+# floor, the composition and driver, and the public face (the other root modules).
+ROOT_NODES = {
+    "records": "records, run_files",
+    "run_files": "records, run_files",
+    "config": "config, runner",
+    "runner": "config, runner",
+}
+ROOT_MODULES = "public face"
 
 
 def module_files(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
@@ -138,10 +146,13 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def folder_of(module: str) -> str:
-    """The top-level folder a module lives in (``envs``, ``graph``, ...), or ROOT_MODULES."""
+    """The top-level folder a module lives in (``envs``, ``graph``, ...), or for a root
+    module its node (ROOT_NODES, else ROOT_MODULES)."""
     parts = module.split(".")[1:]
     folder = parts[0] if parts else ""
-    return folder if (PACKAGE_ROOT / folder).is_dir() and folder else ROOT_MODULES
+    if folder and (PACKAGE_ROOT / folder).is_dir():
+        return folder
+    return ROOT_NODES.get(folder, ROOT_MODULES)
 
 
 def folder_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
@@ -156,9 +167,9 @@ def folder_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
 
 def mermaid(folders: Mapping[str, set[str]]) -> str:
     """A Mermaid flowchart of a folder-level graph, one edge per line, sorted."""
-    ids = {folder: folder.replace(" ", "_") for folder in folders}
+    ids = {folder: re.sub(r"\W+", "_", folder) for folder in folders}
     lines = ["flowchart TD"]
-    lines += [f'    {ids[f]}["{f}"]' for f in sorted(folders) if " " in f]
+    lines += [f'    {ids[f]}["{f}"]' for f in sorted(folders) if ids[f] != f]
     for source in sorted(folders):
         lines += [f"    {ids[source]} --> {ids[target]}" for target in sorted(folders[source])]
     return "\n".join(lines)
@@ -228,6 +239,78 @@ def test_only_entry_points_import_the_config_composition() -> None:
         "(envs/config.py, agents/config.py, graph/synthesis_config.py, training/config.py, "
         "config_base.py for ConfigError) instead"
     )
+
+
+# The floors, lowest first: a module imports only from its own floor or lower ones. A
+# floor is top-level folders and root modules ("" is the package's __init__.py). records.py
+# and run_files.py are the bottom floor every folder stands on; config.py and runner.py sit
+# above everything they compose and drive (the config's entry points below them import it:
+# test_only_entry_points_import_the_config_composition says which); testing/ is the test
+# suite's helpers, above everything, and no production module imports it.
+FLOORS: tuple[frozenset[str], ...] = tuple(
+    frozenset(floor)
+    for floor in (
+        {"common"},
+        {"records", "run_files"},
+        {"envs"},
+        {"memory"},
+        {"agents"},
+        {"outputs"},
+        {"training"},
+        {"graph"},
+        {"config", "runner"},
+        {"bench"},
+        {"commands"},
+        {"cli", "__main__", ""},
+        {"testing"},
+    )
+)
+# Arrows that still run upward, each to be removed (issue 57): none may be added.
+KNOWN_UPWARD = frozenset(
+    {
+        ("coevolve.commands.agent", "coevolve.testing.presets"),
+        ("coevolve.commands.bench", "coevolve.testing.presets"),
+    }
+)
+
+
+def floor_of(module: str) -> int:
+    """The floor of a package module: the index in FLOORS of its top-level folder or file."""
+    parts = module.split(".")[1:]
+    name = parts[0] if parts else ""
+    found = [index for index, floor in enumerate(FLOORS) if name in floor]
+    assert found, f"{module} is on no floor: add {name!r} to FLOORS in tests/test_import_graph.py"
+    return found[0]
+
+
+def upward_arrows(graph: Mapping[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a module to one on a higher floor, but a config entry point's import
+    of the composition (governed by its own test)."""
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        for target in targets
+        if floor_of(target) > floor_of(module)
+        and not (
+            target == CONFIG_ROOT
+            and (module in CONFIG_ENTRY_POINTS or module.startswith(CONFIG_ENTRY_FOLDERS))
+        )
+    )
+
+
+def test_no_import_runs_from_a_lower_floor_to_a_higher_one() -> None:
+    # Type-only imports count: annotating with a higher floor's type is depending on it.
+    graph = import_graph(type_checking=True)
+    assert floor_of("coevolve.run_files") < floor_of("coevolve.outputs.export")
+    assert ("coevolve.memory.store", "coevolve.graph.runtime") in upward_arrows(
+        {"coevolve.memory.store": {"coevolve.graph.runtime"}}
+    )
+    upward = [arrow for arrow in upward_arrows(graph) if arrow not in KNOWN_UPWARD]
+    assert not upward, "imports from a lower floor to a higher one (FLOORS):\n" + "\n".join(
+        f"{module} -> {target}" for module, target in upward
+    )
+    gone = sorted(KNOWN_UPWARD - set(upward_arrows(graph)))
+    assert not gone, f"remove these from KNOWN_UPWARD, they are gone: {gone}"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ import logging
 
 from coevolve.agents.conversation import reference_conversation
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.outputs.run_log import LOG_FILE, run_log
+from coevolve.outputs.run_log import run_log
+from coevolve.run_files import LOG_FILE
 from coevolve.testing.presets import tiny_training
 from coevolve.training.trainers import train_adapter
 

@@ -10,87 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from .config import Algorithm, TrainingConfig
+from ..records import TrainResult
+from .config import TrainingConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
 
 ADAPTER_MARKER = "training.json"
-
-
-class GroupFigures(BaseModel):
-    """GRPO: the reward spread of the generation rounds' groups (means over rounds)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    without_reward_spread: float | None = Field(
-        default=None, description="Share of groups whose rewards were all equal (TRL's count)."
-    )
-    with_spread: float | None = Field(
-        default=None,
-        description="Dynamic sampling: share of a round's first groups with both successes and "
-        "failures.",
-    )
-    dropped: float | None = Field(
-        default=None, description="Dynamic sampling: groups without spread dropped per round."
-    )
-    refilled: float | None = Field(
-        default=None, description="Dynamic sampling: groups of further prompts drawn per round."
-    )
-    final_with_spread: float | None = Field(
-        default=None, description="Dynamic sampling: share of the trained groups with spread."
-    )
-    all_failed: float | None = Field(
-        default=None,
-        description="Reference episodes: share of a round's groups whose episodes all failed.",
-    )
-    given_reference: float | None = Field(
-        default=None,
-        description="Reference episodes: share of a round's groups given the task's reference "
-        "episode in place of one of theirs.",
-    )
-
-
-class TrainResult(BaseModel):
-    """What one training step did; also stored as ``training.json`` in the adapter directory."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    algorithm: Algorithm
-    adapter_dir: str | None = Field(
-        description="The new adapter; when skipped, the previous adapter (or None)."
-    )
-    previous_adapter: str | None = None
-    steps: int = 0
-    examples: int = Field(
-        default=0, description="Conversations (sft), pairs (dpo) or tasks (grpo) trained on."
-    )
-    final_loss: float | None = None
-    mean_loss: float | None = None
-    mean_reward: float | None = Field(default=None, description="GRPO: mean episode reward.")
-    groups: GroupFigures | None = Field(
-        default=None, description="GRPO: the reward spread of its groups."
-    )
-    demonstration_steps: int | None = Field(
-        default=None,
-        description="GRPO: of steps, SFT steps on the demonstrations of tasks no rollout solved.",
-    )
-    train_time_s: float = 0.0
-    steps_per_s: float | None = None
-    device: str | None = None
-    world_size: int = Field(
-        default=1, ge=1, description="Training processes that took part (DDP world size)."
-    )
-    skipped: str | None = Field(
-        default=None, description="Why nothing was trained (no data); None when trained."
-    )
-    resumed_from_step: int | None = Field(
-        default=None,
-        description="training.checkpoint_every: the step of the checkpoint a killed step "
-        "continued from; None when it ran from step 0.",
-    )
 
 
 # --------------------------------------------------------------------------- adapters

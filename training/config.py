@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..common.config_base import Section
+from ..records import Algorithm
 from .algorithm_config import DpoConfig, GrpoConfig, SftConfig
 from .seal import SealSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from peft import LoraConfig
 
-Algorithm = Literal["sft", "grpo", "dpo"]
 ALGORITHMS: tuple[Algorithm, ...] = ("sft", "grpo", "dpo")
 Device = Literal["auto", "cpu", "cuda"]
 LrScheduler = Literal["cosine", "linear", "constant"]

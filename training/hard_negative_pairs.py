@@ -16,11 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
-from typing_extensions import TypedDict
 
 from ..agents.policy import Message
 from ..envs.base import TASK_ERRORS
-from ..records import Task, Trajectory, is_success
+from ..records import AgentShare, Task, Trajectory, is_success
 from .datasets import (
     PreferencePair,
     demonstrations_by_task,
@@ -90,36 +89,6 @@ def is_failure(trajectory: Trajectory) -> bool:
         return False
     opening, rest = split_opening(trajectory.messages)
     return bool(opening) and any(m.get("role") == "assistant" for m in rest)
-
-
-class AgentShare(TypedDict):
-    """One agent's episodes and how many of their failures are hard negatives."""
-
-    episodes: int
-    success: float | None  # share of episodes that succeeded
-    failures: int
-    hard: int  # failures graded at or above the threshold
-    share: float | None  # hard / failures
-    mean_failure_grade: float | None
-
-
-class HardNegativeFigures(TypedDict):
-    """A hard-negative cycle's figures (``hard_negatives.json``, the summary's
-    ``train.hard_negatives``)."""
-
-    threshold: float
-    target: AgentShare
-    failure_agent: AgentShare | None  # None without a failure agent
-    failure_pairs: int
-    failure_pairs_hard: int
-    failure_pairs_with_success: int
-    target_pairs: int
-    target_pairs_hard: int
-    target_pairs_by_source: dict[str, int]
-    experts: int
-    failure_rollout_time_s: float
-    failure_train_time_s: float
-    failure_time_s: float
 
 
 def hard_negative_share(trajectories: Sequence[Trajectory], threshold: float) -> AgentShare:

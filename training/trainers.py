@@ -43,11 +43,9 @@ from ..agents.policy import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..common.tokenization import load_tokenizer
 from ..envs.base import Environment
-from ..records import Task
+from ..records import GroupFigures, Task, TrainResult
 from .adapters import (
     ADAPTER_MARKER,
-    GroupFigures,
-    TrainResult,
     is_adapter_complete,
     load_train_result,
     load_trainable_model,

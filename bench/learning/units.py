@@ -27,8 +27,9 @@ from .report import (
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
     """Held-out success per family, cycle 0 first, from a run's metrics.jsonl ({} if missing)."""
     from ...common.files import read_jsonl
+    from ...run_files import RunFiles
 
-    metrics = Path(run_dir) / "metrics.jsonl"
+    metrics = RunFiles(run_dir).metrics
     if not metrics.exists():
         return {}
     rows = sorted(read_jsonl(metrics), key=lambda row: row.get("cycle", 0))
@@ -101,10 +102,11 @@ def was_killed(run_dir: Path, fingerprint: str) -> bool:
     finished stage instead of starting over: a GRPO unit costs half an hour here.
     """
     from ...config import ConfigError, load_config
-    from ...runner import CHECKPOINTS
+    from ...run_files import RunFiles
 
-    saved = run_dir / "config.yaml"
-    if not ((run_dir / CHECKPOINTS).exists() and saved.is_file()):
+    files = RunFiles(run_dir)
+    saved = files.config
+    if not (files.checkpoints.exists() and saved.is_file()):
         return False
     try:
         saved_config = load_config(saved).model_dump_json()
