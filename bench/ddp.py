@@ -10,7 +10,7 @@ Prints the loss of every step side by side (rank 0's logged loss, which the
 trainer averages over the ranks), seconds per step of the training loop, and
 the wall time of the whole launched step (process start, model load,
 tokenization, training, save). The model defaults to the tiny test bootstrap
-(testing/presets/bootstrap-tiny.yaml), built into a temporary cache. Not run by
+(training/presets/bootstrap-tiny.yaml), built into a temporary cache. Not run by
 the tests.
 """
 
@@ -53,14 +53,14 @@ def main() -> None:
     from coevolve.agents.conversation import reference_conversation
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.run_files import LOG_FILE
-    from coevolve.testing.presets import tiny_training
     from coevolve.training.config import TrainingConfig
     from coevolve.training.launch import launch_train_adapter
+    from coevolve.training.tiny_presets import tiny_training
 
     work = Path(tempfile.mkdtemp(prefix="coevolve-bench-ddp-"))
     if args.model is None:
-        from coevolve.testing.presets import tiny_bootstrap
         from coevolve.training.bootstrap import bootstrap
+        from coevolve.training.tiny_presets import tiny_bootstrap
 
         model_dir = bootstrap(tiny_bootstrap(), cache_dir=work / "cache", progress=False)
     else:

@@ -202,7 +202,7 @@ def quick_config(run_dir: Path, launcher: str | None) -> Any:
     """The quickstart with the learning bench's quick sections: the tiny model, a few
     tasks, one training step."""
     from coevolve.config import load_config
-    from coevolve.testing.presets import quick_bench
+    from coevolve.training.tiny_presets import quick_bench
 
     base = load_config(REPO / "configs" / "quickstart.yaml")
     return one_cycle({**base.model_dump(mode="json"), **quick_bench()}, run_dir, launcher)

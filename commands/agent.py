@@ -60,7 +60,7 @@ def bootstrap_command(
 
     try:
         if tiny or base == "tiny":
-            from ..testing.presets import tiny_bootstrap
+            from ..training.tiny_presets import tiny_bootstrap
 
             config = tiny_bootstrap()
         else:

@@ -86,7 +86,7 @@ def bench_learning(
     except ConfigError as err:
         raise fail(str(err)) from None
     if quick:
-        from ..testing.presets import quick_bench
+        from ..training.tiny_presets import quick_bench
 
         base.update(quick_bench())
         source += " (--quick)"

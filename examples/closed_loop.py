@@ -19,7 +19,7 @@ if "--resume" in sys.argv:
 else:
     config = load_config(QUICKSTART)
     if "--quick" in sys.argv:
-        from coevolve.testing.presets import quick_bench
+        from coevolve.training.tiny_presets import quick_bench
 
         config = config.model_validate({**config.model_dump(), **quick_bench()})
     config.run_dir = "runs/example"

@@ -46,7 +46,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_build(cache_dir):
-    """The tiny bootstrap model (testing/presets/bootstrap-tiny.yaml), built once per session."""
+    """The tiny bootstrap model (training/presets/bootstrap-tiny.yaml), built once per session."""
     from coevolve.testing.presets import tiny_bootstrap
     from coevolve.training.bootstrap import bootstrap
 
