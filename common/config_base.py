@@ -9,7 +9,7 @@ module sits below all of them, so a section never imports the composition.
 from __future__ import annotations
 
 import warnings
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -51,6 +51,28 @@ class Section(BaseModel):
             )
             target[key or new] = data.pop(old)
         return data
+
+
+Value = TypeVar("Value")
+
+
+def renamed_keyword(owner: str, **given: Value | None) -> Value:
+    """A keyword argument of ``owner`` given by its name or, for one release, by its old
+    name, with a FutureWarning that says how to migrate (as a renamed config key).
+    ``given`` holds the two, the new name first: ``renamed_keyword("F", new=n, old=o)``."""
+    (new, value), (old, old_value) = given.items()
+    if old_value is None:
+        if value is None:
+            raise TypeError(f"{owner}() needs {new}")
+        return value
+    if value is not None:
+        raise TypeError(f"{old!r} is the old name of {new!r}: give {new} only")
+    warnings.warn(
+        f"{owner}({old}=) is now {new}: rename it (the old name still works for one release)",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -740,3 +740,24 @@ def test_multi_turn_grpo_with_a_kl_term_trains(tiny_build, tmp_path):
     trainer.train()
     logged = {key for entry in trainer.state.log_history for key in entry}
     assert "kl" in logged, sorted(logged)
+
+
+def test_max_tool_calls_is_the_bound_and_max_steps_per_turn_its_old_name():
+    from coevolve.training.multiturn_grpo import MultiTurnRollout
+
+    def make(**bound):
+        return MultiTurnRollout(
+            lambda: None, tools_in_prompt=False, max_completion_tokens=16, **bound
+        )
+
+    assert make(max_tool_calls=3).max_tool_calls == 3
+    with pytest.warns(
+        FutureWarning, match=r"MultiTurnRollout\(max_steps_per_turn=\) is now max_tool_calls"
+    ):
+        assert make(max_steps_per_turn=2).max_tool_calls == 2
+    with pytest.raises(TypeError, match="give max_tool_calls only"):
+        make(max_tool_calls=3, max_steps_per_turn=2)
+    with pytest.raises(TypeError, match="needs max_tool_calls"):
+        make()
+    with pytest.raises(ValueError, match="max_tool_calls must be >= 1"):
+        make(max_tool_calls=0)

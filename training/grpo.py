@@ -264,7 +264,7 @@ def make_grpo_trainer(
         trainer_arguments["rollout_func"] = MultiTurnRollout(
             training_env,
             tools_in_prompt=tools_in_prompt,
-            max_steps_per_turn=config.grpo.max_tool_calls,
+            max_tool_calls=config.grpo.max_tool_calls,
             max_completion_tokens=config.grpo.max_completion_length,
             max_reply_tokens=config.grpo.max_reply_tokens,
             reference_episodes=(

@@ -68,6 +68,7 @@ from ..agents.rendering import (
     turn_from_ids,
 )
 from ..agents.rollout import respond, verify
+from ..common.config_base import renamed_keyword
 from ..envs.base import Environment
 from ..records import ModelTurn, Step, Task, Trajectory
 from .adapters import merged_for_generation
@@ -277,7 +278,7 @@ class MultiTurnRollout:
 
     ``make_env`` builds a fresh environment per episode (the training interface
     already applied); ``tools_in_prompt`` renders the tool schemas as the policy
-    does; ``max_steps_per_turn`` and ``max_completion_tokens`` bound an episode.
+    does; ``max_tool_calls`` (per user turn) and ``max_completion_tokens`` bound an episode.
     ``last_episodes`` holds the episodes of the latest call (this process's),
     for SEAL's diagnosis and for tests.
     """
@@ -287,18 +288,22 @@ class MultiTurnRollout:
         make_env: Callable[[], Environment],
         *,
         tools_in_prompt: bool,
-        max_steps_per_turn: int,
+        max_tool_calls: int | None = None,
         max_completion_tokens: int,
         max_reply_tokens: int | None = None,
         reference_episodes: GroupFiller | None = None,
+        max_steps_per_turn: int | None = None,
     ) -> None:
-        if max_steps_per_turn < 1:
-            raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
+        max_tool_calls = renamed_keyword(
+            "MultiTurnRollout", max_tool_calls=max_tool_calls, max_steps_per_turn=max_steps_per_turn
+        )
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
         if max_completion_tokens < 1:
             raise ValueError(f"max_completion_tokens must be >= 1, got {max_completion_tokens}")
         self.make_env = make_env
         self.tools_in_prompt = tools_in_prompt
-        self.max_steps_per_turn = max_steps_per_turn
+        self.max_tool_calls = max_tool_calls
         self.max_completion_tokens = max_completion_tokens
         self.max_reply_tokens = min(
             max_reply_tokens or max_completion_tokens, max_completion_tokens
@@ -454,7 +459,7 @@ class MultiTurnRollout:
             message,
             episode.user_turns - 1,
             episode.calls_this_turn,
-            self.max_steps_per_turn,
+            self.max_tool_calls,
         )
         episode.steps.extend(outcome.steps)
         new_messages = outcome.follow
@@ -467,7 +472,7 @@ class MultiTurnRollout:
             if outcome.finished:
                 episode.done = True
             else:
-                self._stop(episode, f"{self.max_steps_per_turn} tool-calling replies in one turn")
+                self._stop(episode, f"{self.max_tool_calls} tool-calling replies in one turn")
             return
         delta = rendered_delta(tokenizer, history, new_messages, self._tools(episode.env), eot_text)
         if not closed:
