@@ -3,8 +3,8 @@
 What is wrong with a body (``completion_problem``), the assistant message it
 holds with its token ids and log-probabilities (``message_from_completion``),
 and the start of a body for an error message (``shown``). Request bodies are
-encoded once, with orjson (``encode_request``). An error body's message and a
-Retry-After header are read by the HTTP client (``common/lean_http.py``).
+encoded once, with orjson (``encode_request``). An error body's message is read by
+``common/http.py`` (``error_detail``), a Retry-After header by ``common/retry.py``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ request never ends a batch of rollouts, and the loop can tell an endpoint that
 gave no reply from an agent that failed. Only a configuration mistake that dooms every request (a wrong
 key, an unknown model or URL) raises ``PolicyError``.
 
-Requests go out on ``lean_http``'s keep-alive HTTP/1.1 pool, not through the
-openai SDK or httpx: they spend 1-2 ms and ~1 ms of CPU per request, which at
-rollout fan-out (64 requests in flight) is the bottleneck, not the server.
-Bodies are encoded once and decoded with orjson and read as dicts
-(``completion_body``). One policy
+Requests go out on the project's HTTP client (``common/http.py``: aiohttp, one
+session per event loop), not through the openai SDK or httpx: they spend 4-6 ms and
+0.8-9 ms of CPU per request, which at rollout fan-out (64 requests in flight) would be
+the bottleneck, not the server. Bodies are encoded once and decoded with orjson and
+read as dicts (``completion_body``). One policy
 counts every attempt, so error messages are honest ("failed after 4 attempts").
 """
 
@@ -29,15 +29,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from ..common.lean_http import (
-    Pool,
-    RequestTimeout,
-    TransportError,
-    error_detail,
-    open_pool,
-    retry_after_s,
-)
-from ..common.retry import RetryPolicy
+from ..common.http import HttpClient, RequestTimeout, TransportError, error_detail
+from ..common.retry import RetryPolicy, retry_after_s, retryable_status
 from .completion_body import (
     completion_problem,
     encode_request,
@@ -72,8 +65,7 @@ class _Rejected(Exception):
 
 @dataclass
 class _LoopState:
-    pool: Pool  # the running loop's connections to the server
-    semaphore: asyncio.Semaphore
+    semaphore: asyncio.Semaphore  # the running loop's requests in flight
 
 
 class EndpointPolicy:
@@ -108,8 +100,10 @@ class EndpointPolicy:
         # Read the key now: a missing variable is a configuration error to report
         # before any rollout starts.
         self._api_key = endpoint.api_key()
-        # The HTTP client's connections and the semaphore belong to the event loop
-        # that made them; callers that run asyncio.run() per batch get fresh ones.
+        self._http = self._new_client()
+        self._chat_url = self._url("chat/completions")
+        # The semaphore belongs to the event loop that made it (the client keeps its
+        # connections per loop too); callers that run asyncio.run() per batch get fresh ones.
         self._states = PerLoop(self._new_state)
         self._loaded_adapter: str | None = None  # the adapter this policy hot-loaded last
         # Tool lists' JSON by list object: an environment hands the same list with every
@@ -216,9 +210,8 @@ class EndpointPolicy:
         """One call of vLLM's LoRA API. With ``loaded_ok``, "already loaded" is success: a
         resumed run re-loads the adapter of its last cycle, which the server may still hold
         (an adapter directory never changes once written, so the name means the same weights)."""
-        state = self._states.get()
         try:
-            response = await state.pool.request("POST", f"/{route}", orjson.dumps(body))
+            response = await self._http.request("POST", self._url(route), orjson.dumps(body))
         except TransportError as err:
             raise PolicyError(f"{self._where()}: {route} failed: {err}") from None
         status = response.status
@@ -236,11 +229,9 @@ class EndpointPolicy:
         raise PolicyError(message)
 
     async def aclose(self) -> None:
-        """Close the HTTP client of the running loop; clients made in other loops are dropped."""
-        state = self._states.pop()
+        """Close the running loop's connections; other loops close theirs when they end."""
         self._states.clear()
-        if state is not None:
-            await state.pool.aclose()
+        await self._http.aclose()
 
     # ------------------------------------------------------------------ one request
 
@@ -310,17 +301,17 @@ class EndpointPolicy:
         # The backoff sleeps between attempts, outside the semaphore, so waiting never
         # holds a slot.
         async with state.semaphore:
-            body = await self._post(state.pool, payload)
+            body = await self._post(payload)
         try:
             return message_from_completion(body)
         except ValidationError as err:  # a field of a type the shape check let through
             where = ".".join(str(part) for part in err.errors()[0]["loc"])
             raise _Transient(f"malformed response ({where}: {err.errors()[0]['msg']})") from None
 
-    async def _post(self, pool: Pool, payload: bytes) -> dict[str, Any]:
+    async def _post(self, payload: bytes) -> dict[str, Any]:
         """One attempt: the completion as a dict, or _Transient / _Rejected / PolicyError."""
         try:
-            response = await pool.request("POST", "/chat/completions", payload)
+            response = await self._http.request("POST", self._chat_url, payload)
         except RequestTimeout:
             raise _Transient(f"timed out after {self.endpoint.timeout_s:g} s") from None
         except TransportError as err:
@@ -329,13 +320,13 @@ class EndpointPolicy:
         data = response.body
         if not 200 <= status < 300:
             detail = error_detail(data, response.reason)
-            if status in (408, 429) or status >= 500:
+            if retryable_status(status):
                 retry_after = retry_after_s(response.headers.get("retry-after"))
                 raise _Transient(f"HTTP {status}: {detail}", retry_after)
             if status in (401, 403):
                 raise PolicyError(self._auth_help(status, detail))
             if status == 404:
-                raise PolicyError(await self._not_found_help(pool, detail))
+                raise PolicyError(await self._not_found_help(detail))
             raise _Rejected(f"HTTP {status}: {detail}")
         # A 200 whose body is not a chat completion is a transient server fault (a
         # proxy's error page, a truncated body), not a crash.
@@ -358,17 +349,25 @@ class EndpointPolicy:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _new_state(self) -> _LoopState:
-        """The running loop's connections and semaphore."""
+    def _new_client(self) -> HttpClient:
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json",
             # "EMPTY" without a key variable, as the openai client sends.
             "Authorization": f"Bearer {self._api_key}",
         }
-        concurrency = self.endpoint.concurrency
-        pool = open_pool(self.endpoint.base_url, headers, self.endpoint.timeout_s, concurrency)
-        return _LoopState(pool, asyncio.Semaphore(concurrency))
+        return HttpClient(
+            timeout_s=self.endpoint.timeout_s,
+            max_connections=self.endpoint.concurrency,
+            headers=headers,
+        )
+
+    def _new_state(self) -> _LoopState:
+        """The running loop's semaphore."""
+        return _LoopState(asyncio.Semaphore(self.endpoint.concurrency))
+
+    def _url(self, route: str) -> str:
+        return f"{self.endpoint.base_url.rstrip('/')}/{route}"
 
     def _where(self) -> str:
         return f"endpoint {self.endpoint.base_url} (model {self.endpoint.model!r})"
@@ -386,11 +385,11 @@ class EndpointPolicy:
             )
         return f"{self._where()} refused the API key (HTTP {status}: {detail}); {fix}"
 
-    async def _not_found_help(self, pool: Pool, detail: str) -> str:
+    async def _not_found_help(self, detail: str) -> str:
         """Name the models the server does serve, when it will say."""
         served = ""
         try:
-            response = await pool.request("GET", "/models")
+            response = await self._http.request("GET", self._url("models"))
             page = orjson.loads(response.body)
             names = [model["id"] for model in page["data"] if isinstance(model.get("id"), str)]
             if names:

@@ -1,7 +1,9 @@
 """Chat models for the synthesis roles, and structured output that survives real servers.
 
-Every LLM role talks to an OpenAI-compatible endpoint through langchain-openai's
-``ChatOpenAI``. ``structured_call`` asks for a pydantic schema the strict way
+Every LLM role talks to an OpenAI-compatible endpoint through an
+``EndpointChatModel`` (``chat_model``; agents/chat_endpoint.py), a LangChain chat
+model sent on the project's HTTP client; a ``ChatOpenAI`` a user passes in works
+too. ``structured_call`` asks for a pydantic schema the strict way
 first (``response_format`` with a JSON schema, which vLLM and OpenAI honour) and
 falls back to a plain request for JSON whose text is read tolerantly: code
 fences, prose around the object, a bare list where an object holding one list
@@ -34,13 +36,11 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from langchain_core.messages import BaseMessage, HumanMessage
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, SecretStr
 
-from .completion_body import encode_request
+from .chat_endpoint import EndpointChatModel
 from .json_reply import SchemaT, balanced_spans, iter_json_values, parse_json_reply
-from .pool_transport import PoolTransport
 from .replies import (
     ReplyError,
     ReplyKind,
@@ -57,13 +57,12 @@ from .replies import (
 )
 
 if TYPE_CHECKING:
-    from langchain_openai import ChatOpenAI
-
     from .config import EndpointConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "EndpointChatModel",
     "ReplyError",
     "ReplyKind",
     "ReplyTooLongError",
@@ -103,103 +102,25 @@ class StructuredOutputError(RuntimeError):
 # --------------------------------------------------------------------------- models
 
 
-# Request options the SDK's methods read rather than send (extra_body is merged into the
-# body): a request that carries one goes through the SDK.
-_SDK_ONLY_KEYS = frozenset({"extra_body", "extra_headers", "extra_query", "timeout"})
-
-
-@functools.cache
-def _bounded_chat_class() -> type[ChatOpenAI]:
-    """``ChatOpenAI`` that refuses a reply longer than ``max_reply_chars`` before reading it.
-
-    The check runs on the SDK's response object, before langchain builds a
-    message (and parses tool-call arguments) from it; every role gets it,
-    tool-calling ones included.
-    """
-    from langchain_openai import ChatOpenAI
-
-    class BoundedChatOpenAI(ChatOpenAI):
-        max_reply_chars: int | None = None
-        # The endpoint's retry policy, applied by the reply boundary (``ask``) to every
-        # failed attempt; the SDK's own retries are off, so no request is retried twice over.
-        reply_retries: int = 0
-        retry_base_s: float = 0.2
-        retry_max_s: float = 5.0
-        # The name the length limit is sent under (EndpointConfig.length_field): langchain
-        # sends max_completion_tokens, which many OpenAI-compatible servers ignore.
-        length_field: str = "max_tokens"
-        # The pool under the SDK's client (chat_model): chat completions post on it directly.
-        pool_transport: Any = Field(default=None, exclude=True)
-
-        def _get_request_payload(self, input_: Any, *, stop: Any = None, **kwargs: Any) -> dict:
-            payload = super()._get_request_payload(input_, stop=stop, **kwargs)
-            if self.length_field != "max_completion_tokens" and "max_completion_tokens" in payload:
-                payload[self.length_field] = payload.pop("max_completion_tokens")
-            return payload
-
-        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
-            check_reply_length(response, self.max_reply_chars, self.model_name)
-            return super()._create_chat_result(response, generation_info)
-
-        async def _agenerate(
-            self,
-            messages: list[BaseMessage],
-            stop: list[str] | None = None,
-            run_manager: Any = None,
-            **kwargs: Any,
-        ) -> Any:
-            # The request langchain built goes out as it is, on the pool, without the
-            # SDK's typed methods and their per-call transform (agents/pool_transport.py).
-            payload = self._get_request_payload(messages, stop=stop, **kwargs)
-            transport, base, key = self.pool_transport, self.openai_api_base, self.openai_api_key
-            if (
-                not isinstance(transport, PoolTransport)
-                or not base
-                or not isinstance(key, SecretStr)
-                or payload.get("stream")
-                or self._use_responses_api(payload)
-                or not _SDK_ONLY_KEYS.isdisjoint(payload)
-            ):
-                return await super()._agenerate(messages, stop, run_manager, **kwargs)
-            payload.pop("stream", None)
-            headers = {
-                "authorization": f"Bearer {key.get_secret_value()}",
-                "content-type": "application/json",
-                **(self.default_headers or {}),
-            }
-            if self.openai_organization:
-                headers["openai-organization"] = self.openai_organization
-            response = await transport.post_json(
-                base.rstrip("/") + "/chat/completions", encode_request(payload), headers
-            )
-            return self._create_chat_result(response)
-
-    return BoundedChatOpenAI
-
-
-def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> ChatOpenAI:
-    """A ``ChatOpenAI`` for one endpoint; ``temperature`` overrides the endpoint's.
+def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> EndpointChatModel:
+    """The chat model of one endpoint (``EndpointChatModel``, agents/chat_endpoint.py);
+    ``temperature`` overrides the endpoint's.
 
     Replies longer than ``endpoint.reply_limit()`` characters raise ``ReplyTooLongError``.
     """
-    transport = PoolTransport(endpoint.timeout_s, max(endpoint.concurrency, 1) * 2)
-    client = httpx.AsyncClient(transport=transport, timeout=endpoint.timeout_s)
-    chat_class: Any = _bounded_chat_class()
-    return chat_class(
+    return EndpointChatModel(
+        model=endpoint.model,
+        base_url=endpoint.base_url,
+        api_key=SecretStr(endpoint.api_key()),
+        temperature=endpoint.temperature if temperature is None else temperature,
+        max_tokens=endpoint.max_tokens,
+        length_field=endpoint.length_field,
+        timeout_s=endpoint.timeout_s,
+        max_connections=max(endpoint.concurrency, 1) * 2,
         max_reply_chars=endpoint.reply_limit(),
+        reply_retries=endpoint.max_retries,
         retry_base_s=endpoint.retry_base_s,
         retry_max_s=endpoint.retry_max_s,
-        length_field=endpoint.length_field,
-        base_url=endpoint.base_url,
-        model=endpoint.model,
-        api_key=SecretStr(endpoint.api_key()),
-        timeout=endpoint.timeout_s,
-        max_retries=0,
-        reply_retries=endpoint.max_retries,
-        max_completion_tokens=endpoint.max_tokens,
-        temperature=endpoint.temperature if temperature is None else temperature,
-        http_async_client=client,
-        pool_transport=transport,
     )
 
 
@@ -213,7 +134,8 @@ _CAPABILITY_LOCK = threading.Lock()
 
 def _endpoint_key(model: Any) -> tuple[str, str] | None:
     """The endpoint a chat model talks to; None for a model that is not an HTTP client."""
-    base = getattr(model, "openai_api_base", None)
+    # EndpointChatModel's base_url, or ChatOpenAI's openai_api_base.
+    base = getattr(model, "base_url", None) or getattr(model, "openai_api_base", None)
     name = getattr(model, "model_name", None)
     if isinstance(base, str) and isinstance(name, str):
         return base.rstrip("/"), name

@@ -1,10 +1,10 @@
-"""One value per asyncio event loop: the holder of HTTP clients and connection pools.
+"""One value per asyncio event loop.
 
 Connections, semaphores and locks belong to the event loop that made them. A
-caller that runs ``asyncio.run`` more than once with the same chat model or
-policy (a script, a test, the cycle runner) would otherwise reuse a dead loop's
-connections and fail with "Event loop is closed". Both the synthesis roles'
-chat models (``llm.py``) and the endpoint policy keep their clients here.
+caller that runs ``asyncio.run`` more than once with the same policy (a script, a
+test, the cycle runner) would otherwise reuse a dead loop's semaphore and fail with
+"Event loop is closed". The endpoint policy keeps its semaphore here; the HTTP
+client (``common/http.py``) keeps its sessions per loop itself.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@
   similarities within 0.006 of float32's.
 * ``OpenAIEmbedding`` — any OpenAI-compatible ``/v1/embeddings`` endpoint (vLLM,
   a hosted API, the scripted test server), sent on the project's one HTTP client
-  (``common/lean_http.py``, as the policy and the roles send) and retried as the
-  openai client retries: 5xx, 408, 409, 429, timeouts and dropped connections, with
-  the server's Retry-After or a jittered exponential backoff. A run selects it with
-  ``synthesis.embedding_endpoint``.
+  (``common/http.py``'s ``BlockingClient``, aiohttp, as the policy and the roles
+  send) and retried by the endpoints' one retry policy (``common/retry.py``): 5xx,
+  408, 429, timeouts and dropped connections, with the server's Retry-After or a
+  jittered exponential backoff. A run selects it with ``synthesis.embedding_endpoint``.
 
 Both are Chroma ``EmbeddingFunction`` s registered under their ``name()``, so a
 collection built with one records that name and the ``get_config()`` (never an
@@ -38,7 +38,7 @@ from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
 from chromadb.utils.embedding_functions import register_embedding_function
 
 if TYPE_CHECKING:
-    from ..common.lean_http import SyncPool
+    from ..common.http import BlockingClient
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -310,7 +310,7 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         self.max_retries = max_retries
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
-        self._client: SyncPool | None = None
+        self._client: BlockingClient | None = None
 
     @classmethod
     def from_endpoint(cls, endpoint: Any, **options: Any) -> OpenAIEmbedding:
@@ -339,28 +339,31 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
             )
         return key
 
-    def _pool(self) -> SyncPool:
+    def _http(self) -> BlockingClient:
         if self._client is None:
-            from ..common.lean_http import SyncPool
+            from ..common.http import BlockingClient
 
             headers = {
                 "Authorization": f"Bearer {self._api_key()}",
                 "Content-Type": "application/json",
             }
-            self._client = SyncPool(self.base_url, headers, self.timeout_s, max_connections=4)
+            self._client = BlockingClient(
+                timeout_s=self.timeout_s, max_connections=4, headers=headers
+            )
         return self._client
 
     def _post(self, body: bytes, where: str) -> dict[str, Any]:
         """POST /embeddings, retried by the endpoints' retry policy (class docstring);
         the decoded JSON body of a 2xx answer."""
-        from ..common.lean_http import TransportError, error_detail
+        from ..common.http import TransportError, error_detail
         from ..common.retry import RetryPolicy, retry_after_s, retryable_status
 
-        pool = self._pool()
+        client = self._http()
+        url = f"{self.base_url}/embeddings"
 
         def attempt() -> dict[str, Any]:
             try:
-                response = pool.request("POST", "/embeddings", body)
+                response = client.request("POST", url, body)
             except TransportError as err:  # refused, reset, or no answer in time
                 raise _Retried(err) from err
             if response.status < 300:

