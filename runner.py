@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from .graph.run_lock import hold_run_dir
 from .graph.runtime import CycleRuntime, RunError
 from .graph.runtime_factory import (
+    build_bootstrap_agent,
     build_policy,
     build_runtime,
     evaluation_tasks,
@@ -46,6 +47,7 @@ __all__ = [
     "THREAD",
     "RunError",
     "RunResult",
+    "build_bootstrap_agent",
     "build_policy",
     "build_runtime",
     "evaluation_tasks",
@@ -200,6 +202,8 @@ def _execute(
 
     started = time.perf_counter()
     with run_log(config.run_dir, verbose=verbose):
+        # The one step that may train before the loop: the agent it starts from.
+        build_bootstrap_agent(config, say=_teller(console), progress=progress)
         rt = build_runtime(config, console=console, progress=progress)
         rt.baseline_cache = Path(baseline_cache) if baseline_cache is not None else None
         try:

@@ -126,8 +126,9 @@ def load_policy(spec: str, config_path: str | None = None) -> Any:
         config = config.model_copy(
             update={"policy": config.policy.model_copy(update={"model": spec})}
         )
-    from ..runner import build_policy
+    from ..runner import build_bootstrap_agent, build_policy
 
+    build_bootstrap_agent(config, say=err_console.print)  # when the cache lacks it
     return build_policy(config)
 
 

@@ -4,7 +4,11 @@ From a CoevolveConfig: the policy it names (``build_policy``, on the base model
 of ``local_model_dir``), the held-out evaluation tasks (``evaluation_tasks``),
 the task store with the embedding it names (``build_store``), and the cycle
 graph's whole runtime: seed pool, history, pattern counts, task store and
-synthesis roles (``build_runtime``). A synthesis pass outside a run gets
+synthesis roles (``build_runtime``). Building a runtime never trains: the
+bootstrap agent a local policy starts from is built by its own step,
+``build_bootstrap_agent``, which ``coevolve run`` (and the eval command, and
+Studio's cycle) call first; without it a missing agent is a ``RunError`` that says
+so. A synthesis pass outside a run gets
 ``synthesis_runtime``; LangGraph Studio's synthesis graph gets
 ``spec_synthesis_runtime`` from a small JSON spec (``graph/studio.py``).
 ``coevolve.runner`` re-exports the config builders.
@@ -12,11 +16,11 @@ synthesis roles (``build_runtime``). A synthesis pass outside a run gets
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .runtime import CycleRuntime, SynthesisRuntime
+from .runtime import CycleRuntime, RunError, SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -27,10 +31,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..records import Task
 
 
-def build_policy(
-    config: CoevolveConfig, progress: bool = True, model_dir: Path | None = None
-) -> Policy:
-    """The policy a config names: an endpoint, or a local model (the bootstrap built if missing)."""
+def build_bootstrap_agent(
+    config: CoevolveConfig, say: Callable[[str], None] | None = None, progress: bool = True
+) -> Path | None:
+    """The step that builds the bootstrap agent a config's local policy starts from, when
+    the cache lacks it (``say`` hears a stage line first; it trains for minutes on a
+    CPU); returns its directory, or None when the policy is not the bootstrap agent."""
+    if config.policy.kind != "local" or config.policy.model != "bootstrap":
+        return None
+    from ..training.bootstrap import bootstrap
+    from ..training.bootstrap_config import bootstrap_dir, is_complete
+
+    target = bootstrap_dir(config.bootstrap)
+    if not is_complete(target) and say is not None:
+        say(
+            f"bootstrap: building the agent the run starts from (base {config.bootstrap.base}, "
+            f"{config.bootstrap.max_steps} steps), cached in {target} for later runs"
+        )
+    return bootstrap(config.bootstrap, progress=progress)
+
+
+def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Policy:
+    """The policy a config names: an endpoint, or a local model (the bootstrap agent must
+    be built: ``build_bootstrap_agent``)."""
     policy = config.policy
     if policy.kind == "endpoint":
         from ..agents.endpoint_policy import EndpointPolicy
@@ -41,7 +64,7 @@ def build_policy(
         )
     from ..agents.local_policy import LocalPolicy
 
-    model_dir = model_dir or local_model_dir(config, progress)
+    model_dir = model_dir or local_model_dir(config)
     assert model_dir is not None  # a local policy always has a model directory
     return LocalPolicy(
         model_dir,
@@ -53,8 +76,9 @@ def build_policy(
     )
 
 
-def local_model_dir(config: CoevolveConfig, progress: bool = True) -> Path | None:
-    """The base model that LoRA training runs on (None: nothing local to train)."""
+def local_model_dir(config: CoevolveConfig) -> Path | None:
+    """The base model that LoRA training runs on (None: nothing local to train); it never
+    builds one (a missing bootstrap agent is a RunError: ``build_bootstrap_agent``)."""
     policy = config.policy
     if policy.kind == "endpoint":
         if policy.train_model is None:
@@ -64,9 +88,17 @@ def local_model_dir(config: CoevolveConfig, progress: bool = True) -> Path | Non
         # A local directory, or a Hugging Face model id (its snapshot in the Hub cache).
         return resolve_model(policy.train_model)
     if policy.model == "bootstrap":
-        from ..training.bootstrap import bootstrap
+        from ..training.bootstrap_config import bootstrap_dir, is_complete
 
-        return bootstrap(config.bootstrap, progress=progress)
+        target = bootstrap_dir(config.bootstrap)
+        if not is_complete(target):
+            raise RunError(
+                f"the bootstrap agent this config starts from is not built yet ({target}): "
+                "build it with `coevolve bootstrap --config CONFIG` (or "
+                "coevolve.graph.runtime_factory.build_bootstrap_agent); `coevolve run` builds "
+                "it itself"
+            )
+        return target
     return Path(policy.model)
 
 
@@ -114,8 +146,8 @@ def build_runtime(
 
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = local_model_dir(config, progress)
-    policy = build_policy(config, progress, model_dir)
+    model_dir = local_model_dir(config)
+    policy = build_policy(config, model_dir)
     seeds = load_tasks(
         config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
     )

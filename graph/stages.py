@@ -9,7 +9,9 @@ state; a script can call them itself, the way ART exposes ``gather`` and
     from coevolve.config import load_config
     from coevolve.graph import stages
 
-    rt = stages.build_runtime(load_config("configs/quickstart.yaml"))
+    config = load_config("configs/quickstart.yaml")
+    stages.build_bootstrap_agent(config, say=print)  # trains only when the cache lacks it
+    rt = stages.build_runtime(config)
     trajectories, _ = await stages.rollout(rt, cycle=1)
     flagged, _ = await stages.signals(rt, 1, trajectories)
     synthesized, _ = await stages.synthesize(rt, 1, flagged)
@@ -41,13 +43,14 @@ from ..outputs.summary import (
 from ..records import SignalKind, Task, Trajectory, is_success, split_transport_failures
 from .evaluation import evaluate_agent
 from .runtime import CycleRuntime, seed_everything
-from .runtime_factory import build_runtime
+from .runtime_factory import build_bootstrap_agent, build_runtime
 from .synthesis_state import REPLY_ERRORS, SynthesisResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..records import FlaggedTrajectory, TrainResult
 
 __all__ = [
+    "build_bootstrap_agent",
     "build_runtime",
     "evaluate",
     "record_synthesis",

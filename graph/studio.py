@@ -22,7 +22,7 @@ from pydantic import JsonValue
 
 from .cycle import graph as cycle_graph
 from .runtime import CycleRuntime, SynthesisRuntime
-from .runtime_factory import build_runtime, spec_synthesis_runtime
+from .runtime_factory import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
 from .synthesis import graph as synthesis_graph
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
@@ -100,7 +100,9 @@ def cycle(runtime: ServerRuntime) -> ContextBoundGraph:
         from ..config import load_config
 
         form = _form(StudioCycleContext, execution.context)
-        bound = build_runtime(load_config(form.config), progress=False)
+        config = load_config(form.config)
+        build_bootstrap_agent(config, progress=False)  # the one step that may train
+        bound = build_runtime(config, progress=False)
     return _bound(cycle_graph, StudioCycleContext, bound)
 
 
