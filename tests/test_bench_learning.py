@@ -572,12 +572,13 @@ def test_committed_bench_units_still_load():
 
 
 def test_committed_signals_units_still_count_under_todays_config():
-    """A later session continues the signals bench from these units (docs/benchmarks.md):
+    """A later session continues the signals bench from these units (docs/benchmarks.md,
+    configs/bench-quickstart.yaml: the quickstart as they ran it):
     a config field added since, at its default, must not make them stale; a changed
     value must. The GRPO units (grpo, seal) ran vanilla GRPO, before the quickstart
     carried its tuned GRPO recipe: they no longer count for those arms."""
     root = Path(__file__).parents[1]
-    base = load_config(root / "configs" / "quickstart.yaml").model_dump(mode="json")
+    base = load_config(root / "configs" / "bench-quickstart.yaml").model_dump(mode="json")
     units = sorted((root / "docs" / "figures" / "bench-signals-units").glob("*.json"))
     assert units
     vanilla_grpo = []
