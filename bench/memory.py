@@ -5,8 +5,8 @@
     .venv/bin/python bench/memory.py --allocators evaluate   # + where that stage allocates
     .venv/bin/python bench/memory.py --config my.yaml --threads 2
 
-Runs the stages of one cycle as the loop does (``coevolve.graph.stages``): load
-(the policy, the bootstrap agent built first if it is not cached), rollout,
+Runs the stages of one cycle as the loop does (``coevolve.graph.stages``): bootstrap
+(the agent built when it is not cached), load (the policy), rollout,
 signals, synthesis, pool, train, evaluate. For each it prints the seconds, the
 peak resident memory of this process during the stage (Linux: the kernel's
 high-water mark ``VmHWM``, reset before each stage through
@@ -48,7 +48,7 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
-STAGES = ("load", "rollout", "signals", "synthesis", "pool", "train", "evaluate")
+STAGES = ("bootstrap", "load", "rollout", "signals", "synthesis", "pool", "train", "evaluate")
 
 
 def _status_kib(field: str) -> int | None:
@@ -247,6 +247,8 @@ async def run_cycle(config: Any, allocators: set[str], threads: int | None) -> l
 
         torch.set_num_threads(threads)
     cycle = 1
+    # Building a runtime never trains: a missing bootstrap agent is its own step.
+    await measure("bootstrap", lambda: stages.build_bootstrap_agent(config, progress=False))
     runtime = await measure("load", lambda: stages.build_runtime(config, progress=False))
     policy = runtime.policy
     generate_sync = getattr(policy, "generate_sync", None)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "memory.py"
-STAGES = ("load", "rollout", "signals", "synthesis", "pool", "train", "evaluate")
+STAGES = ("bootstrap", "load", "rollout", "signals", "synthesis", "pool", "train", "evaluate")
 
 
 def test_memory_bench_prints_a_peak_for_every_stage(tiny_build, cache_dir, tmp_path):
