@@ -6,9 +6,9 @@ not a chat completion, the client library's own parsing of it:
 ``{"choices": null}`` makes the openai SDK raise TypeError) becomes a
 ``ReplyError`` with its kind and reason. Failed attempts are retried under the
 endpoint's retry policy (``max_retries``, backoff from ``retry_base_s``; the
-SDK's own retries are off, so there is one policy), and counted where the
-caller asked (``counting_reply_errors``). The chat models' transport marks an
-attempt answered once a response arrives (``mark_answered``): an exception
+chat model itself asks once, so there is one policy), and counted where the
+caller asked (``counting_reply_errors``). The chat model (``chat_endpoint.py``)
+marks an attempt answered once a response arrives (``mark_answered``): an exception
 raised before that is ours (a bad argument, a bug) and is raised as it is, so a
 programming error still ends a pass. Replies are bounded before anything reads
 them (``check_reply_length``): a reply longer than the endpoint's limit is a
