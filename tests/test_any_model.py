@@ -139,3 +139,22 @@ def test_a_local_directory_and_a_hub_id_as_the_base_and_as_train_model(tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["source"] == snapshot
+
+
+def test_a_build_that_fails_in_its_own_process_says_so_and_leaves_no_agent(
+    tmp_path, tiny_build, capfd
+):
+    from coevolve.training.bootstrap import bootstrap
+    from coevolve.training.bootstrap_config import bootstrap_dir, is_complete
+
+    broken = saved_tiny_model(tiny_build, tmp_path / "broken-model")
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    config = BootstrapConfig(base=str(broken), max_steps=1, batch_size=2, eval_split=None)
+    cache = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="failed in its own process"):
+        bootstrap(config, cache_dir=cache, progress=False)
+    # The child's own error reached the terminal, and nothing half-built counts as an agent.
+    assert "Error" in capfd.readouterr().err
+    assert not is_complete(bootstrap_dir(config, cache))
+    assert not list((cache / "bootstrap").glob("*.partial-*"))

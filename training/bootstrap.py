@@ -139,7 +139,10 @@ def bootstrap(
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(target.parent)
     with atomic_directory(target) as work:
-        metadata = _build(config, work, progress, cache_dir)
+        if config.base == "tiny":  # seconds and megabytes: no process of its own
+            metadata = _build(config, work, progress, cache_dir)
+        else:
+            metadata = _build_in_own_process(config, work, progress, cache_dir)
         (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     if config.eval_split is not None:
         # Evaluated from the final directory so the policy version names the real build.
@@ -182,6 +185,43 @@ def _alive(pid: int) -> bool:
 
 def _write_metadata(path: Path, metadata: dict[str, Any]) -> None:
     write_atomically(path / METADATA_FILE, json.dumps(metadata, indent=2) + "\n")
+
+
+def _build_in_own_process(
+    config: BootstrapConfig, work: Path, progress: bool, cache_dir: Path | str | None
+) -> dict[str, Any]:
+    """``_build`` in a process of its own, so the memory training leaves behind goes back to
+    the system when it ends: built in the run's process, the quickstart's build left 2 GB
+    resident under the cycles that followed (docs/benchmarks/memory.md)."""
+    import multiprocessing
+
+    # spawn, not fork: the parent may already run torch's and the policy's threads.
+    process = multiprocessing.get_context("spawn").Process(
+        target=_build_and_record,
+        args=(config.model_dump(mode="json"), str(work), progress, cache_dir),
+        name="coevolve-bootstrap",
+    )
+    process.start()
+    try:
+        process.join()
+    except BaseException:  # Ctrl-C or an error here: the build must not outlive the caller
+        process.terminate()
+        process.join()
+        raise
+    recorded = work / METADATA_FILE
+    if process.exitcode != 0 or not recorded.exists():
+        raise RuntimeError(
+            f"the bootstrap build failed in its own process (exit code {process.exitcode}); "
+            "its error is printed above"
+        )
+    return json.loads(recorded.read_text())
+
+
+def _build_and_record(
+    config: dict[str, Any], work: str, progress: bool, cache_dir: Path | str | None
+) -> None:
+    metadata = _build(BootstrapConfig.model_validate(config), Path(work), progress, cache_dir)
+    (Path(work) / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
 
 
 def _build(
