@@ -237,6 +237,15 @@ class FlaggedTrajectory(BaseModel):
         return [s.kind for s in self.signals]
 
 
+class PoolSample(Record):
+    """What a cycle's training step demonstrates besides its rollouts (the update_pool
+    stage's output): the tasks its synthesis added to the pool and earlier pool tasks
+    replayed (``pool.replay_demonstrations``)."""
+
+    accepted: list[Task] = Field(description="The cycle's accepted synthesized tasks.")
+    replay: list[Task] = Field(description="Earlier pool tasks whose demonstrations replay.")
+
+
 class SynthesisContext(Record):
     """The summarizer's signal-conditioned reading of a flagged trajectory."""
 

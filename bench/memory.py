@@ -270,11 +270,15 @@ async def run_cycle(config: Any, allocators: set[str], threads: int | None) -> l
     rows[-1].note = f"{len(flagged)} flagged"
     synthesized, _ = await measure("synthesis", lambda: stages.synthesize(runtime, cycle, flagged))
     rows[-1].note = f"{len(synthesized.accepted)} accepted"
-    await measure("pool", lambda: stages.update_pool(runtime, cycle, synthesized.accepted))
-    trained, _ = await measure("train", lambda: stages.train(runtime, cycle, None))
+    sample, _ = await measure(
+        "pool", lambda: stages.update_pool(runtime, cycle, synthesized.accepted)
+    )
+    trained, _ = await measure(
+        "train", lambda: stages.train(runtime, cycle, trajectories, flagged, sample, None)
+    )
     launcher = config.training.launcher
     rows[-1].note = f"{trained.steps} steps, launcher {launcher}"
-    evaluation = await measure("evaluate", lambda: stages.evaluate(runtime, cycle))
+    _, evaluation = await measure("evaluate", lambda: stages.evaluate(runtime, cycle))
     successes = round(evaluation.success * evaluation.episodes)
     rows[-1].note = f"success {successes}/{evaluation.episodes}"
     return rows

@@ -22,7 +22,8 @@
 - *evaluate* measures held-out success per family.
 
 Each node calls its stage (graph/stages.py, the same functions a script can
-call itself) and records the stage's figures in the state.
+call itself, typed in and typed out) on the earlier stages' outputs, read back from
+the cycle's files, and records the stage's figures in the state.
 
 The state stays small and JSON-friendly (figures and file paths): the
 trajectories, flagged items and tasks of a cycle live in files under
@@ -169,12 +170,19 @@ async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) ->
 
 async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
-    figures = stages.update_pool(rt, cycle, rt.files(cycle).synthesized())
+    _, figures = stages.update_pool(rt, cycle, rt.files(cycle).synthesized())
     return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
 async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
-    result, figures = await stages.train(runtime.context, state["cycle"], state.get("adapter"))
+    """The train stage on the cycle's rollouts, flagged items and pool sample, read back
+    from the cycle's files (the state holds none of them; a resume finds them there)."""
+    rt, cycle = runtime.context, state["cycle"]
+    files = rt.files(cycle)
+    sample = stages.pool_sample(rt, cycle, files.synthesized())
+    result, figures = await stages.train(
+        rt, cycle, files.rollouts(), files.flagged(), sample, state.get("adapter")
+    )
     return {
         "adapter": result.adapter_dir,
         "current": {**state.get("current", {}), "train": figures.model_dump()},
@@ -186,7 +194,7 @@ async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleSt
     every = rt.config.evaluation.every
     figures = None
     if cycle % every == 0 or cycle >= rt.config.cycles:
-        figures = (await stages.evaluate(rt, cycle)).model_dump()
+        figures = (await stages.evaluate(rt, cycle))[1].model_dump()
     else:
         rt.say(f"cycle {cycle} · evaluate: skipped (evaluation.every = {every})")
     summary = CycleSummary.model_validate({**state.get("current", {}), "evaluate": figures})

@@ -10,11 +10,15 @@ import time
 
 from ..agents.evaluation import left_out_note, split_label
 from ..outputs.summary import EvaluationFigures
-from ..records import split_transport_failures
+from ..records import Trajectory, split_transport_failures
 from .runtime import CycleRuntime, seed_everything
 
 
-async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
+async def evaluate_agent(
+    rt: CycleRuntime, cycle: int
+) -> tuple[list[Trajectory], EvaluationFigures]:
+    """The current agent on the evaluation split: the episodes the endpoint answered
+    (``cycles/NNN/eval.jsonl``) and the figures."""
     from ..agents.evaluation import evaluate as summarize
 
     config = rt.config
@@ -54,7 +58,7 @@ async def evaluate_agent(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
         f"{left_out_note(report.overall.left_out)}), tool sequence "
         f"{result.tool_sequence:.1%} [{elapsed:.0f} s]"
     )
-    return result
+    return ran, result
 
 
 async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
@@ -119,7 +123,7 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
 
     key = _baseline_key(rt) if rt.baseline_cache is not None else None
     if key is None or rt.baseline_cache is None:
-        return await evaluate_agent(rt, 0)
+        return (await evaluate_agent(rt, 0))[1]
     shared = rt.baseline_cache / key
     # The cache's own files (not a cycle's): its figures and a copy of cycle 0's episodes.
     cache = SharedBaselineFiles(shared)
@@ -132,7 +136,7 @@ async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
             f"evaluation shared by an earlier run ({shared})"
         )
         return evaluation
-    evaluation = await evaluate_agent(rt, 0)
+    _, evaluation = await evaluate_agent(rt, 0)
     shared.mkdir(parents=True, exist_ok=True)
     write_atomically(trajectories, rt.files(0).evaluation_episodes.read_text())
     write_atomically(figures, evaluation.model_dump_json(indent=2))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,11 +77,12 @@ def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str 
 
 
 async def train_with_hard_negatives(
-    rt: CycleRuntime, cycle: int, previous_adapter: str | None
+    rt: CycleRuntime, cycle: int, previous_adapter: str | None, rollouts: Sequence[Trajectory]
 ) -> HardNegativeTrainResult:
     """The cycle's failure-agent rollouts and training, then the target's DPO + SFT step.
 
-    ``rt`` is the cycle's ``CycleRuntime``. Returns the target's result; the caller
+    ``rt`` is the cycle's ``CycleRuntime``, ``rollouts`` the cycle's rollouts (the rollout
+    stage's). Returns the target's result; the caller
     swaps ``adapter_dir`` into the policy.
     """
     from ..outputs.tracking import for_training
@@ -114,7 +116,7 @@ async def train_with_hard_negatives(
     failure_out = failure_adapter_dir(rt.run_dir, cycle)
     failure_before = latest_failure_adapter(rt.run_dir, cycle, config.policy.adapter)
 
-    trajectories = files.rollouts()
+    trajectories = list(rollouts)
     task_ids = list(dict.fromkeys(t.task_id for t in trajectories))
     by_id = {task.id: task for task in rt.pool.tasks}
     tasks = [by_id[task_id] for task_id in task_ids if task_id in by_id]

@@ -1,9 +1,10 @@
 """The stages of a cycle as functions: the library API beside ``coevolve.run``.
 
-Each stage takes the run's runtime and the cycle, does its work, writes the
-cycle's files (``CycleFiles``) and returns what it made with its figures. The
-cycle graph's nodes (graph/cycle.py) are these calls plus the checkpointed
-state; a script can call them itself, the way ART exposes ``gather`` and
+Each stage takes the run's runtime, the cycle and what the earlier stages made (in
+memory: no stage reads another's files), does its work, writes the cycle's files
+(``CycleFiles``, for resume and export) and returns what it made with its figures. The
+cycle graph's nodes (graph/cycle.py) are these calls plus the checkpointed state (they
+read a stage's input back from the cycle's files, which a resume finds); a script can call them itself, the way ART exposes ``gather`` and
 ``model.train`` beside its one-call loop::
 
     from coevolve.config import load_config
@@ -15,9 +16,9 @@ state; a script can call them itself, the way ART exposes ``gather`` and
     trajectories, _ = await stages.rollout(rt, cycle=1)
     flagged, _ = await stages.signals(rt, 1, trajectories)
     synthesized, _ = await stages.synthesize(rt, 1, flagged)
-    stages.update_pool(rt, 1, synthesized.accepted)
-    trained, _ = await stages.train(rt, 1, adapter=None)
-    evaluation = await stages.evaluate(rt, 1)
+    pool, _ = stages.update_pool(rt, 1, synthesized.accepted)
+    trained, _ = await stages.train(rt, 1, trajectories, flagged, pool, adapter=None)
+    episodes, evaluation = await stages.evaluate(rt, 1)
 
 Every stage seeds the random generators per (seed, cycle, stage), as the loop
 does, so a stage run again samples alike.
@@ -40,7 +41,14 @@ from ..outputs.summary import (
     SynthesisFigures,
     TrainFigures,
 )
-from ..records import SignalKind, Task, Trajectory, is_success, split_transport_failures
+from ..records import (
+    PoolSample,
+    SignalKind,
+    Task,
+    Trajectory,
+    is_success,
+    split_transport_failures,
+)
 from .evaluation import evaluate_agent
 from .runtime import CycleRuntime, seed_everything
 from .runtime_factory import build_bootstrap_agent, build_runtime
@@ -50,9 +58,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..records import FlaggedTrajectory, TrainResult
 
 __all__ = [
+    "PoolSample",
     "build_bootstrap_agent",
     "build_runtime",
     "evaluate",
+    "pool_sample",
     "record_synthesis",
     "rollout",
     "signals",
@@ -275,11 +285,25 @@ async def synthesize(
     return result, record_synthesis(rt, cycle, result, time.time() - started)
 
 
-def update_pool(rt: CycleRuntime, cycle: int, accepted: Sequence[Task]) -> PoolFigures:
-    """The accepted tasks, with their provenance, added to the training pool."""
+def pool_sample(rt: CycleRuntime, cycle: int, accepted: Sequence[Task]) -> PoolSample:
+    """The cycle's ``PoolSample`` once ``accepted`` is in the pool (seeded per cycle: the
+    same after a resume)."""
+    pool = rt.config.pool
+    replay = rt.pool.replay_sample(
+        cycle, pool.replay_demonstrations, {t.id for t in accepted}, pool.seed
+    )
+    return PoolSample(accepted=list(accepted), replay=replay)
+
+
+def update_pool(
+    rt: CycleRuntime, cycle: int, accepted: Sequence[Task]
+) -> tuple[PoolSample, PoolFigures]:
+    """The accepted tasks, with their provenance, added to the training pool, and what the
+    training step demonstrates from it (``PoolSample``)."""
     started = time.perf_counter()
     added = rt.pool.add(list(accepted))
     counts = rt.pool.counts()
+    sample = pool_sample(rt, cycle, accepted)
     figures = PoolFigures(
         added=added,
         seed=counts.get("seed", 0),
@@ -288,18 +312,25 @@ def update_pool(rt: CycleRuntime, cycle: int, accepted: Sequence[Task]) -> PoolF
         time_s=time.perf_counter() - started,
     )
     rt.say(f"cycle {cycle} · pool: +{added} tasks, {len(rt.pool)} in all")
-    return figures
+    return sample, figures
 
 
 async def train(
-    rt: CycleRuntime, cycle: int, adapter: str | None
+    rt: CycleRuntime,
+    cycle: int,
+    trajectories: Sequence[Trajectory],
+    flagged: Sequence[FlaggedTrajectory],
+    pool: PoolSample,
+    adapter: str | None,
 ) -> tuple[TrainResult, TrainFigures]:
     """The cycle's TRL step on top of ``adapter`` (None: the base model), and the policy
-    serving its new adapter (graph/training_step.py)."""
+    serving its new adapter (graph/training_step.py). It trains on the cycle's rollouts
+    (``rollout``), its kept flagged items (``signals``: SEAL's weights) and the pool's
+    sample (``update_pool``: the accepted and replayed tasks' demonstrations)."""
     from .training_step import train_cycle
 
     started = time.perf_counter()
-    result = await train_cycle(rt, cycle, adapter)
+    result = await train_cycle(rt, cycle, adapter, trajectories, flagged, pool)
     # A hard-negatives step's result carries the failure agent's figures too.
     figures = TrainFigures(**result.model_dump(), stage_time_s=time.perf_counter() - started)
     if result.skipped:
@@ -313,6 +344,7 @@ async def train(
     return result, figures
 
 
-async def evaluate(rt: CycleRuntime, cycle: int) -> EvaluationFigures:
-    """The agent on the evaluation split (``evaluation.split``), success per family."""
+async def evaluate(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], EvaluationFigures]:
+    """The agent on the evaluation split (``evaluation.split``): its episodes (those the
+    endpoint answered) and the success per family."""
     return await evaluate_agent(rt, cycle)

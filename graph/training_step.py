@@ -1,8 +1,8 @@
 """The training step of a cycle (the cycle graph's *train* node): ``train_cycle``.
 
-It gathers the cycle's training data (successful conversations, demonstrations
-of the accepted and replayed tasks, preference pairs; SEAL weights from
-``sft_weights``), writes what it trains on for ``coevolve export``, runs the TRL
+It gathers the cycle's training data from the earlier stages' outputs (successful
+conversations of the rollouts, demonstrations of the pool sample's accepted and replayed
+tasks, preference pairs; SEAL weights from ``sft_weights`` and the flagged items), writes what it trains on for ``coevolve export``, runs the TRL
 step (``training.trainers.train_adapter``: in a thread, or with ``training.launcher``
 subprocess or accelerate in processes of its own, ``training.launch``) or, with
 ``hard_negatives.enabled``, hands over to
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..agents.policy import Message
     from ..envs.base import Environment
     from ..outputs.tracking import TrainTracking
-    from ..records import FlaggedTrajectory, Task, TrainResult, Trajectory
+    from ..records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
     from ..training.algorithm_config import GrpoConfig
     from ..training.datasets import PreferencePair, TrainingConversation
     from ..training.seal import ReweightSettings
@@ -106,8 +106,17 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
         )
 
 
-async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None) -> TrainResult:
-    """The cycle's training data, the TRL step, and the policy update."""
+async def train_cycle(
+    rt: CycleRuntime,
+    cycle: int,
+    previous_adapter: str | None,
+    trajectories: Sequence[Trajectory],
+    flagged: Sequence[FlaggedTrajectory],
+    pool: PoolSample,
+) -> TrainResult:
+    """The cycle's training data, the TRL step, and the policy update: from the cycle's
+    rollouts, its kept flagged items and the pool's sample (the stages' outputs; nothing
+    read from the cycle's files but the finished step's record)."""
     from ..outputs.tracking import for_training
     from ..training.datasets import (
         TrainingConversation,
@@ -127,7 +136,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
     if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (graph/hard_negatives.py)
         from .hard_negatives import train_with_hard_negatives
 
-        coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter)
+        coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter, trajectories)
         await use_adapter(rt, coevolved.adapter_dir)
         return coevolved
     files = rt.files(cycle)
@@ -143,11 +152,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
                 "training needs the base model locally: set policy.train_model to the "
                 "directory of the model the endpoint serves"
             )
-        trajectories = files.rollouts()
-        accepted = files.synthesized()
-        replay = rt.pool.replay_sample(
-            cycle, config.pool.replay_demonstrations, {t.id for t in accepted}, config.pool.seed
-        )
+        accepted, replay = list(pool.accepted), list(pool.replay)
         training = config.training
         tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
         tools_of = prompt_tools(rt, tasks_by_id)
@@ -182,7 +187,7 @@ async def train_cycle(rt: CycleRuntime, cycle: int, previous_adapter: str | None
         example_weights = None
         if training.algorithm == "sft" and training.seal.reweight.enable:
             example_weights = [1.0] * successes + sft_weights(
-                [task for task, _ in demonstrated], files.flagged(), training.seal.reweight
+                [task for task, _ in demonstrated], flagged, training.seal.reweight
             )
         task_ids = {t.task_id for t in trajectories}
         tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted

@@ -244,13 +244,18 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         assert len(synthesized.read_text().splitlines()) == first.synthesize.accepted
 
         # Killed after the adapter was saved but before the cycle's record: not trained again.
+        from coevolve.graph.stages import pool_sample
         from coevolve.runner import train_cycle
 
         record = Path(result.run_dir) / "cycles" / "001" / "train.json"
         weights = Path(result.run_dir) / "adapters" / "cycle-1" / "adapter_model.safetensors"
         before = (record.read_text(), weights.stat().st_mtime_ns)
         record.unlink()
-        again_trained = asyncio.run(train_cycle(rt, 1, None))
+        files = rt.files(1)
+        sample = pool_sample(rt, 1, files.synthesized())
+        again_trained = asyncio.run(
+            train_cycle(rt, 1, None, files.rollouts(), files.flagged(), sample)
+        )
         assert again_trained.steps == first.train.steps
         assert (record.read_text(), weights.stat().st_mtime_ns) == before
     finally:
@@ -513,19 +518,23 @@ def test_the_stage_functions_run_a_cycle_by_hand(tmp_path, agent_server, tiny_bu
         trajectories, rolled = await stages.rollout(rt, 1)
         flagged, flags = await stages.signals(rt, 1, trajectories)
         synthesized, made = await stages.synthesize(rt, 1, flagged)
-        pooled = stages.update_pool(rt, 1, synthesized.accepted)
-        trained, _ = await stages.train(rt, 1, adapter=None)
-        evaluation = await stages.evaluate(rt, 1)
-        return trajectories, rolled, flagged, flags, synthesized, made, pooled, trained, evaluation
+        sample, pooled = stages.update_pool(rt, 1, synthesized.accepted)
+        trained, _ = await stages.train(rt, 1, trajectories, flagged, sample, adapter=None)
+        episodes, evaluation = await stages.evaluate(rt, 1)
+        return (
+            (trajectories, rolled, flagged, flags, synthesized, made),
+            (sample, pooled, trained, episodes, evaluation),
+        )
 
-    trajectories, rolled, flagged, flags, synthesized, made, pooled, trained, evaluation = (
-        asyncio.run(one_cycle())
-    )
+    (
+        (trajectories, rolled, flagged, flags, synthesized, made),
+        (sample, pooled, trained, episodes, evaluation),
+    ) = asyncio.run(one_cycle())
     files = rt.files(1)
     assert rolled.episodes == len(trajectories) == 48 and files.rollouts() == trajectories
     assert flags.kept == len(flagged) > 0 and files.flagged() == flagged
     assert made.accepted == len(synthesized.accepted) > 0
     assert files.synthesized() == synthesized.accepted
-    assert pooled.added == len(synthesized.accepted)
+    assert pooled.added == len(synthesized.accepted) and sample.accepted == synthesized.accepted
     assert trained.steps == 2 and files.train_record.exists()
-    assert evaluation.episodes == 18 and files.evaluation_episodes.exists()
+    assert evaluation.episodes == len(episodes) == 18 and files.evaluation_episodes.exists()

@@ -480,6 +480,7 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
 
 def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, tasks, tmp_path):
     from coevolve.graph.hard_negatives import failure_adapter_dir, latest_failure_adapter
+    from coevolve.records import PoolSample
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"
@@ -491,7 +492,8 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
     files.write_rollouts(target_episodes)
     files.write_failure_rollouts(failure_episodes)
 
-    result = asyncio.run(train_cycle(rt, 1, None))
+    sample = PoolSample(accepted=[], replay=[])
+    result = asyncio.run(train_cycle(rt, 1, None, target_episodes, [], sample))
     target_dir = run_dir / "adapters" / "cycle-1"
     failure_dir = failure_adapter_dir(run_dir, 1)
     assert result.adapter_dir == str(target_dir) and result.failure_adapter == str(failure_dir)
@@ -511,7 +513,7 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
     stamps = {d: sha(d / "training.json") for d in (target_dir, failure_dir)}
     files.train_record.unlink()
     again = runtime(run_dir, tiny_build, tasks)
-    resumed = asyncio.run(train_cycle(again, 1, None))
+    resumed = asyncio.run(train_cycle(again, 1, None, target_episodes, [], sample))
     assert {d: sha(d / "training.json") for d in stamps} == stamps  # nothing retrained
     assert resumed.model_dump(exclude={"hard_negatives"}) == result.model_dump(
         exclude={"hard_negatives"}
@@ -525,12 +527,14 @@ def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, 
 
 
 def test_own_negatives_runs_without_a_failure_agent(tiny_build, tasks, tmp_path):
+    from coevolve.records import PoolSample
     from coevolve.runner import train_cycle
 
     run_dir = tmp_path / "run"
     rt = runtime(run_dir, tiny_build, tasks, failure_agent=False, failure_share=0.0)
-    rt.files(1).write_rollouts(graded(tasks))
-    result = asyncio.run(train_cycle(rt, 1, None))
+    episodes = graded(tasks)
+    rt.files(1).write_rollouts(episodes)
+    result = asyncio.run(train_cycle(rt, 1, None, episodes, [], PoolSample(accepted=[], replay=[])))
     assert result.failure is None and result.hard_negatives["failure_agent"] is None
     assert result.hard_negatives["target_pairs_by_source"] == {
         "target": result.hard_negatives["target_pairs"],
