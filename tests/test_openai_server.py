@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -288,15 +289,13 @@ def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "coevolve.testing.async_openai_server"]
     command += ["--port", str(port), "--calls-then-answer", "2", "--delay", "0.01"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
-        for _ in range(200):
-            try:
-                models = httpx.get(f"{base_url}/models", timeout=1).json()
-                break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        assert server.stdout is not None
+        # The line comes once the port listens: no retries needed after it.
+        assert server.stdout.readline() == f"serving scripted-model at {base_url}\n"
+        models = httpx.get(f"{base_url}/models", timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["scripted-model"]
         assert httpx.post(f"{base_url}/nowhere", json={}).status_code == 404
         assert httpx.post(f"{base_url}/chat/completions", content=b"{").status_code == 400
@@ -308,3 +307,48 @@ def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
     finally:
         server.terminate()
         server.wait()
+
+
+def test_the_asyncio_server_keys_routes_and_the_script_end_over_real_http():
+    """aiohttp's server under the asyncio transport: the bearer key, paths with a
+    trailing slash or a query, a list script that runs out (500), other routes (404)."""
+    import socket
+
+    from coevolve.testing.async_openai_server import serve
+
+    app = ScriptedOpenAIServer(["only once"], api_key="sk-test")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}/v1"
+    payload = {"model": app.model, "messages": USER}
+
+    async def scenario() -> None:
+        listening = asyncio.Event()
+        serving = asyncio.create_task(serve(app, "127.0.0.1", port, listening.set))
+        try:
+            await asyncio.wait_for(listening.wait(), timeout=10)
+            async with httpx.AsyncClient(timeout=5) as client:
+                assert (await client.get(f"{base_url}/models")).status_code == 401
+                client.headers["Authorization"] = "Bearer sk-test"
+                models = await client.get(f"{base_url}/models/?limit=5")
+                assert models.status_code == 200
+                assert [m["id"] for m in models.json()["data"]] == [app.model]
+                first = await client.post(f"{base_url}/chat/completions", json=payload)
+                assert first.status_code == 200
+                assert first.headers["content-type"] == "application/json"
+                assert first.json()["choices"][0]["message"]["content"] == "only once"
+                ran_out = await client.post(f"{base_url}/chat/completions", json=payload)
+                assert ran_out.status_code == 500
+                assert "script exhausted" in ran_out.json()["error"]["message"]
+                wrong_method = await client.get(f"{base_url}/chat/completions")
+                assert wrong_method.status_code == 404
+                assert (
+                    wrong_method.json()["error"]["message"] == "no route GET /v1/chat/completions"
+                )
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+
+    asyncio.run(scenario())
