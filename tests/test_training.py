@@ -647,3 +647,40 @@ def test_sft_micro_batches_make_the_same_update(tiny_build, trajectories, tmp_pa
         assert torch.allclose(value, trained[2][key], atol=1e-6), key
     # LoRA's B starts at zero: the step moved it, so the comparison is of an update
     assert any("lora_B" in key and value.abs().sum() > 0 for key, value in trained[2].items())
+
+
+def test_activation_checkpointing_makes_the_same_step(
+    tiny_build, trajectories, tmp_path, monkeypatch
+):
+    """training.activation_checkpointing recomputes activations in the backward pass: the
+    memory of a step, not its result (dropout masks are replayed as they were drawn)."""
+    import torch
+    from transformers import PreTrainedModel
+
+    enabled = []
+    enable = PreTrainedModel.activation_checkpointing_enable
+
+    def recorded(self, *args, **kwargs):
+        enabled.append(type(self).__name__)
+        return enable(self, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "activation_checkpointing_enable", recorded)
+    conversations = successful_conversations(trajectories, max_per_task=2)
+    trained, losses = {}, {}
+    for checkpointing in (False, True):
+        output = tmp_path / f"checkpointing-{checkpointing}"
+        result = train_adapter(
+            tiny_training(
+                max_steps=2, batch_size=4, activation_checkpointing=checkpointing, device="cpu"
+            ),
+            model_dir=tiny_build,
+            output_dir=output,
+            conversations=conversations,
+            progress=False,
+        )
+        trained[checkpointing], losses[checkpointing] = _lora_tensors(output), result.final_loss
+        assert bool(enabled) == checkpointing  # the trainer turned it on, and only when asked
+    assert losses[True] == pytest.approx(losses[False], rel=1e-6)
+    for key, value in trained[False].items():
+        assert torch.allclose(value, trained[True][key], atol=1e-6), key
+    assert any("lora_B" in key and value.abs().sum() > 0 for key, value in trained[True].items())

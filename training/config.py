@@ -161,6 +161,13 @@ class TrainingConfig(Section):
         description="Longest training sequence in tokens (SFT conversation; DPO prompt + completion); "
         "longer ones are cut.",
     )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Keep only each layer's input in the forward pass and recompute the rest "
+        "in the backward (TrainingArguments.activation_checkpointing): the same losses, about "
+        "a quarter more compute, and activations of a few MB instead of about 2.8 MB a token "
+        "on SmolLM2's 30 layers (docs/benchmarks/memory.md). For a laptop or a long context.",
+    )
     seed: int = Field(
         default=0, description="Seed of adapter initialisation, data order, sampling."
     )

@@ -54,7 +54,7 @@ def common_arguments(
         "bf16": on_gpu and torch.cuda.is_bf16_supported(),
         "fp16": False,
         "gradient_checkpointing": False,
-        "activation_checkpointing": False,
+        "activation_checkpointing": config.activation_checkpointing,
         # checkpoint_every: the trainer's own checkpoints, the last one kept (resumable).
         **(
             {"save_strategy": "steps", "save_steps": config.checkpoint_every, "save_total_limit": 1}
