@@ -114,7 +114,7 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
     return stats
 
 
-def evaluate(
+def evaluation_report(
     trajectories: Sequence[Trajectory],
     tasks: Sequence[Task],
     env: str,

@@ -182,7 +182,7 @@ def _trajectory(episode: _Episode, policy_version: str, cycle: int) -> Trajector
     )
 
 
-async def rollout(
+async def play_rollouts(
     policy: Policy,
     make_env: Callable[[], Environment],
     tasks: Sequence[Task],
@@ -266,8 +266,9 @@ def _synchronous(
     return run
 
 
-run_rollouts = _synchronous(rollout)
-"""Synchronous ``rollout`` for scripts and the CLI (inside an event loop, await ``rollout``)."""
+run_rollouts = _synchronous(play_rollouts)
+"""Synchronous ``play_rollouts`` for scripts and the CLI (inside an event loop, await
+``play_rollouts``)."""
 
 
 class _ProgressBar:

@@ -82,7 +82,7 @@ def bench_graph(server_kind: str = "asyncio") -> float:
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.graph.runtime import SynthesisRuntime
-    from coevolve.graph.synthesis import synthesize
+    from coevolve.graph.synthesis import run_synthesis
     from coevolve.memory.store import TaskStore
     from coevolve.records import FlaggedTrajectory, Signal
 
@@ -142,7 +142,7 @@ def bench_graph(server_kind: str = "asyncio") -> float:
             )
 
         asyncio.run(
-            synthesize(flagged[:4], tasks, runtime(), cycle=0, max_concurrency=ITEMS)
+            run_synthesis(flagged[:4], tasks, runtime(), cycle=0, max_concurrency=ITEMS)
         )  # warm-up
         rt = runtime()
         profiler = None
@@ -154,7 +154,7 @@ def bench_graph(server_kind: str = "asyncio") -> float:
         store.dedup_s = 0.0
         client_cpu = time.process_time()
         started = time.perf_counter()
-        result = asyncio.run(synthesize(flagged, tasks, rt, cycle=1, max_concurrency=ITEMS))
+        result = asyncio.run(run_synthesis(flagged, tasks, rt, cycle=1, max_concurrency=ITEMS))
         wall = time.perf_counter() - started
         client_cpu = time.process_time() - client_cpu
         if profiler is not None:

@@ -130,7 +130,7 @@ def eval_command(
 
     Episodes an endpoint gave no usable reply for are left out of every rate and counted
     apart (left_out); when none got one, the command ends in one line, with exit code 1."""
-    from ..agents.evaluation import evaluate, left_out_note, stop_if_unreachable
+    from ..agents.evaluation import evaluation_report, left_out_note, stop_if_unreachable
     from ..agents.policy import EndpointUnreachable, PolicyError
     from ..agents.rollout import run_rollouts
     from ..config import ConfigError
@@ -176,7 +176,7 @@ def eval_command(
         with open(save, "w", encoding="utf-8") as handle:
             for trajectory in trajectories:
                 handle.write(trajectory.model_dump_json() + "\n")
-    report = evaluate(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
+    report = evaluation_report(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
     if report_path:
         from pathlib import Path
 

@@ -71,8 +71,8 @@ def synthesize_command(
 
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
-    from ..graph.runtime_factory import synthesis_runtime
-    from ..graph.synthesis import synthesize
+    from ..graph.runtime_factory import build_synthesis_runtime
+    from ..graph.synthesis import run_synthesis
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals
@@ -105,11 +105,11 @@ def synthesize_command(
     logging.basicConfig(level=logging.WARNING)
     try:
         store_path = store or config.store_path()
-        runtime = synthesis_runtime(config, env_name, store_path)
+        runtime = build_synthesis_runtime(config, env_name, store_path)
     except ValueError as err:
         raise fail(str(err)) from None
     result = asyncio.run(
-        synthesize(
+        run_synthesis(
             flagged, list(parents.values()), runtime, cycle, config.synthesis.max_concurrency
         )
     )

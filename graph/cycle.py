@@ -21,7 +21,11 @@
   (``graph/training_step.py``);
 - *evaluate* measures held-out success per family.
 
-Each node calls its stage (graph/stages.py, the same functions a script can
+One name per meaning: the node ``rollout`` is the function ``rollout_node`` here (each
+node ``X`` is ``X_node``), which calls the stage ``stages.rollout``, which runs the
+engine beneath it (``agents.rollout.play_rollouts``; ``graph.synthesis.run_synthesis``,
+``agents.evaluation.evaluation_report``). Each node calls its stage (graph/stages.py,
+the same functions a script can
 call itself, typed in and typed out) on the earlier stages' outputs, read back from
 the cycle's files, and records the stage's figures in the state.
 
@@ -105,7 +109,7 @@ SYNTHESIS_CLEARED: CycleState = {
 # (graph/stages.py), record its figures in the state.
 
 
-async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def baseline_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt = runtime.context
     started = time.perf_counter()
     evaluation = await shared_baseline(rt)
@@ -114,19 +118,19 @@ async def baseline(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleSt
     return {"cycle": 0, "adapter": state.get("adapter"), "finished": [summary.model_dump()]}
 
 
-async def rollout(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def rollout_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     cycle = state.get("cycle", 0) + 1
     _, figures = await stages.rollout(runtime.context, cycle)
     return {"cycle": cycle, "current": {"cycle": cycle, "rollout": figures.model_dump()}}
 
 
-async def signals(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def signals_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     _, figures = await stages.signals(rt, cycle, rt.files(cycle).rollouts())
     return {"current": {**state.get("current", {}), "signals": figures.model_dump()}}
 
 
-async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def synthesize_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis pass's input: the cycle's kept flagged items and their parent tasks."""
     rt, cycle = runtime.context, state["cycle"]
     flagged, parents = stages.synthesis_input(rt, rt.files(cycle).flagged())
@@ -138,7 +142,7 @@ async def synthesize(state: CycleState, runtime: Runtime[CycleRuntime]) -> Cycle
     }
 
 
-async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def synthesis_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis graph on the pass's input, with the cycle's synthesis runtime.
 
     Called from this node, it checkpoints into the cycle's saver under this node's
@@ -153,7 +157,7 @@ async def synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleS
     return cast(CycleState, output)  # the pass's output keys (SynthesisOutput) are the cycle's
 
 
-async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def record_synthesis_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The synthesis pass's output: the cycle's files and the synthesize figures."""
     figures = stages.record_synthesis(
         runtime.context,
@@ -168,13 +172,13 @@ async def record_synthesis(state: CycleState, runtime: Runtime[CycleRuntime]) ->
     }
 
 
-async def update_pool(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def update_pool_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     _, figures = stages.update_pool(rt, cycle, rt.files(cycle).synthesized())
     return {"current": {**state.get("current", {}), "pool": figures.model_dump()}}
 
 
-async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def train_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     """The train stage on the cycle's rollouts, flagged items and pool sample, read back
     from the cycle's files (the state holds none of them; a resume finds them there)."""
     rt, cycle = runtime.context, state["cycle"]
@@ -189,7 +193,7 @@ async def train(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState
     }
 
 
-async def evaluate(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
+async def evaluate_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:
     rt, cycle = runtime.context, state["cycle"]
     every = rt.config.evaluation.every
     figures = None
@@ -207,15 +211,15 @@ def next_step(state: CycleState) -> Literal["rollout", "__end__"]:
 
 
 builder = StateGraph(CycleState, context_schema=CycleRuntime)
-builder.add_node("baseline", baseline)
-builder.add_node("rollout", rollout)
-builder.add_node("signals", signals)
-builder.add_node("synthesize", synthesize)
-builder.add_node("synthesis", synthesis)
-builder.add_node("record_synthesis", record_synthesis)
-builder.add_node("update_pool", update_pool)
-builder.add_node("train", train)
-builder.add_node("evaluate", evaluate)
+builder.add_node("baseline", baseline_node)
+builder.add_node("rollout", rollout_node)
+builder.add_node("signals", signals_node)
+builder.add_node("synthesize", synthesize_node)
+builder.add_node("synthesis", synthesis_node)
+builder.add_node("record_synthesis", record_synthesis_node)
+builder.add_node("update_pool", update_pool_node)
+builder.add_node("train", train_node)
+builder.add_node("evaluate", evaluate_node)
 builder.add_edge(START, "baseline")
 builder.add_conditional_edges("baseline", next_step, ["rollout", END])
 builder.add_edge("rollout", "signals")

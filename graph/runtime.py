@@ -121,9 +121,9 @@ class CycleRuntime:
         """``k`` episodes of every task, as every stage plays them: the run's environment,
         tool-call bound (``rollout.max_tool_calls``) and system prompt; by the run's policy,
         or ``policy`` (the hard-negatives failure agent)."""
-        from ..agents.rollout import rollout
+        from ..agents.rollout import play_rollouts
 
-        trajectories = await rollout(
+        trajectories = await play_rollouts(
             policy or self.policy,
             self.make_env,
             tasks,

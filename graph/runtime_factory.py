@@ -9,7 +9,7 @@ bootstrap agent a local policy starts from is built by its own step,
 ``build_bootstrap_agent``, which ``coevolve run`` (and the eval command, and
 Studio's cycle) call first; without it a missing agent is a ``RunError`` that says
 so. A synthesis pass outside a run gets
-``synthesis_runtime``; LangGraph Studio's synthesis graph gets
+``build_synthesis_runtime`` (a run's cycle: ``CycleRuntime.synthesis_runtime()``); LangGraph Studio's synthesis graph gets
 ``spec_synthesis_runtime`` from a small JSON spec (``graph/studio.py``).
 ``coevolve.runner`` re-exports the config builders.
 """
@@ -174,7 +174,7 @@ def build_runtime(
     )
 
 
-def synthesis_runtime(
+def build_synthesis_runtime(
     config: CoevolveConfig, env_name: str | None = None, store_path: str | Path | None = None
 ) -> SynthesisRuntime:
     """A synthesis pass's runtime outside a run (``coevolve synthesize``): the config's

@@ -275,11 +275,11 @@ async def synthesize(
 ) -> tuple[SynthesisResult, SynthesisFigures]:
     """One synthesis pass on the flagged items (the synthesis graph, without checkpoints),
     recorded in the cycle's files. The loop runs the same graph as checkpointed nodes."""
-    from .synthesis import synthesize as run_pass
+    from .synthesis import run_synthesis
 
     started = time.time()
     items, parents = synthesis_input(rt, flagged)
-    result = await run_pass(
+    result = await run_synthesis(
         items, parents, rt.synthesis_runtime(), cycle, rt.config.synthesis.max_concurrency
     )
     return result, record_synthesis(rt, cycle, result, time.time() - started)

@@ -366,7 +366,7 @@ graph = builder.compile()
 # --------------------------------------------------------------------------- running
 
 
-async def synthesize(
+async def run_synthesis(
     flagged: Sequence[FlaggedTrajectory],
     parents: Sequence[Task],
     runtime: SynthesisRuntime,

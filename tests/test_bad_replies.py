@@ -45,7 +45,7 @@ from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph.runtime import SynthesisRuntime
-from coevolve.graph.synthesis import SynthesisError, SynthesisResult, synthesize
+from coevolve.graph.synthesis import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
@@ -129,7 +129,7 @@ def run_pass(server: ScriptedOpenAIServer, items, **endpoint_options) -> Synthes
         {"main": endpoint(server, **endpoint_options)},
     )
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
-    return asyncio.run(synthesize(items, TASKS, runtime, cycle=1, max_concurrency=2))
+    return asyncio.run(run_synthesis(items, TASKS, runtime, cycle=1, max_concurrency=2))
 
 
 SANE_QUERY = re.compile(r"What is \w+'s phone number\?")

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coevolve.agents.evaluation import evaluate
+from coevolve.agents.evaluation import evaluation_report
 from coevolve.agents.rollout import run_rollouts
 from coevolve.envs.world import load_split
 from coevolve.envs.world.env import WorldEnvironment
@@ -120,7 +120,7 @@ def test_an_endpoint_that_gives_no_reply_marks_the_episode_a_transport_failure(
     )
     assert all(t.transport_failure and t.score == 0.0 for t in down)
     assert "connection error" in (down[0].error or "")
-    report = evaluate(down, tasks, "world", {"split": "heldout"}, "agent")
+    report = evaluation_report(down, tasks, "world", {"split": "heldout"}, "agent")
     assert (report.overall.episodes, report.overall.left_out) == (0, 3)
     assert report.overall.success_rate == 0.0
 

@@ -41,7 +41,7 @@ from coevolve.agents.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph.runtime import SynthesisRuntime
-from coevolve.graph.synthesis import SynthesisError, synthesize
+from coevolve.graph.synthesis import SynthesisError, run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
@@ -190,7 +190,7 @@ def test_a_pass_whose_endpoint_sends_only_200kb_replies_stops_with_the_reason(
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
     started = time.perf_counter()
     with pytest.raises(SynthesisError, match=r"every one of the \d+ flagged items.*reply too long"):
-        asyncio.run(synthesize(flagged, TASKS, runtime, max_concurrency=4))
+        asyncio.run(run_synthesis(flagged, TASKS, runtime, max_concurrency=4))
     assert time.perf_counter() - started < WITHIN_S
     assert {m["messages"][0]["content"] for m in server.chat_bodies()} == {
         SUMMARIZER_PROMPT,

@@ -52,7 +52,7 @@ from coevolve.agents.rollout import run_rollouts
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph.runtime import SynthesisRuntime
-from coevolve.graph.synthesis import synthesize
+from coevolve.graph.synthesis import run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
@@ -259,7 +259,7 @@ def synthesis_on_the_real_server(real_server, real_flagged, caplog, **roles):
     before = real_server.requests("chat/completions")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="coevolve.agents"):
-        result = asyncio.run(synthesize(items, tasks, runtime, max_concurrency=2))
+        result = asyncio.run(run_synthesis(items, tasks, runtime, max_concurrency=2))
     warnings = [r.getMessage() for r in caplog.records]
     return result, real_server.requests("chat/completions") - before, warnings
 

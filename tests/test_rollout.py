@@ -2,7 +2,7 @@
 
 import pytest
 
-from coevolve.agents.evaluation import evaluate
+from coevolve.agents.evaluation import evaluation_report
 from coevolve.agents.oracle import OraclePolicy
 from coevolve.agents.policy import AssistantMessage, InvalidToolCall, parse_assistant_text
 from coevolve.agents.rollout import run_rollouts
@@ -33,7 +33,7 @@ TASKS = load_split("validation", size=18)
 def test_oracle_through_the_engine_scores_everything():
     trajectories = run_rollouts(OraclePolicy(), WorldEnvironment, TASKS, k=2, progress=False)
     assert len(trajectories) == 36 and len({t.id for t in trajectories}) == 36
-    report = evaluate(trajectories, TASKS, "world", {"split": "validation"}, "oracle")
+    report = evaluation_report(trajectories, TASKS, "world", {"split": "validation"}, "oracle")
     assert report.overall.success_rate == 1.0
     assert report.overall.tool_sequence_accuracy == report.overall.call_accuracy == 1.0
     first = trajectories[0]
@@ -176,7 +176,7 @@ def test_evaluation_diagnostics():
         ),
         Trajectory(id="c", score=0.0, error="down", finished=False, **base),
     ]
-    stats = evaluate(trajectories, [task], "world", {}, "p").by_family[task.family]
+    stats = evaluation_report(trajectories, [task], "world", {}, "p").by_family[task.family]
     assert stats.episodes == 3 and stats.successes == 1 and stats.errors == 1
     assert stats.tool_sequence_accuracy == pytest.approx(1 / 3)
     assert stats.call_accuracy == pytest.approx(1 / 6)

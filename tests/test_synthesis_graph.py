@@ -19,7 +19,7 @@ from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph import synthesis
 from coevolve.graph.runtime import SynthesisRuntime
-from coevolve.graph.synthesis import synthesize
+from coevolve.graph.synthesis import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
@@ -66,7 +66,7 @@ def test_offline_pass_on_the_world(flagged, store):
     runtime = SynthesisRuntime(
         roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
     )
-    result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=3))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=3))
     counts = result.counts
     assert counts["flagged"] == len(flagged) == counts["explored"]
     assert counts["candidates"] >= counts["judged_ok"] >= counts["accepted"] > 0
@@ -89,7 +89,7 @@ def test_offline_pass_on_the_world(flagged, store):
     assert all(r.reason for r in result.rejections)
 
     # The same pass again: everything is already in the store.
-    again = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=3))
+    again = asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=3))
     assert again.counts["accepted"] == 0 and again.counts["duplicates"] == again.counts["judged_ok"]
 
 
@@ -97,7 +97,7 @@ def test_missing_parent_is_a_rejection_not_a_crash(flagged, store):
     runtime = SynthesisRuntime(
         roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
     )
-    result = asyncio.run(synthesize(flagged[:1], [], runtime))
+    result = asyncio.run(run_synthesis(flagged[:1], [], runtime))
     assert result.counts["flagged"] == 1 and result.counts["accepted"] == 0
     assert result.rejections[0].stage == "input"
 
@@ -164,7 +164,7 @@ def test_llm_pass_against_the_test_server(flagged, scripted_server):
     )
     roles = build_roles(RolesConfig(default_endpoint="main", llm_concurrency=4), {"main": endpoint})
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
-    result = asyncio.run(synthesize(flagged, TASKS, runtime, max_concurrency=8))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, max_concurrency=8))
     assert all(name.endswith(")") and ":llm(" in name for name in result.roles.values())
     assert result.counts["flagged"] == len(flagged) and result.counts["explored"] == len(flagged)
     assert result.counts["accepted"] >= 1
@@ -181,10 +181,10 @@ def test_max_accepted_caps_what_a_pass_stores(flagged):
         store=capped_store,
         max_accepted=2,
     )
-    result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))
     assert len(result.accepted) == 2 == capped_store.count()
     free = asyncio.run(
-        synthesize(
+        run_synthesis(
             flagged,
             TASKS,
             SynthesisRuntime(
@@ -223,7 +223,7 @@ def test_one_item_failing_costs_that_item_only(flagged):
     runtime = _runtime_with(
         _FailingSummarizer(ConnectionError("down"), only=flagged[0].trajectory.id)
     )
-    result = asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))
     assert result.counts["crashed"] == 1 and result.counts["accepted"] > 0
     assert any("ConnectionError: down" in r.reason for r in result.rejections)
 
@@ -233,7 +233,7 @@ def test_a_pass_where_every_item_fails_raises_instead_of_reporting_zero(flagged)
 
     runtime = _runtime_with(_FailingSummarizer(ConnectionError("endpoint down")))
     with pytest.raises(SynthesisError, match=r"every one of the .* ConnectionError: endpoint down"):
-        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+        asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))
 
 
 def test_a_bug_in_a_role_is_raised_not_turned_into_a_rejection(flagged):
@@ -241,7 +241,7 @@ def test_a_bug_in_a_role_is_raised_not_turned_into_a_rejection(flagged):
         _FailingSummarizer(TypeError("bad call"), only=flagged[0].trajectory.id)
     )
     with pytest.raises(TypeError, match="bad call"):
-        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+        asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))
 
 
 class _BuggyDescriber(WorldEnvironment):
@@ -265,4 +265,4 @@ def test_a_type_error_under_a_role_ends_the_pass_with_that_error(flagged, make_e
     roles = build_roles(RolesConfig(steer=False), {})
     runtime = SynthesisRuntime(roles=roles, make_env=make_env, store=TaskStore(None))
     with pytest.raises(TypeError, match=message):
-        asyncio.run(synthesize(flagged, TASKS, runtime, cycle=1))
+        asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))

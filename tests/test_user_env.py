@@ -554,7 +554,7 @@ def test_studios_synthesis_pass_takes_a_users_environment():
     from coevolve.agents.oracle import OraclePolicy
     from coevolve.agents.rollout import run_rollouts
     from coevolve.graph.runtime_factory import spec_synthesis_runtime
-    from coevolve.graph.synthesis import synthesize
+    from coevolve.graph.synthesis import run_synthesis
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
 
@@ -569,6 +569,6 @@ def test_studios_synthesis_pass_takes_a_users_environment():
         for t in trajectories
     ]
     runtime = spec_synthesis_runtime(env=EXAMPLE)
-    result = asyncio.run(synthesize(flagged, tasks, runtime, cycle=1))
+    result = asyncio.run(run_synthesis(flagged, tasks, runtime, cycle=1))
     assert result.counts["flagged"] == 2 and result.counts["explored"] == 2, result.counts
     assert all(task.env == EXAMPLE for task in result.accepted)

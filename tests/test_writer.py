@@ -27,7 +27,7 @@ from coevolve.agents.writer import (
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.graph.runtime import SynthesisRuntime
-from coevolve.graph.synthesis import synthesize
+from coevolve.graph.synthesis import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
@@ -107,7 +107,7 @@ def test_a_synthesis_pass_on_the_writer_over_http(flagged, scripted_server):
     roles = build_roles(config, {"writer": writer_endpoint(server)}, policy=HalfRightPolicy())
     assert roles.abstractor.name.startswith("abstractor:writer(")
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
-    result = asyncio.run(synthesize(flagged, TASKS, runtime, max_concurrency=4))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, max_concurrency=4))
     assert result.counts["accepted"] >= 1
     for task in result.accepted:
         assert task.source == "synthesized" and task.parent_task_id in {t.id for t in TASKS}

@@ -82,7 +82,7 @@ def evaluate_build(
     """Greedy success of the saved model on ``config.eval_split``, overall and per family."""
     if config.eval_split is None:
         return None
-    from ..agents.evaluation import evaluate
+    from ..agents.evaluation import evaluation_report
     from ..agents.local_policy import LocalPolicy
     from ..agents.rollout import run_rollouts
     from ..envs.world import WorldEnvironment, load_split
@@ -112,7 +112,9 @@ def evaluate_build(
         progress=progress,
         description=f"eval {config.eval_split}",
     )
-    report = evaluate(trajectories, tasks, "world", {"split": config.eval_split}, policy.version)
+    report = evaluation_report(
+        trajectories, tasks, "world", {"split": config.eval_split}, policy.version
+    )
     result = report.as_json()
     result["time_s"] = round(time.perf_counter() - started, 1)
     return result
