@@ -40,7 +40,7 @@ from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
 from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
-from .training.hard_negative_settings import HardNegativeSettings
+from .training.hard_negative_settings import HardNegativeSettings, moved_target_keys
 from .training.writer_config import WriterConfig
 
 __all__ = [
@@ -112,6 +112,11 @@ class CoevolveConfig(Section):
         description="Experiment tracking (TensorBoard, Trackio, W&B, MLflow) of training and "
         "of the loop's figures per cycle.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hard_negatives_target_keys(cls, data: Any) -> Any:
+        return moved_target_keys(data)
 
     @model_validator(mode="after")
     def _endpoint_names_exist(self) -> CoevolveConfig:

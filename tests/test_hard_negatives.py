@@ -413,7 +413,7 @@ def test_dpo_sft_objective_trains_and_changes_only_the_target_adapter(
         progress=False,
     )
     assert result.skipped is None and result.steps == 2 and result.final_loss is not None
-    assert load_objective(out) == objective
+    assert load_objective(out) == objective.model_copy(update={"beta": 0.1})  # dpo.beta
     after = _lora_tensors(out)
     assert before.keys() == after.keys()
     changed = [
@@ -609,7 +609,15 @@ def test_ablation_arms_switch_only_the_negatives():
     )
     own = arms["own-negatives"].hard_negatives
     assert own.enabled and not own.failure_agent and own.failure_share == 0.0
-    assert set(ARMS["own-negatives"]) == set(ARMS["hard-negatives"]) == {"hard_negatives"}
+    assert (
+        set(ARMS["own-negatives"])
+        == set(ARMS["hard-negatives"])
+        == {
+            "hard_negatives",
+            "training",
+        }
+    )
+    assert ARMS["own-negatives"]["training"] == ARMS["hard-negatives"]["training"]
     # the two arms differ in the negatives only: the same tuned target step
     with_failure_agent = arms["hard-negatives"].hard_negatives
     assert own.target_config(arms["own-negatives"].training) == with_failure_agent.target_config(

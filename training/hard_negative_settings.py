@@ -1,18 +1,56 @@
 """The settings of the Co-Evolving Agents step (``HardNegativeSettings``): the failure
-agent, the target's DPO + SFT objective and how their preference pairs are drawn."""
+agent, the target's DPO + SFT objective and how their preference pairs are drawn.
+
+Both agents train by the DPO step of ``training`` (its ``dpo.beta``, ``learning_rate``
+and ``max_steps``); ``hard_negatives.failure`` overrides what differs for the failure
+agent. The keys of earlier releases still load for one release, with a FutureWarning:
+``failure_beta`` / ``failure_learning_rate`` / ``failure_max_steps`` are
+``failure.beta`` / ``.learning_rate`` / ``.max_steps``; the target's ``beta`` /
+``learning_rate`` / ``max_steps`` move to ``training.dpo.beta`` /
+``training.learning_rate`` / ``training.max_steps`` (``moved_target_keys``)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import warnings
+from typing import Any, ClassVar
 
+from pydantic import BaseModel, Field, model_validator
+
+from ..common.config_base import Section
 from .config import TrainingConfig
 
+# The target's keys of earlier releases -> where they live now, in ``training``.
+TARGET_KEYS = {"beta": "dpo.beta", "learning_rate": "learning_rate", "max_steps": "max_steps"}
 
-class HardNegativeSettings(BaseModel):
+
+class FailureAgentSettings(Section):
+    """``hard_negatives.failure``: what the failure agent's DPO step changes from
+    ``training``'s (None: the same as the target's)."""
+
+    beta: float | None = Field(
+        default=None, gt=0.0, description="DPO beta of the failure agent (None: training.dpo.beta)."
+    )
+    learning_rate: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Learning rate of the failure agent (None: training.learning_rate).",
+    )
+    max_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Optimisation steps of the failure agent per cycle (None: training.max_steps).",
+    )
+
+
+class HardNegativeSettings(Section):
     """Co-Evolving Agents: a failure agent beside the target, and the target trained on
     (expert, hard negative) pairs with DPO + SFT. Off by default."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    renamed: ClassVar[dict[str, str]] = {
+        "failure_beta": "failure.beta",
+        "failure_learning_rate": "failure.learning_rate",
+        "failure_max_steps": "failure.max_steps",
+    }
 
     enabled: bool = Field(
         default=False,
@@ -48,20 +86,10 @@ class HardNegativeSettings(BaseModel):
         description="At most this many (failure, failure) pairs per task for the failure agent; "
         "pairs with the highest-progress chosen side come first.",
     )
-    failure_beta: float = Field(
-        default=0.1,
-        gt=0.0,
-        description="DPO beta of the failure agent (ETO's first iteration: 0.1).",
-    )
-    failure_learning_rate: float | None = Field(
-        default=None,
-        gt=0.0,
-        description="Learning rate of the failure agent (None: training.learning_rate).",
-    )
-    failure_max_steps: int | None = Field(
-        default=None,
-        gt=0,
-        description="Optimisation steps of the failure agent per cycle (None: training.max_steps).",
+    failure: FailureAgentSettings = Field(
+        default_factory=FailureAgentSettings,
+        description="The failure agent's DPO step where it differs from training's (beta, "
+        "learning_rate, max_steps; None: the target's).",
     )
     freeze_failure_after: int | None = Field(
         default=None,
@@ -70,11 +98,6 @@ class HardNegativeSettings(BaseModel):
         "co-evolution' ablation freezes it after cycle 1); None: it trains every cycle.",
     )
     # ------------------------------------------------------------------ the target
-    beta: float = Field(
-        default=0.1,
-        gt=0.0,
-        description="DPO beta of the target's objective (ETO and IPR: 0.1).",
-    )
     sft_weight: float = Field(
         default=1.0,
         ge=0.0,
@@ -108,16 +131,6 @@ class HardNegativeSettings(BaseModel):
         description="Cut a rejected conversation to the expert's length plus this many "
         "(assistant, tool) turns, as ETO does; None: never cut.",
     )
-    learning_rate: float | None = Field(
-        default=None,
-        gt=0.0,
-        description="Learning rate of the target (None: training.learning_rate).",
-    )
-    max_steps: int | None = Field(
-        default=None,
-        gt=0,
-        description="Optimisation steps of the target per cycle (None: training.max_steps).",
-    )
 
     @model_validator(mode="after")
     def _consistent(self) -> HardNegativeSettings:
@@ -136,13 +149,12 @@ class HardNegativeSettings(BaseModel):
         if not self.failure_agent:
             unused = [
                 name
-                for name in (
-                    "failure_rollouts",
-                    "failure_temperature",
-                    "failure_learning_rate",
-                    "failure_max_steps",
-                )
+                for name in ("failure_rollouts", "failure_temperature")
                 if getattr(self, name) is not None
+            ] + [
+                f"failure.{name}"
+                for name in ("learning_rate", "max_steps")
+                if getattr(self.failure, name) is not None
             ]
             if unused:
                 problems.append(
@@ -154,24 +166,19 @@ class HardNegativeSettings(BaseModel):
         return self
 
     def target_config(self, training: TrainingConfig) -> TrainingConfig:
-        """The training settings of the target's DPO + SFT step."""
-        return training.model_copy(
-            update={
-                "algorithm": "dpo",
-                "dpo": training.dpo.model_copy(update={"beta": self.beta}),
-                "learning_rate": self.learning_rate or training.learning_rate,
-                "max_steps": self.max_steps or training.max_steps,
-            }
-        )
+        """The training settings of the target's DPO + SFT step: training's own."""
+        return training.model_copy(update={"algorithm": "dpo"})
 
     def failure_config(self, training: TrainingConfig) -> TrainingConfig:
-        """The training settings of the failure agent's DPO step."""
+        """The training settings of the failure agent's DPO step: training's, with
+        ``failure``'s overrides."""
+        failure = self.failure
         return training.model_copy(
             update={
                 "algorithm": "dpo",
-                "dpo": training.dpo.model_copy(update={"beta": self.failure_beta}),
-                "learning_rate": self.failure_learning_rate or training.learning_rate,
-                "max_steps": self.failure_max_steps or training.max_steps,
+                "dpo": training.dpo.model_copy(update={"beta": failure.beta or training.dpo.beta}),
+                "learning_rate": failure.learning_rate or training.learning_rate,
+                "max_steps": failure.max_steps or training.max_steps,
             }
         )
 
@@ -179,3 +186,59 @@ class HardNegativeSettings(BaseModel):
         return self.failure_agent and (
             self.freeze_failure_after is None or cycle <= self.freeze_failure_after
         )
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    if isinstance(section, BaseModel):
+        return section.model_dump(exclude_unset=True)
+    return dict(section or {})
+
+
+def moved_target_keys(data: Any) -> Any:
+    """A config's ``hard_negatives.beta`` / ``learning_rate`` / ``max_steps`` (the target's
+    DPO step, earlier releases) moved to ``training.dpo.beta`` / ``training.learning_rate``
+    / ``training.max_steps``, with a FutureWarning; the failure agent keeps what it trained
+    with (``failure.*``: its old beta default 0.1, training's learning rate and steps).
+    With hard negatives off they did nothing, and are dropped. ``CoevolveConfig`` calls
+    this on its input."""
+    if not isinstance(data, dict) or not isinstance(data.get("hard_negatives"), dict):
+        return data
+    hard = dict(data["hard_negatives"])
+    old = {key: hard.pop(key) for key in TARGET_KEYS if key in hard}
+    if not old:
+        return data
+    warnings.warn(
+        "config keys "
+        + ", ".join(f"'hard_negatives.{key}'" for key in old)
+        + " are now "
+        + ", ".join(f"'training.{TARGET_KEYS[key]}'" for key in old)
+        + " (the DPO step both agents train with; hard_negatives.failure overrides it for "
+        "the failure agent): move them (the old names still work for one release)",
+        FutureWarning,
+        stacklevel=2,
+    )
+    data = {**data, "hard_negatives": hard}
+    if not hard.get("enabled", False):
+        return data
+    training = _plain(data.get("training"))
+    dpo = _plain(training.get("dpo"))
+    failure = _plain(hard.get("failure"))
+    defaults = TrainingConfig.model_fields
+    before = {
+        "beta": 0.1,  # the failure agent's beta of earlier releases
+        "learning_rate": training.get("learning_rate", defaults["learning_rate"].default),
+        "max_steps": training.get("max_steps", defaults["max_steps"].default),
+    }
+    for key, value in old.items():
+        if value is None:  # None was "training's": nothing moves
+            continue
+        if key not in failure and f"failure_{key}" not in hard:
+            failure[key] = before[key]
+        if key == "beta":
+            dpo["beta"] = value
+        else:
+            training[key] = value
+    if dpo:
+        training["dpo"] = dpo
+    hard["failure"] = failure
+    return {**data, "training": training}

@@ -101,27 +101,27 @@ class Objective(BaseModel):
     agent: Agent
     loss_type: list[str]
     loss_weights: list[float]
-    beta: float
+    beta: float | None = Field(
+        default=None,
+        description="The DPO step's beta (its config's dpo.beta), recorded when it trains.",
+    )
     pairs: int = 0
     hard_pairs: int = 0
     pairs_by_source: dict[str, int] = Field(default_factory=dict)
 
 
 def target_objective(settings: HardNegativeSettings) -> Objective:
-    """DPO + SFT: ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1.0, sft_weight]``."""
+    """DPO + SFT: ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1.0, sft_weight]``
+    (beta: the DPO step's, ``HardNegativeSettings.target_config``)."""
     return Objective(
-        agent="target",
-        loss_type=["sigmoid", "sft"],
-        loss_weights=[1.0, settings.sft_weight],
-        beta=settings.beta,
+        agent="target", loss_type=["sigmoid", "sft"], loss_weights=[1.0, settings.sft_weight]
     )
 
 
 def failure_objective(settings: HardNegativeSettings) -> Objective:
-    """Plain sigmoid DPO (the paper shows no SFT term for the failure agent)."""
-    return Objective(
-        agent="failure", loss_type=["sigmoid"], loss_weights=[1.0], beta=settings.failure_beta
-    )
+    """Plain sigmoid DPO (the paper shows no SFT term for the failure agent; beta: the DPO
+    step's, ``HardNegativeSettings.failure_config``)."""
+    return Objective(agent="failure", loss_type=["sigmoid"], loss_weights=[1.0])
 
 
 def train_preference_adapter(
@@ -135,7 +135,8 @@ def train_preference_adapter(
     progress: bool = True,
     tracking: TrainTracking | None = None,
 ) -> TrainResult:
-    """One adapter trained by the DPO step (``train_adapter``) with ``objective``'s loss.
+    """One adapter trained by the DPO step (``train_adapter``) with ``objective``'s loss
+    and ``config``'s DPO settings (its ``dpo.beta`` is the objective's recorded beta).
 
     Only the adapter being trained changes: the base model is loaded frozen and
     ``previous_adapter`` (or a new LoRA from ``config.lora``) is the one trainable
@@ -155,13 +156,13 @@ def train_preference_adapter(
             skipped=f"no preference pairs for the {objective.agent} agent",
         )
     losses = {
-        "beta": objective.beta,
         "loss_type": list(objective.loss_type),
         "loss_weights": list(objective.loss_weights),
     }
     step = config.model_copy(
         update={"algorithm": "dpo", "dpo": config.dpo.model_copy(update=losses)}
     )
+    objective = objective.model_copy(update={"beta": step.dpo.beta})
     result = train_adapter(
         step,
         model_dir=model_dir,

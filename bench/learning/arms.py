@@ -52,20 +52,13 @@ ARMS: dict[str, dict[str, Any]] = {
     },
     # Co-Evolving Agents (training/hard_negatives.py): DPO + SFT target with failure-agent negatives,
     "hard-negatives": {
-        "hard_negatives": {
-            "enabled": True,
-            "learning_rate": HARD_NEGATIVES_LEARNING_RATE,
-            "failure_learning_rate": HARD_NEGATIVES_LEARNING_RATE,
-        }
+        "hard_negatives": {"enabled": True},
+        "training": {"learning_rate": HARD_NEGATIVES_LEARNING_RATE},
     },
     # and the same objective on the target's own failures only.
     "own-negatives": {
-        "hard_negatives": {
-            "enabled": True,
-            "failure_agent": False,
-            "failure_share": 0.0,
-            "learning_rate": HARD_NEGATIVES_LEARNING_RATE,
-        }
+        "hard_negatives": {"enabled": True, "failure_agent": False, "failure_share": 0.0},
+        "training": {"learning_rate": HARD_NEGATIVES_LEARNING_RATE},
     },
 }
 
