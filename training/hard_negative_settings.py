@@ -195,50 +195,72 @@ def _plain(section: Any) -> dict[str, Any]:
 
 
 def moved_target_keys(data: Any) -> Any:
-    """A config's ``hard_negatives.beta`` / ``learning_rate`` / ``max_steps`` (the target's
-    DPO step, earlier releases) moved to ``training.dpo.beta`` / ``training.learning_rate``
-    / ``training.max_steps``, with a FutureWarning; the failure agent keeps what it trained
-    with (``failure.*``: its old beta default 0.1, training's learning rate and steps).
-    With hard negatives off they did nothing, and are dropped. ``CoevolveConfig`` calls
-    this on its input."""
+    """A config's DPO keys of earlier releases, with a FutureWarning: the target's
+    ``hard_negatives.beta`` / ``learning_rate`` / ``max_steps`` move to ``training.dpo.beta``
+    / ``training.learning_rate`` / ``training.max_steps`` (with hard negatives off they did
+    nothing, and are dropped); ``failure_beta`` / ``failure_learning_rate`` /
+    ``failure_max_steps`` become ``failure.*``, kept only where they differ from the
+    target's (the failure agent trains as it did: its beta 0.1 and training's rate and
+    steps by default). ``CoevolveConfig`` calls this on its input."""
     if not isinstance(data, dict) or not isinstance(data.get("hard_negatives"), dict):
         return data
     hard = dict(data["hard_negatives"])
-    old = {key: hard.pop(key) for key in TARGET_KEYS if key in hard}
-    if not old:
+    old_target = {key: hard.pop(key) for key in TARGET_KEYS if key in hard}
+    old_failure = {
+        key: hard.pop(f"failure_{key}") for key in TARGET_KEYS if f"failure_{key}" in hard
+    }
+    if not old_target and not old_failure:
         return data
+    failure = _plain(hard.get("failure"))
+    for key in old_failure:
+        if key in failure:
+            raise ValueError(
+                f"'failure_{key}' is the old name of 'failure.{key}': give 'failure.{key}' only"
+            )
     warnings.warn(
         "config keys "
-        + ", ".join(f"'hard_negatives.{key}'" for key in old)
+        + ", ".join(
+            [f"'hard_negatives.{key}'" for key in old_target]
+            + [f"'hard_negatives.failure_{key}'" for key in old_failure]
+        )
         + " are now "
-        + ", ".join(f"'training.{TARGET_KEYS[key]}'" for key in old)
+        + ", ".join(
+            [f"'training.{TARGET_KEYS[key]}'" for key in old_target]
+            + [f"'hard_negatives.failure.{key}'" for key in old_failure]
+        )
         + " (the DPO step both agents train with; hard_negatives.failure overrides it for "
         "the failure agent): move them (the old names still work for one release)",
         FutureWarning,
         stacklevel=2,
     )
-    data = {**data, "hard_negatives": hard}
-    if not hard.get("enabled", False):
-        return data
     training = _plain(data.get("training"))
     dpo = _plain(training.get("dpo"))
-    failure = _plain(hard.get("failure"))
     defaults = TrainingConfig.model_fields
-    before = {
-        "beta": 0.1,  # the failure agent's beta of earlier releases
+    current = {
+        "beta": dpo.get("beta", 0.1),
         "learning_rate": training.get("learning_rate", defaults["learning_rate"].default),
         "max_steps": training.get("max_steps", defaults["max_steps"].default),
     }
-    for key, value in old.items():
-        if value is None:  # None was "training's": nothing moves
-            continue
-        if key not in failure and f"failure_{key}" not in hard:
-            failure[key] = before[key]
-        if key == "beta":
-            dpo["beta"] = value
-        else:
-            training[key] = value
-    if dpo:
-        training["dpo"] = dpo
-    hard["failure"] = failure
-    return {**data, "training": training}
+    target = dict(current)
+    if hard.get("enabled", False):
+        for key, value in old_target.items():
+            if value is not None:  # None was "training's"
+                target[key] = value
+        if target["beta"] != current["beta"]:
+            training["dpo"] = {**dpo, "beta": target["beta"]}
+        for key in ("learning_rate", "max_steps"):
+            if target[key] != current[key]:
+                training[key] = target[key]
+    # What the failure agent trained with in earlier releases, kept where it differs.
+    if hard.get("failure_agent", True):
+        was = {
+            "beta": old_failure.get("beta", 0.1),
+            "learning_rate": old_failure.get("learning_rate") or current["learning_rate"],
+            "max_steps": old_failure.get("max_steps") or current["max_steps"],
+        }
+        for key, value in was.items():
+            if key not in failure and value != target[key]:
+                failure[key] = value
+    if failure:
+        hard["failure"] = failure
+    return {**data, "hard_negatives": hard, "training": training}
