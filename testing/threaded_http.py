@@ -34,8 +34,8 @@ class ThreadedHTTPServer(ThreadingHTTPServer):
 
 class RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-    # Headers and body go out in two writes; with Nagle's algorithm the second
-    # waits for the client's delayed ACK (~40 ms), which would swamp benchmark delays.
+    # Head and body go out in two writes; with Nagle's algorithm the second waits
+    # for the client's delayed ACK (~40 ms), which would swamp benchmark delays.
     disable_nagle_algorithm = True
     server: ThreadedHTTPServer
 
@@ -49,13 +49,6 @@ class RequestHandler(BaseHTTPRequestHandler):
             super().finish()
         except OSError:
             pass
-
-    def head_bytes(self) -> bytes:
-        """The head that send_response and send_header collected, with its empty line,
-        taken from BaseHTTPRequestHandler's buffer instead of written on its own."""
-        head = b"".join(getattr(self, "_headers_buffer", [])) + b"\r\n"
-        setattr(self, "_headers_buffer", [])  # noqa: B010 (a private attribute of the base class)
-        return head
 
     def do_GET(self) -> None:
         self.server.app.handle(self, "GET")
