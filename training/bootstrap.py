@@ -193,7 +193,7 @@ def _build_in_own_process(
     config: BootstrapConfig, work: Path, progress: bool, cache_dir: Path | str | None
 ) -> dict[str, Any]:
     """``_build`` in a process of its own, so the memory training leaves behind goes back to
-    the system when it ends: built in the run's process, the quickstart's build left 2 GB
+    the system when it ends: built in the run's process, the quickstart's build left 2.8 GB
     resident under the cycles that followed (docs/benchmarks/memory.md)."""
     import multiprocessing
 
