@@ -164,8 +164,8 @@ class TrainingConfig(Section):
     activation_checkpointing: bool = Field(
         default=False,
         description="Keep only each layer's input in the forward pass and recompute the rest "
-        "in the backward (TrainingArguments.activation_checkpointing): the same losses, about "
-        "a quarter more compute, and activations of a few MB instead of about 2.8 MB a token "
+        "in the backward (TrainingArguments.activation_checkpointing): the same losses, 5-40% "
+        "more time a step, and activations of a few MB instead of about 2.8 MB a token "
         "on SmolLM2's 30 layers (docs/benchmarks/memory.md). For a laptop or a long context.",
     )
     seed: int = Field(
