@@ -143,9 +143,9 @@ def bootstrap(
     with atomic_directory(target) as work:
         if config.base == "tiny":  # seconds and megabytes: no process of its own
             metadata = _build(config, work, progress, cache_dir)
-        else:
+            (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        else:  # the process writes the metadata file as its last act
             metadata = _build_in_own_process(config, work, progress, cache_dir)
-        (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     if config.eval_split is not None:
         # Evaluated from the final directory so the policy version names the real build.
         metadata["eval"] = evaluate_build(target, config, progress)
