@@ -4,10 +4,12 @@
     .venv/bin/python bench/memory.py --quick            # the tiny test model: seconds
     .venv/bin/python bench/memory.py --allocators evaluate   # + where that stage allocates
     .venv/bin/python bench/memory.py --config my.yaml --threads 2
+    .venv/bin/python bench/memory.py --evaluate-only --set policy.batch_size=32
 
 Runs the stages of one cycle as the loop does (``coevolve.graph.stages``): bootstrap
 (the agent built when it is not cached), load (the policy), rollout,
-signals, synthesis, pool, train, evaluate. For each it prints the seconds, the
+signals, synthesis, pool, train, evaluate (``--evaluate-only``: bootstrap, load and
+the cycle-0 evaluation, the stage that holds ``make demo``'s peak). For each it prints the seconds, the
 peak resident memory of this process during the stage (Linux: the kernel's
 high-water mark ``VmHWM``, reset before each stage through
 ``/proc/self/clear_refs``; elsewhere a sampler thread), the peak of the processes
@@ -189,32 +191,37 @@ def print_table(rows: list[StageMemory]) -> None:
     print(f"highest peak of any stage: {_gib(overall)} GiB")
 
 
-def one_cycle(values: dict[str, Any], run_dir: Path, launcher: str | None) -> Any:
-    from coevolve.config import load_config
+def one_cycle(
+    values: dict[str, Any], run_dir: Path, launcher: str | None, overrides: list[str]
+) -> Any:
+    from coevolve.config import apply_overrides, load_config
 
     values = {**values, "run_dir": str(run_dir), "cycles": 1}
     if launcher is not None:
         values["training"] = {**values["training"], "launcher": launcher}
-    return load_config(values)
+    return load_config(apply_overrides(values, overrides))
 
 
-def quick_config(run_dir: Path, launcher: str | None) -> Any:
+def quick_config(run_dir: Path, launcher: str | None, overrides: list[str]) -> Any:
     """The quickstart with the learning bench's quick sections: the tiny model, a few
     tasks, one training step."""
     from coevolve.config import load_config
     from coevolve.training.tiny_presets import quick_bench
 
     base = load_config(REPO / "configs" / "quickstart.yaml")
-    return one_cycle({**base.model_dump(mode="json"), **quick_bench()}, run_dir, launcher)
+    values = {**base.model_dump(mode="json"), **quick_bench()}
+    return one_cycle(values, run_dir, launcher, overrides)
 
 
-def full_config(path: Path, run_dir: Path, launcher: str | None) -> Any:
+def full_config(path: Path, run_dir: Path, launcher: str | None, overrides: list[str]) -> Any:
     from coevolve.config import load_config
 
-    return one_cycle(load_config(path).model_dump(mode="json"), run_dir, launcher)
+    return one_cycle(load_config(path).model_dump(mode="json"), run_dir, launcher, overrides)
 
 
-async def run_cycle(config: Any, allocators: set[str], threads: int | None) -> list[StageMemory]:
+async def run_cycle(
+    config: Any, allocators: set[str], threads: int | None, evaluate_only: bool = False
+) -> list[StageMemory]:
     from coevolve.graph import stages
 
     rows: list[StageMemory] = []
@@ -264,6 +271,12 @@ async def run_cycle(config: Any, allocators: set[str], threads: int | None) -> l
     policy_cache = getattr(policy, "prefix_cache", None)
     if policy_cache is not None and not hasattr(policy_cache, "reset_peaks"):
         policy_cache = None  # a policy from before the KV figures were counted
+    if evaluate_only:
+        # The loop's cycle-0 evaluation: the agent before any training.
+        _, evaluation = await measure("evaluate", lambda: stages.evaluate(runtime, 0))
+        successes = round(evaluation.success * evaluation.episodes)
+        rows[-1].note = f"success {successes}/{evaluation.episodes}"
+        return rows
     trajectories, rollout_figures = await measure("rollout", lambda: stages.rollout(runtime, cycle))
     rows[-1].note = f"{rollout_figures.episodes} episodes"
     flagged, _ = await measure("signals", lambda: stages.signals(runtime, cycle, trajectories))
@@ -301,6 +314,19 @@ def main(argv: list[str] | None = None) -> None:
         help="where the training step runs (default: the config's training.launcher)",
     )
     parser.add_argument("--keep", type=Path, default=None, help="run directory to keep")
+    parser.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="only bootstrap, load and the cycle-0 evaluation (make demo's highest stage)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, as `coevolve run --set` (e.g. policy.batch_size=32)",
+    )
     args = parser.parse_args(argv)
     allocators = {name for name in args.allocators.split(",") if name}
     unknown = allocators - set(STAGES)
@@ -313,15 +339,15 @@ def main(argv: list[str] | None = None) -> None:
             # The tiny model goes into $COEVOLVE_CACHE when it is set (the tests' cache),
             # else into a temporary one: it is built in seconds.
             os.environ.setdefault("COEVOLVE_CACHE", str(Path(scratch) / "cache"))
-            config = quick_config(run_dir, args.launcher)
+            config = quick_config(run_dir, args.launcher, args.overrides)
         else:
-            config = full_config(args.config, run_dir, args.launcher)
+            config = full_config(args.config, run_dir, args.launcher, args.overrides)
         print(
             f"memory bench: {'quick (tiny model)' if args.quick else args.config}, "
             f"one cycle in {run_dir}",
             flush=True,
         )
-        rows = asyncio.run(run_cycle(config, allocators, args.threads))
+        rows = asyncio.run(run_cycle(config, allocators, args.threads, args.evaluate_only))
     print_table(rows)
 
 
