@@ -136,6 +136,15 @@ class PolicyConfig(Section):
     batch_size: int = Field(
         default=64, gt=0, description="local: most conversations in one generate call."
     )
+    max_live_episodes: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "local: most episodes of a rollout or an evaluation played at once (null: all); "
+            "the next starts as one ends. Each live episode's keys and values are kept "
+            "between its steps (SmolLM2: 46 KB a token), so this bounds that memory."
+        ),
+    )
     endpoint: str | EndpointConfig | None = Field(
         default=None,
         description="endpoint: the name of an entry in `endpoints`, or an inline endpoint.",

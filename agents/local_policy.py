@@ -60,6 +60,7 @@ class LocalPolicy:
         seed: int | None = None,
         kv_reuse: bool = True,
         merge_adapter: bool = True,
+        max_live_episodes: int | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

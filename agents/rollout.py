@@ -211,9 +211,13 @@ async def play_rollouts(
     needs_tasks = bool(getattr(policy, "needs_tasks", False))
     reports_each_reply = bool(getattr(policy, "reports_each_reply", False))
 
+    # A policy that keeps each live episode's keys and values may bound how many play at
+    # once; the next episode starts as one ends.
+    window = getattr(policy, "max_live_episodes", None) or len(episodes)
+    waiting = episodes[window:]
     bar = _ProgressBar(len(episodes), description, enabled=progress)
     with bar:
-        live = list(episodes)
+        live = episodes[:window]
         while live:
             extra: dict[str, Any] = {"tasks": [e.task for e in live]} if needs_tasks else {}
             advanced: set[int] = set()
@@ -231,7 +235,11 @@ async def play_rollouts(
                     _advance(episode, reply, max_tool_calls)
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
-            live = still_live
+            starting, waiting = (
+                waiting[: window - len(still_live)],
+                waiting[window - len(still_live) :],
+            )
+            live = still_live + starting
     # Keys and values kept for the next step are of no use once every episode ended.
     release = getattr(policy, "release_cache", None)
     if callable(release):

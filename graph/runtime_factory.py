@@ -73,6 +73,7 @@ def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Polic
         max_new_tokens=policy.max_new_tokens,
         batch_size=policy.batch_size,
         tools_in_prompt=policy.renders_tools,
+        max_live_episodes=policy.max_live_episodes,
     )
 
 

@@ -344,3 +344,28 @@ def test_the_growing_cache_holds_what_concatenation_holds():
         want = stock.update(keys, -keys)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert growing.keys.shape == (2, 2, 38, 4)
+
+
+def test_max_live_episodes_comes_from_the_config_and_bounds_the_engine(tiny_build):
+    from coevolve.agents.rollout import run_rollouts
+    from coevolve.config import load_config
+    from coevolve.graph.runtime_factory import build_policy
+
+    config = load_config({"policy": {"max_new_tokens": 8, "max_live_episodes": 2}})
+    policy = build_policy(config, model_dir=tiny_build)
+    assert policy.max_live_episodes == 2
+    seen = []
+    generate = policy.generate
+
+    async def counting(conversations, *args, **kwargs):
+        seen.append(len(conversations))
+        return await generate(conversations, *args, **kwargs)
+
+    policy.generate = counting
+    tasks = load_split("validation")[:3]
+    trajectories = run_rollouts(
+        policy, WorldEnvironment, tasks, k=2, max_tool_calls=2, progress=False
+    )
+    assert len(trajectories) == 6 and max(seen) == 2
+    with pytest.raises(ValueError, match="max_live_episodes"):
+        LocalPolicy(tiny_build, max_live_episodes=0)

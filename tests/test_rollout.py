@@ -48,6 +48,29 @@ def test_episodes_are_batched_in_lockstep():
     assert policy.batches == [54]
 
 
+class WindowedOracle(OraclePolicy):
+    """The oracle with a bound on live episodes, counting what each call is handed."""
+
+    def __init__(self, max_live_episodes):
+        self.max_live_episodes = max_live_episodes
+        self.batches = []
+
+    async def generate(self, conversations, tools, temperature=None, **extra):
+        self.batches.append(len(conversations))
+        return await super().generate(conversations, tools, temperature, **extra)
+
+
+def test_max_live_episodes_bounds_each_call_and_changes_no_episode():
+    everything = run_rollouts(OraclePolicy(), WorldEnvironment, TASKS, k=2, progress=False)
+    policy = WindowedOracle(max_live_episodes=5)
+    windowed = run_rollouts(policy, WorldEnvironment, TASKS, k=2, progress=False)
+    assert max(policy.batches) == 5 and sum(policy.batches) > 5
+    # Every episode played, in task order, with the same steps and outcome.
+    assert [t.task_id for t in windowed] == [t.task_id for t in everything]
+    assert [t.messages for t in windowed] == [t.messages for t in everything]
+    assert all(t.score == 1.0 for t in windowed)
+
+
 class ReportingPolicy(ScriptedPolicy):
     """Hands replies over as they arrive (``reports_each_reply``), last first, and some
     twice: the engine must step each episode once, as if it had waited for them all."""
