@@ -68,6 +68,8 @@ class LocalPolicy:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_live_episodes is not None and max_live_episodes < 1:
+            raise ValueError(f"max_live_episodes must be >= 1 or None, got {max_live_episodes}")
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
             raise PolicyError(
@@ -78,6 +80,8 @@ class LocalPolicy:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.batch_size = batch_size
+        # Read by the rollout engine (agents/rollout.py): episodes it keeps going at once.
+        self.max_live_episodes = max_live_episodes
         self.tools_in_prompt = tools_in_prompt
         self.kv_reuse = kv_reuse
         self.merge_adapter = merge_adapter
