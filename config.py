@@ -38,10 +38,10 @@ from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
-from .training.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
+from .training.bootstrap.config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
-from .training.hard_negative_settings import HardNegativeSettings, moved_target_keys
-from .training.writer_config import WriterConfig
+from .training.hard_negatives.settings import HardNegativeSettings, moved_target_keys
+from .training.writer.config import WriterConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",

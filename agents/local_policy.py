@@ -74,7 +74,7 @@ class LocalPolicy:
         if not (self.model_path / "config.json").exists():
             raise PolicyError(
                 f"no model at {self.model_path} (config.json missing); build one with "
-                "coevolve.training.bootstrap.bootstrap() or give a saved model directory"
+                "coevolve.training.bootstrap.build.bootstrap() or give a saved model directory"
             )
         self.device = device
         self.max_new_tokens = max_new_tokens

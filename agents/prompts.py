@@ -124,7 +124,7 @@ actions are a correct solution.
 Answer with a JSON object with exactly these fields."""
 
 # The task writer's system prompt (agents/writer.py): short, because the writer is a small
-# model taught on the seed tasks with this very prompt (training/writer.py), not a model
+# model taught on the seed tasks with this very prompt (training/writer/build.py), not a model
 # that follows long instructions. Its input is a numbered list of calls and their results.
 WRITER_PROMPT = (
     "Write the user's request that these tool calls carry out, as the user would say it. "

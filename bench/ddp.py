@@ -59,7 +59,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="coevolve-bench-ddp-"))
     if args.model is None:
-        from coevolve.training.bootstrap import bootstrap
+        from coevolve.training.bootstrap.build import bootstrap
         from coevolve.training.tiny_presets import tiny_bootstrap
 
         model_dir = bootstrap(tiny_bootstrap(), cache_dir=work / "cache", progress=False)

@@ -11,7 +11,7 @@ Each kind builds the cycle's own GRPO trainer (``make_grpo_trainer``) and runs
 the whole round, so every step generates; the loop's quickstart takes 8 of a round
 of 32, so one step in four generates), ``--micro-batch`` episodes per
 forward/backward with gradient accumulation. Both kinds go through the multi-turn rollout
-(``training/multiturn_grpo.py``): TRL's own tool loop cannot parse SmolLM2's
+(``training/grpo/multiturn_rollout.py``): TRL's own tool loop cannot parse SmolLM2's
 plain-call replies, so ``grpo.rollout: auto`` picks it for the world too. The
 world's tasks are single-turn (train split); BFCL's are multi_turn_base
 (train split), every user turn played. Prints, per kind, seconds per step
@@ -23,7 +23,7 @@ generated / environment tokens and user turns, the whole run's wall time and the
 process's peak resident memory so far (Linux ``ru_maxrss``), and on a GPU the peak
 of torch's allocations on it.
 
-The model defaults to the converted SmolLM2 base (``training/smollm2.py``,
+The model defaults to the converted SmolLM2 base (``training/bootstrap/smollm2.py``,
 cached under ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``; the first conversion
 takes 30-55 s and is not counted). Not run by the tests.
 """
@@ -118,13 +118,13 @@ def main() -> None:
 
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.algorithm_config import GrpoConfig
     from coevolve.training.config import TrainingConfig
-    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.grpo.config import GrpoConfig
+    from coevolve.training.grpo.trainer import make_grpo_trainer
     from coevolve.training.trainer_common import common_arguments, quiet_trainer, resolve_device
 
     if args.model is None:
-        from coevolve.training.smollm2 import base_model_dir
+        from coevolve.training.bootstrap.smollm2 import base_model_dir
 
         started = time.perf_counter()
         model_dir = base_model_dir(progress=True)

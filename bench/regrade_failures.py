@@ -23,7 +23,7 @@ from typing import Any
 from coevolve.envs.registry import ENVIRONMENTS
 from coevolve.records import Task, Trajectory
 from coevolve.run_files import CycleFiles, RunFiles
-from coevolve.training.hard_negative_pairs import (
+from coevolve.training.hard_negatives.pairs import (
     failure_pairs,
     hard_negative_share,
     is_failure,

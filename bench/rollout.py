@@ -219,7 +219,7 @@ def bench_inprocess(
     from coevolve.agents.policy import arguments_as_dicts
     from coevolve.agents.rollout import run_rollouts
     from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+    from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap
 
     torch.manual_seed(0)
     model_dir = model_path or bootstrap(BootstrapConfig())
@@ -278,7 +278,7 @@ def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
     from coevolve.agents.rollout import run_rollouts
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.records import is_success
-    from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+    from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap
 
     model_dir = model_path or bootstrap(BootstrapConfig())
     seen: dict[str, int] = {}

@@ -46,12 +46,12 @@ def main() -> None:
 
     from coevolve.bench.memory import PeakMeter
     from coevolve.common.files import read_jsonl
-    from coevolve.training.algorithm_config import SftConfig
     from coevolve.training.config import LoraSettings, TrainingConfig
+    from coevolve.training.sft.config import SftConfig
     from coevolve.training.trainers import train_adapter
 
     if args.model is None:
-        from coevolve.training.bootstrap import BootstrapConfig, bootstrap
+        from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap
 
         model_dir = bootstrap(BootstrapConfig())
     else:

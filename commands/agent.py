@@ -49,7 +49,7 @@ def bootstrap_command(
     """Build the bootstrap agent: SmolLM2-135M-Instruct (or --base: any Hugging Face model)
     after LoRA SFT on the seed split. Cached."""
     from ..config import ConfigError, load_config
-    from ..training.bootstrap import (
+    from ..training.bootstrap.build import (
         BootstrapConfig,
         bootstrap,
         bootstrap_dir,

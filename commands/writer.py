@@ -46,7 +46,7 @@ def writer_command(
     from ..config import ConfigError, load_config
     from ..envs.catalog import load_tasks
     from ..envs.registry import get_environment
-    from ..training.bootstrap_config import default_cache_dir
+    from ..training.bootstrap.config import default_cache_dir
 
     try:
         config = load_config(config_path, overrides or ())
@@ -55,14 +55,14 @@ def writer_command(
     settings = config.writer if base is None else config.writer.model_copy(update={"base": base})
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if settings.base == "smollm2":
-        from ..training.smollm2 import BaseModelError, base_model_dir
+        from ..training.bootstrap.smollm2 import BaseModelError, base_model_dir
 
         try:
             base_dir = base_model_dir(root, progress=not (as_json or path_only))
         except BaseModelError as err:
             raise fail(str(err)) from None
     elif settings.base == "bootstrap":
-        from ..training.bootstrap import bootstrap
+        from ..training.bootstrap.build import bootstrap
 
         base_dir = bootstrap(config.bootstrap, cache_dir=root, progress=not (as_json or path_only))
     else:
@@ -75,7 +75,7 @@ def writer_command(
     seeds = load_tasks(env.name, split=env.split, category=env.category, seed=env.seed)
     if config.pool.seed_tasks is not None:
         seeds = seeds[: config.pool.seed_tasks]
-    from ..training.writer import METADATA_FILE, build_writer
+    from ..training.writer.build import METADATA_FILE, build_writer
 
     try:
         path = build_writer(

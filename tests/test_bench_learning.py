@@ -24,7 +24,7 @@ from coevolve.bench.learning import (
     unit_still_counts,
 )
 from coevolve.config import ConfigError, load_config
-from coevolve.training.algorithm_config import GrpoConfig
+from coevolve.training.grpo.config import GrpoConfig
 
 
 def test_interval_is_a_t_interval():

@@ -20,7 +20,7 @@ from coevolve.agents.conversation import reference_conversation
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import load_preset, tiny_bootstrap
-from coevolve.training.bootstrap import (
+from coevolve.training.bootstrap.build import (
     METADATA_FILE,
     BootstrapConfig,
     bootstrap,
@@ -313,7 +313,7 @@ def test_every_config_field_has_help_text():
 def test_tokenizer_learns_no_merges_from_training_values(corpus):
     """With tokenizer_skip_values, a training-pool name is split like an unseen one."""
     from coevolve.envs.world import pools_for
-    from coevolve.training.bootstrap import _template_texts
+    from coevolve.training.bootstrap.build import _template_texts
 
     texts = _template_texts(corpus)
     skipping = train_tokenizer(texts, TINY.model_copy(update={"vocab_size": 2000}))
@@ -331,7 +331,7 @@ def test_value_augmentation_replaces_pool_values_consistently(corpus):
     import re
 
     from coevolve.envs.world import pools_for
-    from coevolve.training.bootstrap import ValueAugmenter, augment_corpus
+    from coevolve.training.bootstrap.build import ValueAugmenter, augment_corpus
 
     augmenter = ValueAugmenter("train", seed=0)
     train = pools_for("train")
@@ -368,7 +368,7 @@ def test_value_augmentation_replaces_pool_values_consistently(corpus):
 
 
 def test_phrase_tokens_are_single_tokens_and_shorten_demonstrations(tokenizer, corpus):
-    from coevolve.training.bootstrap import phrase_tokens
+    from coevolve.training.bootstrap.build import phrase_tokens
 
     assert TINY.phrase_tokens
     for phrase in phrase_tokens():

@@ -11,13 +11,13 @@ from coevolve.config import CoevolveConfig
 from coevolve.graph.runtime import RunError
 from coevolve.graph.runtime_factory import build_bootstrap_agent, build_runtime, local_model_dir
 from coevolve.testing.presets import tiny_bootstrap
-from coevolve.training.bootstrap_config import METADATA_FILE, bootstrap_dir
+from coevolve.training.bootstrap.config import METADATA_FILE, bootstrap_dir
 
 
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     """An empty bootstrap cache, and a bootstrap() that fakes a build (no training here)."""
-    import coevolve.training.bootstrap as building
+    import coevolve.training.bootstrap.build as building
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(tmp_path / "cache"))
     builds = []

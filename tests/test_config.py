@@ -225,7 +225,7 @@ def test_pool_seed_tasks_bounds_the_bootstrap_and_its_cache_key():
     from pathlib import Path
 
     from coevolve.bench.learning import seed_families
-    from coevolve.training.bootstrap_corpus import build_corpus
+    from coevolve.training.bootstrap.corpus import build_corpus
 
     root = Path(__file__).resolve().parents[1]
     config = load_config(root / "configs" / "bench-lowresource-n100.yaml")

@@ -11,7 +11,7 @@ from coevolve.envs.base import check_references
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Task, ToolCall, Trajectory
 from coevolve.training.datasets import ReplayError, demonstrations_by_task
-from coevolve.training.hard_negative_pairs import expert_conversations, with_failure_grades
+from coevolve.training.hard_negatives.pairs import expert_conversations, with_failure_grades
 
 
 def world_task() -> Task:

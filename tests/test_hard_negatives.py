@@ -21,7 +21,7 @@ from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Step, Task, Trajectory
 from coevolve.testing.presets import tiny_bootstrap, tiny_training
-from coevolve.training.hard_negatives import (
+from coevolve.training.hard_negatives.agents import (
     AdapterSwitch,
     HardNegativeSettings,
     expert_conversations,
@@ -635,7 +635,7 @@ def test_failure_agent_on_an_endpoint_is_a_second_adapter_beside_the_targets(
     from coevolve.agents.endpoint_policy import EndpointPolicy
     from coevolve.config import EndpointConfig
     from coevolve.testing.openai_server import Reply
-    from coevolve.training.hard_negatives import HardNegativeError, failure_agent_policy
+    from coevolve.training.hard_negatives.agents import HardNegativeError, failure_agent_policy
 
     server = scripted_server([Reply.text("done")], repeat_last=True)
     model = server.model
@@ -684,6 +684,6 @@ def test_failure_agent_on_an_endpoint_is_a_second_adapter_beside_the_targets(
     with pytest.raises(HardNegativeError, match="hot_load is off"):
         asyncio.run(with_hot_load("off"))
     server.refuse_adapters = (404, "Not Found")
-    with caplog.at_level(logging.WARNING, logger="coevolve.training.hard_negatives"):
+    with caplog.at_level(logging.WARNING, logger="coevolve.training.hard_negatives.agents"):
         assert asyncio.run(with_hot_load("best_effort")) == model
     assert "rolls out the base model" in caplog.text

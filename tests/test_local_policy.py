@@ -18,7 +18,7 @@ from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import tiny_bootstrap
-from coevolve.training.bootstrap import build_model
+from coevolve.training.bootstrap.build import build_model
 
 TINY = tiny_bootstrap()
 MAX_NEW = 12

@@ -1,4 +1,4 @@
-"""Multi-turn GRPO (training/multiturn_grpo.py): a real TRL GRPOTrainer plays BFCL
+"""Multi-turn GRPO (training/grpo/multiturn_rollout.py): a real TRL GRPOTrainer plays BFCL
 multi-turn episodes through every user turn, on exactly the ids the model generated."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from coevolve.common.config_base import merged
 from coevolve.records import Task
 from coevolve.testing.presets import tiny_training
-from coevolve.training.algorithm_config import GrpoConfig
 from coevolve.training.config import TrainingConfig
+from coevolve.training.grpo.config import GrpoConfig
 
 BFCL_SYSTEM_PROMPT = "Use the tools."
 
@@ -38,7 +38,7 @@ def _abstention_task(task):
 def _trainer(tiny_build, tmp_path, config, tasks):
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.grpo.trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     trainer, examples, reason = make_grpo_trainer(
@@ -198,7 +198,7 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.world import load_split
     from coevolve.training.chat_template import PLAIN_CALLS_TEMPLATE
-    from coevolve.training.grpo import choose_rollout
+    from coevolve.training.grpo.trainer import choose_rollout
 
     tokenizer = load_tokenizer(tiny_build)  # TRL's Qwen2.5 template: TRL parses its calls
     world = load_split("train")[:2]
@@ -218,7 +218,7 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
 def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(tiny_build, tmp_path):
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.grpo.trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     config = tiny_training(algorithm="grpo", grpo={"rollout": "tool_loop"})
@@ -238,7 +238,7 @@ def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(ti
 
 def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.multiturn_grpo import TemplateNotPrefixPreserving, rendered_delta
+    from coevolve.training.grpo.multiturn_rollout import TemplateNotPrefixPreserving, rendered_delta
 
     tokenizer = load_tokenizer(tiny_build)
     history = [
@@ -353,7 +353,7 @@ def test_multi_turn_on_colocated_vllm_caps_each_reply_and_aligns_logprobs(tiny_b
 
 
 def test_grpo_vllm_settings_are_checked():
-    from coevolve.training.grpo import vllm_arguments
+    from coevolve.training.grpo.trainer import vllm_arguments
 
     with pytest.raises(ValueError, match="vLLM generates GRPO episodes only"):
         TrainingConfig(algorithm="sft", grpo={"vllm": "colocate"})
@@ -389,7 +389,7 @@ def test_grpo_vllm_settings_are_checked():
 def test_dynamic_sampling_refills_groups_without_spread(tiny_build, tmp_path):
     """A group whose episodes all fail (the tiny model never solves a real BFCL task) is
     dropped and refilled with a group of another task; the trained round keeps the
-    prompts count and TRL's tensors line up (training/dynamic_sampling.py)."""
+    prompts count and TRL's tensors line up (training/grpo/dynamic_sampling.py)."""
     bfcl = _bfcl_tasks()
     tasks = [bfcl[0]] + [_abstention_task(task) for task in bfcl[1:6]]
     settings = merged(MULTI_TURN, {"grpo": {"dynamic_sampling": True, "max_refills": 2}})
@@ -419,7 +419,7 @@ def test_dynamic_sampling_refills_groups_without_spread(tiny_build, tmp_path):
 
 
 def test_groups_with_spread_and_merging_rounds():
-    from coevolve.training.dynamic_sampling import (
+    from coevolve.training.grpo.dynamic_sampling import (
         groups_with_spread,
         merge_generation_outputs,
         select_rows,
@@ -487,8 +487,8 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed()
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.graph.training_step import demonstration_data
     from coevolve.records import Trajectory
-    from coevolve.training.algorithm_config import GrpoConfig
     from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
+    from coevolve.training.grpo.config import GrpoConfig
 
     failing, mixed, solved, new = load_split("train", size=4)
 
@@ -538,7 +538,7 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed()
 
 def test_the_spread_chance_of_a_group():
     from coevolve.envs.world import load_split
-    from coevolve.training.dynamic_sampling import spread_chance, success_rates
+    from coevolve.training.grpo.dynamic_sampling import spread_chance, success_rates
 
     assert spread_chance(0.0, 8) == 0.0 and spread_chance(1.0, 8) == 0.0
     assert spread_chance(0.5, 2) == 0.5
@@ -592,7 +592,7 @@ def test_generation_round_runs_on_the_merged_adapter_and_unmerges_after(tiny_bui
 def test_a_group_whose_episodes_all_failed_gets_the_reference_episode(tiny_build, tmp_path):
     """The tiny model never solves a real BFCL task: its group gets the task's reference
     episode in place of its last one, played, parsed and verified like a generated one,
-    so the group has reward spread (training/reference_episodes.py)."""
+    so the group has reward spread (training/grpo/reference_episodes.py)."""
     bfcl = _bfcl_tasks()
     hopeless = bfcl[1]  # one call per user turn: its reference fits max_tool_calls 2
     assert [len(turn.reference_calls) for turn in hopeless.turns] == [1, 1]
@@ -695,7 +695,7 @@ def test_old_policy_log_probs_come_from_the_rollout_and_match_trls_pass(tiny_bui
 
 
 def test_trimmed_columns_keep_what_some_row_attends_and_the_completion():
-    from coevolve.training.multiturn_trainer import trimmed_columns
+    from coevolve.training.grpo.multiturn_trainer import trimmed_columns
 
     # Rows of width 8, completion in the last 3 columns: left padding in columns 0-1,
     # right padding in column 7.
@@ -743,7 +743,7 @@ def test_multi_turn_grpo_with_a_kl_term_trains(tiny_build, tmp_path):
 
 
 def test_max_tool_calls_is_the_bound_and_max_steps_per_turn_its_old_name():
-    from coevolve.training.multiturn_grpo import MultiTurnRollout
+    from coevolve.training.grpo.multiturn_rollout import MultiTurnRollout
 
     def make(**bound):
         return MultiTurnRollout(

@@ -57,7 +57,7 @@ from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
 from coevolve.testing.presets import load_preset, tiny_bootstrap
-from coevolve.training.bootstrap import bootstrap
+from coevolve.training.bootstrap.build import bootstrap
 
 pytest.importorskip("fastapi", reason="transformers serve needs fastapi (the dev extra)")
 pytestmark = pytest.mark.slow

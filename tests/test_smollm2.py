@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from coevolve.training.smollm2 import (
+from coevolve.training.bootstrap.smollm2 import (
     MANIFEST_FILE,
     BaseModelError,
     base_model_dir,
@@ -147,7 +147,7 @@ def test_the_default_bootstrap_path_trains_merges_and_serves_a_gguf_model(tmp_pa
     from coevolve.agents.conversation import opening_messages
     from coevolve.agents.local_policy import LocalPolicy
     from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.training.bootstrap import BootstrapConfig, bootstrap, load_metadata
+    from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap, load_metadata
 
     source = tmp_path / "tiny.gguf"
     write_tiny_gguf(source)

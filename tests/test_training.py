@@ -30,8 +30,8 @@ from coevolve.training.datasets import (
     split_opening,
     successful_conversations,
 )
-from coevolve.training.grpo_environment import environment_class, environment_score
-from coevolve.training.sft import sft_trainer
+from coevolve.training.grpo.environment import environment_class, environment_score
+from coevolve.training.sft.trainer import sft_trainer
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
     is_adapter_complete,
@@ -529,7 +529,7 @@ def _trained_parameters_after(tiny_build, tmp_path, replay_coefficient):
     """The LoRA weights before and after a GRPO step on all-fail stub tasks, with two
     world demonstrations as the replay, and the trainer's logged keys."""
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.grpo import make_grpo_trainer
+    from coevolve.training.grpo.trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     config = tiny_training(

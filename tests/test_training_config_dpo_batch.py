@@ -2,9 +2,9 @@
 
 import pytest
 
-from coevolve.training.algorithm_config import DpoConfig
 from coevolve.training.config import TrainingConfig
-from coevolve.training.dpo import dpo_arguments
+from coevolve.training.dpo.config import DpoConfig
+from coevolve.training.dpo.trainer import dpo_arguments
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The task writer (agents/writer.py, training/writer.py): its format, its curation, the
+"""The task writer (agents/writer.py, training/writer/build.py): its format, its curation, the
 synthesis pass on it over real HTTP, the loop with no task generator, and its training."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from coevolve.records import SynthesisContext
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy, reference_replies
 from coevolve.testing.role_replies import writer_reply
-from coevolve.training.writer import writer_example
+from coevolve.training.writer.build import writer_example
 
 TRAIN = load_split("train")
 TASKS = [t for t in TRAIN if len(t.turns[0].reference_calls) >= 2][:24]

@@ -13,8 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..common.config_base import Section
 from ..records import Algorithm
-from .algorithm_config import DpoConfig, GrpoConfig, SftConfig
+from .dpo.config import DpoConfig
+from .grpo.config import GrpoConfig
 from .seal import SealSettings
+from .sft.config import SftConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from peft import LoraConfig

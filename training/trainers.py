@@ -8,9 +8,9 @@ it is written to a sibling temporary directory, ``training.json`` (the
 ``TrainResult`` and the config) is written last, and the directory is renamed
 into place. A directory without ``training.json`` is not a finished adapter.
 
-Each algorithm's trainer is built in a file of its own (``sft.py``, ``dpo.py``,
-``grpo.py``) from its config section (``training.sft``, ``training.dpo``,
-``training.grpo``).
+Each algorithm's trainer is built in its own subpackage (``sft/trainer.py``,
+``dpo/trainer.py``, ``grpo/trainer.py``) from its config section, which sits beside it
+(``sft/config.py``: ``training.sft``; ``dpo/config.py``; ``grpo/config.py``).
 
 - **sft**: rejection-sampling fine-tuning. Conversations are tokenized with the
   training chat template (``tokenize_for_training``, as the bootstrap does), so
@@ -53,8 +53,8 @@ from .adapters import (
 )
 from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
-from .dpo import dpo_trainer
-from .sft import sft_trainer
+from .dpo.trainer import dpo_trainer
+from .sft.trainer import sft_trainer
 from .tokenized_datasets import (
     dpo_dataset,
     length_grouped_order,
@@ -183,7 +183,7 @@ def train_adapter(
     try:
         capability_state = None
         if config.algorithm == "grpo":
-            from .grpo import make_grpo_trainer
+            from .grpo.trainer import make_grpo_trainer
             from .seal import CapabilityState
 
             assert make_env is not None

@@ -50,7 +50,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "seal-no-adaptation": {
         "training": {"algorithm": "grpo", "seal": _seal(reweight=True, adaptation=False)}
     },
-    # Co-Evolving Agents (training/hard_negatives.py): DPO + SFT target with failure-agent negatives,
+    # Co-Evolving Agents (training/hard_negatives/agents.py): DPO + SFT target with failure-agent negatives,
     "hard-negatives": {
         "hard_negatives": {"enabled": True},
         "training": {"learning_rate": HARD_NEGATIVES_LEARNING_RATE},

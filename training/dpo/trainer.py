@@ -4,7 +4,7 @@ The prompt is the opening (system + request) rendered with a generation prompt;
 chosen and rejected are the rest of each conversation as the chat template
 renders it. ``training.dpo.micro_batch_size`` pairs go through a forward pass
 at a time, accumulated to ``batch_size`` pairs per step. Hard negatives
-(``training/hard_negatives.py``) train through the same step, with their own
+(``training/hard_negatives/agents.py``) train through the same step, with their own
 beta and an SFT term (``dpo.loss_type``, ``dpo.loss_weights``).
 """
 
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .adapters import model_and_peft
-from .config import TrainingConfig
-from .datasets import PreferencePair
-from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
-from .trainer_common import common_arguments, micro_batches
+from ..adapters import model_and_peft
+from ..config import TrainingConfig
+from ..datasets import PreferencePair
+from ..tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
+from ..trainer_common import common_arguments, micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..outputs.tracking import TrainTracking
+    from ...outputs.tracking import TrainTracking
 
 
 def dpo_arguments(

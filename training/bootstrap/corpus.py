@@ -7,15 +7,15 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..agents.policy import Message
-    from .bootstrap_config import BootstrapConfig
+    from ...agents.policy import Message
+    from .config import BootstrapConfig
 
 
 def build_corpus(config: BootstrapConfig) -> list[list[Message]]:
     """Reference demonstrations of the training split as conversations (verified ones only)."""
-    from ..agents.conversation import reference_conversation
-    from ..envs.world import WorldEnvironment, load_split
-    from ..records import is_success
+    from ...agents.conversation import reference_conversation
+    from ...envs.world import WorldEnvironment, load_split
+    from ...records import is_success
 
     tasks = load_split(config.train_split, seed=config.world_seed)
     if config.num_train_tasks is not None:
@@ -60,8 +60,8 @@ class ValueAugmenter:
     def __init__(self, split: str, seed: int) -> None:
         import re
 
-        from ..envs.world import pools_for
-        from ..envs.world.states import SPLITS
+        from ...envs.world import pools_for
+        from ...envs.world.states import SPLITS
 
         pools = pools_for(split)
         self.kinds: dict[str, str] = {}

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ..common.config_base import Section
-from ..envs.world.states import SPLITS as WORLD_SPLITS
-from .chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
+from ...common.config_base import Section
+from ...envs.world.states import SPLITS as WORLD_SPLITS
+from ..chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
 
 # The environment whose training split the bootstrap agent learns from.
 BOOTSTRAP_ENVIRONMENT = "world"
@@ -279,7 +279,7 @@ class BootstrapConfig(Section):
             del fields["micro_batch_size"]
         local = Path(self.base).expanduser()
         if self.base not in ("smollm2", "tiny") and local.is_dir():
-            from ..common.hf_models import directory_fingerprint
+            from ...common.hf_models import directory_fingerprint
 
             # A local directory's contents, not only its path: an edited model is rebuilt.
             fields["base_fingerprint"] = directory_fingerprint(local)

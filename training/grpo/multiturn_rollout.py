@@ -43,12 +43,12 @@ advantage weights exactly as a rollout's trajectory.
 
 With ``grpo.reference_episodes`` a group whose episodes all failed gets the
 task's reference episode in place of its last one, played by the same ``play``
-with scripted replies (``training/reference_episodes.py``). While the trainer's
+with scripted replies (``training/grpo/reference_episodes.py``). While the trainer's
 own model samples, its LoRA adapter is merged (``adapters.merged_for_generation``).
 
 What TRL's ``rollout_func`` gets is only the prompts; the task of each prompt
 comes from the batch's rows, which ``MultiTurnGRPOTrainer``
-(``training/multiturn_trainer.py``) keeps on the trainer while it generates
+(``training/grpo/multiturn_trainer.py``) keeps on the trainer while it generates
 (``batch_rows``).
 """
 
@@ -59,19 +59,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..agents.policy import AssistantMessage, Message, parse_assistant_text
-from ..agents.rendering import (
+from ...agents.policy import AssistantMessage, Message, parse_assistant_text
+from ...agents.rendering import (
     encode,
     end_of_turn_id,
     render_conversation,
     reply_drop_ids,
     turn_from_ids,
 )
-from ..agents.rollout import respond, verify
-from ..common.config_base import renamed_keyword
-from ..envs.base import Environment
-from ..records import ModelTurn, Step, Task, Trajectory
-from .adapters import merged_for_generation
+from ...agents.rollout import respond, verify
+from ...common.config_base import renamed_keyword
+from ...envs.base import Environment
+from ...records import ModelTurn, Step, Task, Trajectory
+from ..adapters import merged_for_generation
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ ReplyGenerator = Callable[[list[list[int]], int], tuple[list[list[int]], list[li
 def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenerator:
     """Replies sampled from the trainer's own model (``kv_reuse.generate_batch``), each
     episode's keys and values kept between its replies in one call's cache."""
-    from ..agents.kv_reuse import PrefixCache, generate_batch
+    from ...agents.kv_reuse import PrefixCache, generate_batch
 
     eot = end_of_turn_id(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from ..records import Task, is_success
+from ...records import Task, is_success
 
 # Keys of TRL 1.16's generation output that are per completion and padded on the right.
 _COMPLETION_KEYS = (

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from ..agents.policy import Message
-from ..envs.base import TASK_ERRORS
-from ..records import AgentShare, Task, Trajectory, is_success
-from .datasets import (
+from ...agents.policy import Message
+from ...envs.base import TASK_ERRORS
+from ...records import AgentShare, Task, Trajectory, is_success
+from ..datasets import (
     PreferencePair,
     demonstrations_by_task,
     every_item_failed,
@@ -31,8 +31,8 @@ from .datasets import (
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
-    from ..envs.base import Environment
-    from .hard_negative_settings import HardNegativeSettings
+    from ...envs.base import Environment
+    from .settings import HardNegativeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def with_failure_grades(
     """The trajectories with ``failure_grade`` (and ``progress``) filled in where missing,
     from the task's environment (its registry spec). One whose task is unknown, or whose
     environment is not registered, keeps None and is never ranked."""
-    from ..envs.registry import find_environment
+    from ...envs.registry import find_environment
 
     out = []
     tried, crashed = 0, []

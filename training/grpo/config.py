@@ -1,10 +1,8 @@
-"""Each training algorithm's own knobs: ``training.sft``, ``training.dpo``, ``training.grpo``.
+"""GRPO's own knobs: ``training.grpo``, as TRL's ``GRPOConfig``.
 
-As TRL's ``SFTConfig``, ``DPOConfig`` and ``GRPOConfig``, one section per
-algorithm, every field with its help, and each section rejecting the
-combinations of its own fields that cannot work. ``TrainingConfig``
-(``training/config.py``) holds what the algorithms share and checks the
-combinations across sections.
+Every field with its help, and the section rejecting the combinations of its own fields
+that cannot work. ``TrainingConfig`` (``training/config.py``) holds what the algorithms
+share and checks the combinations across sections.
 """
 
 from __future__ import annotations
@@ -13,98 +11,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..common.config_base import Section
+from ...common.config_base import Section
 
-SftBatching = Literal["random", "length_grouped"]
 GrpoRollout = Literal["auto", "tool_loop", "multi_turn"]
 GrpoVllm = Literal["off", "colocate", "server"]
-
-
-class SftConfig(Section):
-    """``training.sft``: which rollouts and demonstrations an SFT step trains on, and how."""
-
-    max_per_task: int = Field(
-        default=2,
-        gt=0,
-        description="At most this many successful trajectories per task enter SFT, so easy tasks "
-        "with K successes do not crowd out the rest.",
-    )
-    micro_batch_size: int | None = Field(
-        default=None,
-        gt=0,
-        description="Conversations per forward/backward pass; the step still averages "
-        "batch_size x gradient_accumulation_steps conversations by accumulating, so the "
-        "update is the same. Activations grow with it: a step of 8 conversations of the "
-        "low-resource bench peaked at 13-16 GB resident. Uses the largest "
-        "divisor of batch_size up to this; None: batch_size at once. GRPO's "
-        "demonstration steps use grpo.micro_batch_size.",
-    )
-    batching: SftBatching = Field(
-        default="length_grouped",
-        description="How SFT conversations form batches. random: shuffled, each batch padded to "
-        "its longest conversation (a third of a cycle's batch was padding); length_grouped: "
-        "shuffled, then each window of 4 batches sorted by length and cut, and the batches "
-        "shuffled again, so a batch holds similar lengths but the run still meets every "
-        "length throughout (unlike transformers' group_by_length, which puts each window's "
-        "longest batch first).",
-    )
-    min_score: float = Field(
-        default=1.0,
-        ge=0.0,
-        le=1.0,
-        description="A trajectory counts as a success for SFT from this verifier score on.",
-    )
-    token_ids: bool = Field(
-        default=False,
-        description="SFT on a successful rollout trains on the token ids the model read and "
-        "generated (Trajectory.model_turns), as DPO and GRPO do, instead of the canonical "
-        "tokenisation of its messages, which is how the policy re-reads its past turns. Off by "
-        "default: on the quickstart (seed 0) it ended at 28.7% held-out against 35.2% off "
-        "(docs/benchmarks.md, one seed); SmolLM2 often spells names in tokens the tokenizer "
-        "would not choose.",
-    )
-
-
-class DpoConfig(Section):
-    """``training.dpo``: the preference pairs of a DPO step and its temperature."""
-
-    beta: float = Field(
-        default=0.1,
-        gt=0,
-        description="DPO temperature: how far the policy may move from the reference (the base "
-        "model with the adapter disabled). Larger stays closer.",
-    )
-    max_pairs_per_task: int = Field(
-        default=2, gt=0, description="At most this many (success, failure) pairs per task."
-    )
-    micro_batch_size: int | None = Field(
-        default=2,
-        gt=0,
-        description="Pairs per forward pass of a DPO step; the step still averages batch_size x "
-        "gradient_accumulation_steps pairs by accumulating. Each pair keeps two sequences' "
-        "full-vocabulary logits for the backward pass (0.4 GB a copy at 1024 tokens on "
-        "SmolLM2's 49k vocabulary); 8 pairs at once were killed at 23 GiB on a 24 GB machine. "
-        "Uses the largest divisor of batch_size up to this; None: batch_size pairs at once.",
-    )
-    loss_type: list[str] = Field(
-        default_factory=lambda: ["sigmoid"],
-        min_length=1,
-        description="TRL's DPO losses, summed: sigmoid is DPO's own; add 'sft' for an SFT term "
-        "on the chosen completion (what hard negatives' target step trains with).",
-    )
-    loss_weights: list[float] | None = Field(
-        default=None,
-        description="One weight per loss_type entry (None: 1.0 each).",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DpoConfig:
-        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
-            raise ValueError(
-                f"dpo.loss_weights has {len(self.loss_weights)} weights for "
-                f"{len(self.loss_type)} loss types {self.loss_type}: give one per loss type"
-            )
-        return self
 
 
 class GrpoConfig(Section):
@@ -193,7 +103,7 @@ class GrpoConfig(Section):
         default=False,
         description="Drop the groups whose episodes all succeeded or all failed (binary success) "
         "and refill the round with groups of further tasks (DAPO's dynamic sampling; "
-        "training/dynamic_sampling.py). One training process only.",
+        "training/grpo/dynamic_sampling.py). One training process only.",
     )
     demonstration_steps: int = Field(
         default=0,
@@ -248,7 +158,7 @@ class GrpoConfig(Section):
         "micro-batch of the demonstration steps' conversations (the all-fail tasks' reference "
         "solutions, and what replay_successes / replay_pool add), added to each micro-batch's "
         "GRPO loss, as InstructGPT's PPO-ptx mixes pre-training data into PPO against "
-        "regressions (training/replay_anchor.py). A task whose episodes all succeed gives GRPO "
+        "regressions (training/grpo/replay_anchor.py). A task whose episodes all succeed gives GRPO "
         "no gradient; on the quickstart's held-out units the GRPO steps then overwrote such "
         "families (create_event 5 -> 0 of 6 in three of four seeds) although the demonstration "
         "steps had just replayed them. 0: off. Needs grpo.demonstration_steps.",
@@ -257,7 +167,7 @@ class GrpoConfig(Section):
         default=False,
         description="Give a group whose episodes all failed the task's reference episode in "
         "place of its last one, so the group has reward spread and the reference's replies a "
-        "positive advantage (ToolExpander; training/reference_episodes.py). The other way to "
+        "positive advantage (ToolExpander; training/grpo/reference_episodes.py). The other way to "
         "feed all-fail tasks is demonstration_steps. Plays with the multi-turn rollout and the "
         "trainer's own generation (grpo.vllm: off).",
     )
@@ -272,7 +182,7 @@ class GrpoConfig(Section):
         description="How GRPO plays an episode. tool_loop: TRL's environment_factory loop, "
         "which ends the episode at the first answer without calls (one user turn; tasks with "
         "more are left out) and parses only templates TRL knows (Qwen2.5 <tool_call> JSON). "
-        "multi_turn: coevolve's rollout_func (training/multiturn_grpo.py) plays every user "
+        "multi_turn: coevolve's rollout_func (training/grpo/multiturn_rollout.py) plays every user "
         "turn, parses replies as the in-process policy does (plain call lines too) and trains "
         "on the generated ids verbatim, tool results and later user turns masked out of the "
         "loss. auto: multi_turn when a task of the step has more than one user turn (BFCL) or "

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..agents.prompts import WRITER_PROMPT
-from ..agents.roles import Interaction
-from ..agents.writer import render_calls, render_writing
-from ..common.files import atomic_directory
-from ..envs.base import Environment
-from ..records import Task
-from .writer_config import WriterConfig
+from ...agents.prompts import WRITER_PROMPT
+from ...agents.roles import Interaction
+from ...agents.writer import render_calls, render_writing
+from ...common.files import atomic_directory
+from ...envs.base import Environment
+from ...records import Task
+from .config import WriterConfig
 
 METADATA_FILE = "writer.json"
 
@@ -86,10 +86,10 @@ def build_writer(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..common.tokenization import load_tokenizer
-    from .algorithm_config import SftConfig
-    from .config import LoraSettings, TrainingConfig
-    from .trainers import train_adapter
+    from ...common.tokenization import load_tokenizer
+    from ..config import LoraSettings, TrainingConfig
+    from ..sft.config import SftConfig
+    from ..trainers import train_adapter
 
     started = time.perf_counter()
     training = TrainingConfig(

@@ -8,17 +8,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .bootstrap_config import RECIPE_VERSION
-from .bootstrap_corpus import augment_corpus, build_corpus
-from .chat_template import observation_mask, tokenize_for_training
+from ..chat_template import observation_mask, tokenize_for_training
+from ..trainer_common import quiet_trainer
+from .config import RECIPE_VERSION
+from .corpus import augment_corpus, build_corpus
 from .tiny_tokenizer import _template_texts, train_tokenizer
-from .trainer_common import quiet_trainer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-    from ..agents.policy import Message
-    from .bootstrap_config import BootstrapConfig
+    from ...agents.policy import Message
+    from .config import BootstrapConfig
 
 
 def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..agents.policy import Message
-from ..envs.base import Environment
-from ..records import Step, Task, ToolCall, Trajectory
+from ...agents.policy import Message
+from ...envs.base import Environment
+from ...records import Step, Task, ToolCall, Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The task writer: its build (``build.py``) and config section ``writer`` (``config.py``)."""
