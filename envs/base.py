@@ -163,10 +163,14 @@ def default_action_pattern(steps: Sequence[Step]) -> str:
 class ToolEnvironment:
     """Shared plumbing: parse, check the tool and its arguments, dispatch, catch.
 
-    Subclasses fill ``tools()``, ``_execute``, ``reset``, ``end_turn`` and ``score``.
+    Subclasses fill ``tools()``, ``_execute``, ``reset`` and ``score``; ``end_turn`` moves
+    to the task's next user turn for those that keep ``task``, ``turn`` and ``answer``.
     """
 
     name = "base"
+    task: Task | None = None
+    turn: int = 0
+    answer: str | None = None
 
     def tools(self) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -208,6 +212,14 @@ class ToolEnvironment:
             return Observation(text=self._execute(action))
         except ToolError as err:
             return Observation(text=f"error: {err}", error=err.kind)
+
+    def end_turn(self, answer: str | None = None) -> str | None:
+        if self.task is None:
+            raise RuntimeError("end_turn() before reset()")
+        if answer is not None:
+            self.answer = answer
+        self.turn += 1
+        return self.task.turns[self.turn].query if self.turn < len(self.task.turns) else None
 
     def action_pattern(self, steps: Sequence[Step]) -> str:
         return default_action_pattern(steps)

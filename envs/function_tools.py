@@ -300,14 +300,6 @@ class FunctionEnvironment(ToolEnvironment):
                 f"{call.name} raised {type(err).__name__}: {err} (not a ToolError)",
             ) from None
 
-    def end_turn(self, answer: str | None = None) -> str | None:
-        if self.task is None:
-            raise RuntimeError("end_turn() before reset()")
-        if answer is not None:
-            self.answer = answer
-        self.turn += 1
-        return self.task.turns[self.turn].query if self.turn < len(self.task.turns) else None
-
     def score(self) -> float:
         """1.0 when the final state equals the reference's and the answer holds the expected
         one (when the task has one); else 0.0."""

@@ -65,12 +65,6 @@ class OutcomeHistory:
     def family_window(self, family: str, before_cycle: int, size: int) -> list[float]:
         return _window(self._family.get(family, {}), before_cycle, size)
 
-    def family_scores(self) -> dict[str, dict[int, float]]:
-        """Mean score per family per cycle (for reports)."""
-        return {
-            f: {c: sum(s) / len(s) for c, s in sorted(by.items())} for f, by in self._family.items()
-        }
-
 
 def _window(by_cycle: dict[int, list[float]], before_cycle: int, size: int) -> list[float]:
     cycles = sorted(c for c in by_cycle if c < before_cycle)[-size:]

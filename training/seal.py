@@ -28,7 +28,7 @@ The same weights serve SFT as per-example loss weights (``example_weights``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -331,9 +331,3 @@ def label_counts(labels: Sequence[Sequence[str]]) -> dict[str, int]:
         for label in trajectory_labels:
             counts[label] = counts.get(label, 0) + 1
     return counts
-
-
-def weights_snapshot(state: CapabilityState, settings: ReweightSettings) -> Mapping[str, float]:
-    """Every known label's current weight (for metrics and the per-cycle log)."""
-    labels = sorted(set(settings.tag_weights) | set(state.weights))
-    return {label: round(state.weight(label, settings), 6) for label in labels}

@@ -59,14 +59,6 @@ class WorldEnvironment(ToolEnvironment):
             raise ToolError("not_started", "the episode has not started: call reset(task) first")
         return self.world.run(call.name, dict(call.arguments))
 
-    def end_turn(self, answer: str | None = None) -> str | None:
-        if self.task is None:
-            raise RuntimeError("end_turn() before reset()")
-        if answer is not None:
-            self.answer = answer
-        self.turn += 1
-        return self.task.turns[self.turn].query if self.turn < len(self.task.turns) else None
-
     def score(self) -> float:
         if self.task is None or self.world is None:
             raise RuntimeError("score() before reset()")

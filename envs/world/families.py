@@ -26,11 +26,6 @@ def _new_name(rng: random.Random, pools: Pools, state: State) -> str:
     return rng.choice([n for n in pools.names if n not in taken])
 
 
-def _new_product(rng: random.Random, pools: Pools, state: State) -> str:
-    taken = {p["name"] for p in state["products"].values()}
-    return rng.choice([p for p in pools.products if p not in taken])
-
-
 def _new_title(rng: random.Random, pools: Pools, state: State) -> str:
     taken = {e["title"] for e in state["events"].values()}
     return rng.choice([t for t in pools.titles if t not in taken])

@@ -94,14 +94,6 @@ def structure_key(tool_names: Sequence[str]) -> str:
     return _family_by_tools().get(names) or "other:" + ">".join(names)
 
 
-def family_tools(family: str) -> tuple[str, ...]:
-    """The tool sequence of a family's reference solutions."""
-    for names, name in _family_by_tools().items():
-        if name == family:
-            return names
-    raise KeyError(f"unknown world family {family!r}; known: {', '.join(FAMILIES)}")
-
-
 def make_variant(family: str, key: str, split: str = "train") -> Task:
     """A new task of ``family`` on a fresh state; ``key`` seeds it (same key, same task).
 
