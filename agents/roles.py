@@ -288,9 +288,10 @@ class RolesConfig(BaseModel):
         "is the abstractor, and synthesis calls no task generator. None: the abstractor above.",
     )
     writer_material: WriterMaterial = Field(
-        default="both",
+        default="hindsight",
         description="What the writer relabels: hindsight (the flagged trajectory's calls that "
-        "succeeded), explored (each exploration round's), or both.",
+        "succeeded), explored (each exploration round's), or both. Chosen on validation "
+        "(docs/synthesis.md, N = 100, seed 0): hindsight 52.8%, both 47.2%, static 52.8%.",
     )
     writer_grounding: bool = Field(
         default=True,

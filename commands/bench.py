@@ -29,8 +29,9 @@ def bench_learning(
     arms: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated arms (default: all): static, random, coevolve, "
-            "coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
+            help="Comma-separated arms (default: all): static, random, coevolve-oracle "
+            "(synthesis by the environment's own task generator: an oracle synthesizer; was "
+            "'coevolve'), coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
             "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, "
             "grpo-demonstrations, grpo-reference, seal, "
             "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
@@ -77,7 +78,7 @@ def bench_learning(
 
     import yaml
 
-    from ..bench.learning import ARMS, default_arms, print_report, run_ablation
+    from ..bench.learning import check_arms, default_arms, print_report, run_ablation
     from ..config import ConfigError, load_config
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
@@ -97,9 +98,10 @@ def bench_learning(
             raise fail(str(err)) from None
         source += "".join(f" --set {item}" for item in overrides)
     chosen = [a.strip() for a in arms.split(",")] if arms else default_arms(base)
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown:
-        raise fail(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    try:
+        check_arms(chosen)
+    except ValueError as err:
+        raise fail(str(err)) from None
     if seed_sets not in ("fixed", "per-seed"):
         raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
     if seeds < 1:
@@ -155,8 +157,9 @@ def bench_by_seed_tasks(
         str, typer.Option(help="Where to write the figure.")
     ] = "runs/bench-by-seed-tasks.png",
 ) -> None:
-    """coevolve − static and coevolve − random against the number of seed tasks, one
-    finished bench report per N: the low-resource verdict in one figure and one table."""
+    """coevolve-oracle − static and coevolve-oracle − random against the number of seed
+    tasks, one finished bench report per N: the low-resource verdict in one figure and one
+    table."""
     from pathlib import Path
 
     from pydantic import ValidationError

@@ -14,12 +14,14 @@ import pytest
 from coevolve.bench.learning import (
     ARMS,
     REFERENCE_EFFECT,
+    AblationReport,
     ArmRun,
     arm_config,
     default_arms,
     family_pairs,
     interval,
     package_commit,
+    run_ablation,
     summarize,
     unit_still_counts,
 )
@@ -53,24 +55,24 @@ def test_paired_differences_pair_by_seed():
         _run("static", 0, 0.10),
         _run("static", 1, 0.30),
         _run("static", 2, 0.50),
-        _run("coevolve", 0, 0.15),
-        _run("coevolve", 1, 0.36),
-        _run("coevolve", 2, 0.55),
+        _run("coevolve-oracle", 0, 0.15),
+        _run("coevolve-oracle", 1, 0.36),
+        _run("coevolve-oracle", 2, 0.55),
         _run("random", 0, 0.12),
     ]
-    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2], "test")
+    report = summarize(runs, ["static", "random", "coevolve-oracle"], [0, 1, 2], "test")
     # Unpaired the arms' intervals overlap; paired by seed coevolve is ahead by 5-6 points.
-    assert report.final["coevolve"].low < report.final["static"].high
-    assert report.paired["coevolve - static"].mean == pytest.approx(0.0533, abs=1e-3)
-    assert report.paired["coevolve - static"].low > 0
-    assert report.paired["coevolve - random"].n == 1  # random has seed 0 only
+    assert report.final["coevolve-oracle"].low < report.final["static"].high
+    assert report.paired["coevolve-oracle - static"].mean == pytest.approx(0.0533, abs=1e-3)
+    assert report.paired["coevolve-oracle - static"].low > 0
+    assert report.paired["coevolve-oracle - random"].n == 1  # random has seed 0 only
     assert "static - random" not in report.paired
-    assert report.final["coevolve"].mean == pytest.approx(0.3533, abs=1e-3)
+    assert report.final["coevolve-oracle"].mean == pytest.approx(0.3533, abs=1e-3)
     assert report.curves["static"][0].mean == pytest.approx(0.1)
     # per family, paired the same way (here family "a" is the whole score)
-    family = report.paired_by_family["coevolve - static"]["a"]
+    family = report.paired_by_family["coevolve-oracle - static"]["a"]
     assert family.mean == pytest.approx(0.0533, abs=1e-3) and family.n == 3
-    assert family.low == pytest.approx(report.paired["coevolve - static"].low)
+    assert family.low == pytest.approx(report.paired["coevolve-oracle - static"].low)
 
 
 def test_power_is_a_paired_t_tests_from_scipy():
@@ -90,10 +92,10 @@ def test_power_is_a_paired_t_tests_from_scipy():
     assert seeds_for_power(0.5, 0.001) is None  # more than MAX_SEEDS
 
     runs = [_run("static", s, 0.3) for s in range(4)]
-    runs += [_run("coevolve", s, 0.3 + d) for s, d in enumerate([0.05, 0.01, -0.01, 0.08])]
+    runs += [_run("coevolve-oracle", s, 0.3 + d) for s, d in enumerate([0.05, 0.01, -0.01, 0.08])]
     runs += [_run("random", s, 0.3 + d) for s, d in enumerate([0.02, 0.0, -0.02, 0.01])]
-    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2, 3], "test")
-    power = report.power["coevolve - static"]
+    report = summarize(runs, ["static", "random", "coevolve-oracle"], [0, 1, 2, 3], "test")
+    power = report.power["coevolve-oracle - static"]
     differences = [0.05, 0.01, -0.01, 0.08]
     mean = sum(differences) / 4
     sd = math.sqrt(sum((d - mean) ** 2 for d in differences) / 3)
@@ -119,22 +121,22 @@ def test_the_report_says_which_differences_are_short_of_the_stopping_rule():
     # paired SD 2 points at 4 seeds: +5 has 80% power from 4 seeds on (met); SD 8 points
     # needs far more
     runs = [_run("static", s, 0.3) for s in range(4)]
-    runs += [_run("coevolve", s, 0.3 + d) for s, d in enumerate([0.05, 0.03, 0.07, 0.05])]
+    runs += [_run("coevolve-oracle", s, 0.3 + d) for s, d in enumerate([0.05, 0.03, 0.07, 0.05])]
     runs += [_run("random", s, 0.3 + d) for s, d in enumerate([0.1, -0.05, 0.08, -0.06])]
     runs[5] = runs[5].model_copy(update={"resumed": True})  # coevolve seed 1
-    report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2, 3], "test")
+    report = summarize(runs, ["static", "random", "coevolve-oracle"], [0, 1, 2, 3], "test")
     text = stopping_rule_text(report)
     assert text.startswith("stopping rule: 80% power at +5 points decides the seeds, never")
     needed = report.power["random - static"].seeds_for_goal
     assert needed is not None and needed > 4
     assert f"random - static (4 of {needed})" in text
-    assert "coevolve - static (" not in text
-    assert report.resumed == ["coevolve-seed1"]
+    assert "coevolve-oracle - static (" not in text
+    assert report.resumed == ["coevolve-oracle-seed1"]
     console = Console(record=True, width=200)
     print_report(console, report)
     printed = console.export_text()
     assert "stopping rule: 80% power at +5 points" in printed and "short of it" in printed
-    assert "units resumed after a kill (r): 1 of 12 (coevolve-seed1)" in printed
+    assert "units resumed after a kill (r): 1 of 12 (coevolve-oracle-seed1)" in printed
     assert "(r)" in printed
 
 
@@ -142,21 +144,26 @@ def test_equal_paired_differences_give_no_interval():
     """Two seeds that each moved by the same number of tasks measure no spread: the report
     gives the mean alone, not a zero-width interval that would read as excluding 0."""
     runs = [_run("static", 0, 0.30), _run("static", 1, 0.25)]
-    runs += [_run("coevolve", 0, 0.35), _run("coevolve", 1, 0.30)]
-    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
-    paired = report.paired["coevolve - static"]
+    runs += [_run("coevolve-oracle", 0, 0.35), _run("coevolve-oracle", 1, 0.30)]
+    report = summarize(runs, ["static", "coevolve-oracle"], [0, 1], "test")
+    paired = report.paired["coevolve-oracle - static"]
     assert paired.mean == pytest.approx(0.05) and paired.n == 2
     assert math.isnan(paired.low) and math.isnan(paired.high)
-    assert math.isnan(report.paired_by_family["coevolve - static"]["a"].low)
-    assert "coevolve - static" not in report.power
+    assert math.isnan(report.paired_by_family["coevolve-oracle - static"]["a"].low)
+    assert "coevolve-oracle - static" not in report.power
     # differences of 0 on both seeds stay [0, 0]: the arms did the same
     same = summarize(
-        [_run("static", s, 0.3) for s in (0, 1)] + [_run("coevolve", s, 0.3) for s in (0, 1)],
-        ["static", "coevolve"],
+        [_run("static", s, 0.3) for s in (0, 1)]
+        + [_run("coevolve-oracle", s, 0.3) for s in (0, 1)],
+        ["static", "coevolve-oracle"],
         [0, 1],
         "test",
     )
-    assert same.paired["coevolve - static"].low == 0.0 == same.paired["coevolve - static"].high
+    assert (
+        same.paired["coevolve-oracle - static"].low
+        == 0.0
+        == same.paired["coevolve-oracle - static"].high
+    )
 
 
 def test_paired_differences_per_family_read_each_family():
@@ -164,14 +171,14 @@ def test_paired_differences_per_family_read_each_family():
         return _run(arm, seed, 0.0).model_copy(update={"by_family": {"a": a, "b": b}})
 
     runs = [run("static", 0, 0.2, 0.5), run("static", 1, 0.4, 0.5)]
-    runs += [run("coevolve", 0, 0.6, 0.25), run("coevolve", 1, 0.6, 0.75)]
-    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
-    by_family = report.paired_by_family["coevolve - static"]
+    runs += [run("coevolve-oracle", 0, 0.6, 0.25), run("coevolve-oracle", 1, 0.6, 0.75)]
+    report = summarize(runs, ["static", "coevolve-oracle"], [0, 1], "test")
+    by_family = report.paired_by_family["coevolve-oracle - static"]
     assert by_family["a"].mean == pytest.approx(0.3)  # +0.4 and +0.2
     assert by_family["b"].mean == pytest.approx(0.0)  # -0.25 and +0.25
     assert by_family["b"].low < 0 < by_family["b"].high
     # the per-family table and figure show coevolve's differences when it ran, else all
-    assert family_pairs(report) == ["coevolve - static"]
+    assert family_pairs(report) == ["coevolve-oracle - static"]
     seal_only = summarize(
         [run("static", 0, 0.2, 0.5), run("seal", 0, 0.3, 0.5)], ["static", "seal"], [0], "test"
     )
@@ -184,7 +191,7 @@ def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
 
     runs = []
     for arm, finals in (
-        ("coevolve", (0.4, 0.5)),
+        ("coevolve-oracle", (0.4, 0.5)),
         ("coevolve-paper", (0.3, 0.45)),
         ("oracle-targeted", (0.5, 0.6)),
     ):
@@ -192,14 +199,18 @@ def test_reference_pairs_and_family_curves_without_static_or_random(tmp_path):
             run = _run(arm, seed, final)
             run.family_curves = {"a": [0.0, final], "b": [0.5, 0.5]}
             runs.append(run)
-    report = summarize(runs, ["coevolve", "coevolve-paper", "oracle-targeted"], [0, 1], "test")
+    report = summarize(
+        runs, ["coevolve-oracle", "coevolve-paper", "oracle-targeted"], [0, 1], "test"
+    )
     assert set(report.paired) == {
-        "coevolve - coevolve-paper",
-        "oracle-targeted - coevolve",
+        "coevolve-oracle - coevolve-paper",
+        "oracle-targeted - coevolve-oracle",
         "oracle-targeted - coevolve-paper",
     }
-    assert report.paired["coevolve - coevolve-paper"].mean == pytest.approx(0.075)
-    assert [p.mean for p in report.family_curves["coevolve"]["a"]] == pytest.approx([0.0, 0.45])
+    assert report.paired["coevolve-oracle - coevolve-paper"].mean == pytest.approx(0.075)
+    assert [p.mean for p in report.family_curves["coevolve-oracle"]["a"]] == pytest.approx(
+        [0.0, 0.45]
+    )
     assert plot_family_curves(report, tmp_path / "f.png").stat().st_size > 10_000
     # Units saved before family curves were kept get them from the run's metrics.jsonl.
     (tmp_path / "run").mkdir()
@@ -215,7 +226,7 @@ def test_method_arms_pair_with_coevolve_and_with_each_other():
     runs = [
         _run(arm, seed, final)
         for arm, finals in (
-            ("coevolve", (0.30, 0.35)),
+            ("coevolve-oracle", (0.30, 0.35)),
             ("seal", (0.20, 0.20)),
             ("grpo", (0.25, 0.15)),
             ("hard-negatives", (0.20, 0.25)),
@@ -223,17 +234,17 @@ def test_method_arms_pair_with_coevolve_and_with_each_other():
         )
         for seed, final in enumerate(finals)
     ]
-    arms = ["coevolve", "seal", "grpo", "hard-negatives", "own-negatives"]
+    arms = ["coevolve-oracle", "seal", "grpo", "hard-negatives", "own-negatives"]
     report = summarize(runs, arms, [0, 1], "test")
     assert set(report.paired) == {
         "seal - grpo",
         "hard-negatives - own-negatives",
-        "seal - coevolve",
-        "grpo - coevolve",
-        "hard-negatives - coevolve",
-        "own-negatives - coevolve",
+        "seal - coevolve-oracle",
+        "grpo - coevolve-oracle",
+        "hard-negatives - coevolve-oracle",
+        "own-negatives - coevolve-oracle",
     }
-    assert report.paired["seal - coevolve"].mean == pytest.approx(-0.125)
+    assert report.paired["seal - coevolve-oracle"].mean == pytest.approx(-0.125)
     assert report.paired["hard-negatives - own-negatives"].mean == pytest.approx(0.025)
 
 
@@ -278,7 +289,7 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
         roles = configs[arm].synthesis.roles
         assert roles.writer == "writer" and roles.explorer_policy_rounds == roles.explorer_rounds
     assert configs["random-llm"].signals.selection == "random"
-    assert configs["coevolve-llm"].signals == configs["coevolve"].signals
+    assert configs["coevolve-llm"].signals == configs["coevolve-oracle"].signals
     assert configs["oracle-targeted"].signals.selection == "oracle"
     seal = {arm: configs[arm].training.seal for arm in ARMS if arm.startswith("seal")}
     assert {arm: (s.reweight.enable, s.adaptation.enable) for arm, s in seal.items()} == {
@@ -293,13 +304,13 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert configs["no-rare"].signals.kinds == ["forgetting", "boundary", "unsolved"]
     assert configs["coevolve-paper"].signals.kinds == ["forgetting", "boundary", "rare"]
     assert configs["coevolve-paper"].signals.allocation == "per_kind"
-    assert "unsolved" in configs["coevolve"].signals.kinds
+    assert "unsolved" in configs["coevolve-oracle"].signals.kinds
     for config in configs.values():
         assert config.seed == config.pool.seed == config.training.seed == 2
         # same compute in every arm
         assert config.training.max_steps == base["training"]["max_steps"]
         assert config.synthesis.max_accepted == base["synthesis"]["max_accepted"]
-        assert config.bootstrap == configs["coevolve"].bootstrap
+        assert config.bootstrap == configs["coevolve-oracle"].bootstrap
     assert len({c.run_dir for c in configs.values()}) == len(ARMS)
 
 
@@ -312,9 +323,10 @@ def test_per_seed_seed_sets_give_each_seed_its_own_tasks_and_bootstrap_agent(tmp
 
     root = Path(__file__).resolve().parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
-    fixed = [load_config(arm_config(base, "coevolve", s, tmp_path)) for s in (0, 1)]
+    fixed = [load_config(arm_config(base, "coevolve-oracle", s, tmp_path)) for s in (0, 1)]
     varied = [
-        load_config(arm_config(base, "coevolve", s, tmp_path, seed_sets="per-seed")) for s in (0, 1)
+        load_config(arm_config(base, "coevolve-oracle", s, tmp_path, seed_sets="per-seed"))
+        for s in (0, 1)
     ]
     assert [c.env.seed for c in fixed] == [0, 0] and [c.env.seed for c in varied] == [0, 1]
     assert [c.bootstrap.world_seed for c in varied] == [0, 1]
@@ -332,7 +344,7 @@ def test_per_seed_seed_sets_give_each_seed_its_own_tasks_and_bootstrap_agent(tmp
     held_out = [[t.id for t in evaluation_tasks(c)] for c in varied]
     assert len(held_out[0]) == len(held_out[1]) == 216 and held_out[0] != held_out[1]
     with pytest.raises(ValueError, match="seed_sets"):
-        arm_config(base, "coevolve", 0, tmp_path, seed_sets="each")
+        arm_config(base, "coevolve-oracle", 0, tmp_path, seed_sets="each")
 
 
 def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
@@ -364,15 +376,15 @@ def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
 
 @pytest.mark.slow
 def test_quick_bench_runs_end_to_end(tmp_path):
-    out = quick_bench(tmp_path, "static,random,coevolve", seeds=2)
+    out = quick_bench(tmp_path, "static,random,coevolve-oracle", seeds=2)
     report = json.loads(out.stdout)
     assert [(r["arm"], r["seed"]) for r in report["runs"]] == [
         ("static", 0),
         ("random", 0),
-        ("coevolve", 0),
+        ("coevolve-oracle", 0),
         ("static", 1),
         ("random", 1),
-        ("coevolve", 1),
+        ("coevolve-oracle", 1),
     ]
     for run in report["runs"]:
         assert len(run["success_by_cycle"]) == 2  # cycle 0 and the one cycle
@@ -385,10 +397,14 @@ def test_quick_bench_runs_end_to_end(tmp_path):
     assert "units by the commit that ran them" in out.stderr
     # the seed set the runs learned from: the first pool.seed_tasks (60) training tasks
     assert sum(report["seed_families"].values()) == 60
-    assert set(report["paired"]) == {"random - static", "coevolve - static", "coevolve - random"}
+    assert set(report["paired"]) == {
+        "random - static",
+        "coevolve-oracle - static",
+        "coevolve-oracle - random",
+    }
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
     assert (tmp_path / "family_differences.png").stat().st_size > 10_000
-    assert set(report["paired_by_family"]["coevolve - static"]) == set(
+    assert set(report["paired_by_family"]["coevolve-oracle - static"]) == set(
         report["by_family"]["static"]
     )
     assert "paired differences" in out.stderr and "paired differences per family" in out.stderr
@@ -398,20 +414,20 @@ def test_quick_bench_runs_end_to_end(tmp_path):
         assert len({r["success_by_cycle"][0] for r in report["runs"] if r["seed"] == seed}) == 1
         evaluated = {
             (tmp_path / f"{arm}-seed{seed}" / "cycles" / "000" / "eval.jsonl").read_bytes()
-            for arm in ("static", "random", "coevolve")
+            for arm in ("static", "random", "coevolve-oracle")
         }
         assert len(evaluated) == 1
 
     # --report-only runs nothing: seed 2 is listed as not run, the report keeps the six units
-    out = quick_bench(tmp_path, "static,random,coevolve", 3, "--report-only")
+    out = quick_bench(tmp_path, "static,random,coevolve-oracle", 3, "--report-only")
     assert len(json.loads(out.stdout)["runs"]) == 6
-    assert "coevolve, seed 2: not run yet" in out.stderr
-    assert not (tmp_path / "coevolve-seed2").exists()
+    assert "coevolve-oracle, seed 2: not run yet" in out.stderr
+    assert not (tmp_path / "coevolve-oracle-seed2").exists()
     # --seed-list picks seeds (a tuning unit of seed 1 alone): the report holds those.
-    out = quick_bench(tmp_path, "static,coevolve", 1, "--report-only", "--seed-list", "1")
+    out = quick_bench(tmp_path, "static,coevolve-oracle", 1, "--report-only", "--seed-list", "1")
     assert [(r["arm"], r["seed"]) for r in json.loads(out.stdout)["runs"]] == [
         ("static", 1),
-        ("coevolve", 1),
+        ("coevolve-oracle", 1),
     ]
     bad = subprocess.run(
         [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--seed-list", "one"],
@@ -423,27 +439,27 @@ def test_quick_bench_runs_end_to_end(tmp_path):
 
     # A unit whose run ended before its unit was saved (killed) resumes its run directory
     # instead of starting over: the runner's resume, not a fresh run (which rewrites config.yaml).
-    killed_dir = tmp_path / "coevolve-seed1"
+    killed_dir = tmp_path / "coevolve-oracle-seed1"
     written = (killed_dir / "config.yaml").stat().st_mtime_ns
-    (tmp_path / "units" / "coevolve-seed1.json").unlink()
-    out = quick_bench(tmp_path, "static,random,coevolve", 2)
-    assert "coevolve, seed 1 (resuming its killed run)" in out.stderr
+    (tmp_path / "units" / "coevolve-oracle-seed1.json").unlink()
+    out = quick_bench(tmp_path, "static,random,coevolve-oracle", 2)
+    assert "coevolve-oracle, seed 1 (resuming its killed run)" in out.stderr
     assert (killed_dir / "config.yaml").stat().st_mtime_ns == written
-    resumed = json.loads((tmp_path / "units" / "coevolve-seed1.json").read_text())["run"]
+    resumed = json.loads((tmp_path / "units" / "coevolve-oracle-seed1.json").read_text())["run"]
     assert resumed["resumed"] is True
     assert [(r["arm"], r["seed"], r["resumed"]) for r in json.loads(out.stdout)["runs"]][-1] == (
-        "coevolve",
+        "coevolve-oracle",
         1,
         True,
     )
-    assert json.loads(out.stdout)["resumed"] == ["coevolve-seed1"]
-    assert "units resumed after a kill (r): 1 of 6 (coevolve-seed1)" in out.stderr
+    assert json.loads(out.stdout)["resumed"] == ["coevolve-oracle-seed1"]
+    assert "units resumed after a kill (r): 1 of 6 (coevolve-oracle-seed1)" in out.stderr
 
     # Units run with another config are not this bench's: one line says so, no traceback.
     stale = subprocess.run(
         [
             *(sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--seeds", "2"),
-            *("--arms", "static,coevolve", "--out", str(tmp_path), "--report-only"),
+            *("--arms", "static,coevolve-oracle", "--out", str(tmp_path), "--report-only"),
             *("--set", "training.max_steps=7"),
         ],
         capture_output=True,
@@ -459,11 +475,11 @@ def test_quick_bench_runs_end_to_end(tmp_path):
 def test_quick_bench_with_per_seed_seed_sets(tmp_path):
     """`--seed-sets per-seed` end to end: each seed's runs learn from their own seed set and
     bootstrap agent, and the report says which variance its intervals cover."""
-    out = quick_bench(tmp_path, "static,coevolve", 2, "--seed-sets", "per-seed")
+    out = quick_bench(tmp_path, "static,coevolve-oracle", 2, "--seed-sets", "per-seed")
     report = json.loads(out.stdout)
     assert report["seed_sets"] == "per-seed"
     for seed in (0, 1):
-        config = load_config(tmp_path / f"coevolve-seed{seed}" / "config.yaml")
+        config = load_config(tmp_path / f"coevolve-oracle-seed{seed}" / "config.yaml")
         assert (config.env.seed, config.bootstrap.world_seed) == (seed, seed)
     # one cycle-0 evaluation per seed, each of its own agent on its own held-out draw
     assert len(list((tmp_path / "baselines").iterdir())) == 2
@@ -498,7 +514,7 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
         return run_ablation(
             base_dict,
             seeds=[0],
-            arms=["static", "coevolve"],
+            arms=["static", "coevolve-oracle"],
             out_dir=out,
             config_name="bench-learning.yaml (--quick)",
             scale_arm_steps=True,
@@ -510,7 +526,7 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
     killed = []
 
     async def dies_once_in_cycle_2(rt, cycle, *args, **kwargs):
-        if cycle == 2 and rt.config.run_dir.endswith("coevolve-seed0") and not killed:
+        if cycle == 2 and rt.config.run_dir.endswith("coevolve-oracle-seed0") and not killed:
             killed.append(cycle)
             raise RuntimeError("killed in cycle 2's signals stage")
         return await signals(rt, cycle, *args, **kwargs)
@@ -519,10 +535,10 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="killed in cycle 2"):
         bench(tmp_path / "killed")
     assert killed == [2]
-    assert not (tmp_path / "killed" / "units" / "coevolve-seed0.json").exists()
+    assert not (tmp_path / "killed" / "units" / "coevolve-oracle-seed0.json").exists()
     resumed = bench(tmp_path / "killed")
 
-    assert resumed.resumed == ["coevolve-seed0"] and straight.resumed == []
+    assert resumed.resumed == ["coevolve-oracle-seed0"] and straight.resumed == []
     figures = ("success_by_cycle", "by_family", "family_curves", "accepted_by_cycle",
                "accepted_by_family")  # fmt: skip
     for one, other in zip(straight.runs, resumed.runs, strict=True):
@@ -634,10 +650,10 @@ def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
 
     from coevolve.bench.learning import print_report
 
-    runs = [_run("static", 0, 0.2), _run("coevolve", 0, 0.3)]
+    runs = [_run("static", 0, 0.2), _run("coevolve-oracle", 0, 0.3)]
     runs[0].commit = f"{head}+modified"
     console = Console(record=True, width=200)
-    print_report(console, summarize(runs, ["static", "coevolve"], [0], "test"))
+    print_report(console, summarize(runs, ["static", "coevolve-oracle"], [0], "test"))
     assert f"{head[:12]}+modified (1), not recorded (1)" in console.export_text()
 
 
@@ -648,6 +664,66 @@ def test_unknown_arm_is_a_clear_error():
         text=True,
     )
     assert out.returncode == 2 and "unknown arms ['best']" in out.stderr
+
+
+def test_the_old_name_of_the_generator_arm_is_a_clear_error():
+    """`coevolve` was the generator arm's name before issue 55: the command line names the new one."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coevolve",
+            "bench",
+            "learning",
+            "--quick",
+            "--arms",
+            "static,coevolve",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    text = " ".join(out.stderr.split())
+    assert out.returncode == 2
+    assert "arm 'coevolve' is now 'coevolve-oracle': pass --arms static,coevolve-oracle" in text
+
+
+def test_units_and_reports_of_the_old_arm_name_count_as_coevolve_oracle(tmp_path):
+    """A unit saved as coevolve-seedN.json (arm "coevolve") and a report with its pairs still
+    count, read as coevolve-oracle with a FutureWarning that says to rename them."""
+    root = Path(__file__).parents[1]
+    saved = json.loads(
+        (
+            root / "docs" / "figures" / "bench-signals-units" / "coevolve-oracle-seed0.json"
+        ).read_text()
+    )
+    saved["run"]["arm"] = "coevolve"
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / "coevolve-seed0.json").write_text(json.dumps(saved))
+    base = load_config(root / "configs" / "bench-quickstart.yaml").model_dump(mode="json")
+    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
+        report = run_ablation(
+            base,
+            seeds=[0],
+            arms=["coevolve-oracle"],
+            out_dir=tmp_path,
+            config_name="test",
+            run_missing=False,
+        )
+    assert [(run.arm, run.seed) for run in report.runs] == [("coevolve-oracle", 0)]
+
+    runs = [_run("static", s, 0.3) for s in (0, 1)]
+    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
+        runs += [_run("coevolve", s, 0.4) for s in (0, 1)]
+    assert {run.arm for run in runs} == {"static", "coevolve-oracle"}
+    old = summarize(runs, ["static", "coevolve-oracle"], [0, 1], "test").model_dump_json()
+    old = old.replace('"coevolve-oracle', '"coevolve')
+    assert '"coevolve - static"' in old
+    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
+        read = AblationReport.model_validate_json(old)
+    assert read.arms == ["static", "coevolve-oracle"]
+    assert set(read.final) == set(read.curves) == {"static", "coevolve-oracle"}
+    assert list(read.paired) == ["coevolve-oracle - static"]
+    assert read.paired["coevolve-oracle - static"].mean == pytest.approx(0.1)
 
 
 def test_the_help_names_every_arm():
@@ -662,14 +738,14 @@ def test_the_help_names_every_arm():
 
 
 def test_the_verdict_by_seed_tasks_reads_reports_back_and_draws_one_figure(tmp_path):
-    """`coevolve bench by-seed-tasks N=REPORT ...`: a table and a figure of coevolve − static
+    """`coevolve bench by-seed-tasks N=REPORT ...`: a table and a figure of coevolve-oracle − static
     and − random against N, from report.json files as the bench writes them (NaN as null)."""
     paths = []
     for size, gain in ((100, 0.08), (400, 0.02)):
         runs = [_run("static", s, 0.3) for s in range(3)]
         runs += [_run("random", s, 0.3) for s in range(2)]  # two equal differences: no interval
-        runs += [_run("coevolve", s, 0.3 + gain + 0.01 * s) for s in range(3)]
-        report = summarize(runs, ["static", "random", "coevolve"], [0, 1, 2], f"n{size}")
+        runs += [_run("coevolve-oracle", s, 0.3 + gain + 0.01 * s) for s in range(3)]
+        report = summarize(runs, ["static", "random", "coevolve-oracle"], [0, 1, 2], f"n{size}")
         path = tmp_path / f"n{size}.json"
         path.write_text(report.model_dump_json())
         paths.append(f"{size}={path}")
@@ -698,8 +774,8 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
 
     from coevolve.bench.learning import plot_curves, print_report
 
-    runs = [_run("static", 0, 0.3), _run("coevolve", 0, 0.35)]
-    report = summarize(runs, ["static", "coevolve"], [0], "test")
+    runs = [_run("static", 0, 0.3), _run("coevolve-oracle", 0, 0.35)]
+    report = summarize(runs, ["static", "coevolve-oracle"], [0], "test")
     report.split = "validation"
     console = Console(record=True, width=120)
     print_report(console, report)
@@ -724,7 +800,7 @@ def test_an_arm_with_no_finished_unit_reads_not_run_not_nan(tmp_path):
     from coevolve.bench.learning import plot_curves, print_report
 
     runs = [_run("static", 0, 0.3), _run("static", 1, 0.35)]
-    report = summarize(runs, ["static", "coevolve"], [0, 1], "test")
+    report = summarize(runs, ["static", "coevolve-oracle"], [0, 1], "test")
     console = Console(record=True, width=200)
     print_report(console, report)
     text = console.export_text()

@@ -600,9 +600,9 @@ def test_ablation_arms_switch_only_the_negatives():
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
     arms = {
         arm: load_config(arm_config(base, arm, 1, Path("/tmp")))
-        for arm in ("coevolve", "hard-negatives", "own-negatives")
+        for arm in ("coevolve-oracle", "hard-negatives", "own-negatives")
     }
-    assert not arms["coevolve"].hard_negatives.enabled
+    assert not arms["coevolve-oracle"].hard_negatives.enabled
     assert (
         arms["hard-negatives"].hard_negatives.enabled
         and arms["hard-negatives"].hard_negatives.failure_agent

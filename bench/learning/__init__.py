@@ -8,15 +8,17 @@ The arms differ only in where the new data comes from:
 
 - ``static``: no synthesis; the pool stays the seed tasks;
 - ``random``: synthesis from trajectories picked at random;
-- ``coevolve``: synthesis from the trajectories the detectors flag (the paper's
-  three plus unsolved), the budget split by each family's failure rate;
+- ``coevolve-oracle``: synthesis from the trajectories the detectors flag (the paper's
+  three plus unsolved), the budget split by each family's failure rate, the tasks written
+  by the environment's own task generator (``WorldEnvironment.variant``: an oracle
+  synthesizer; the arm was ``coevolve`` before issue 55, and units of that name still count);
 - ``coevolve-paper``: the paper's three detectors only, budget by kind priority;
 - ``oracle-targeted``: trajectories of the families the current agent solves less
   than half of on the validation split (a reference ceiling, never a product arm:
   it reads validation each cycle);
-- ``no-forgetting`` / ``no-boundary`` / ``no-rare`` / ``no-unsolved``: coevolve
+- ``no-forgetting`` / ``no-boundary`` / ``no-rare`` / ``no-unsolved``: coevolve-oracle
   without one detector;
-- ``grpo``, ``seal``, ``seal-no-reweighting``, ``seal-no-adaptation``: coevolve
+- ``grpo``, ``seal``, ``seal-no-reweighting``, ``seal-no-adaptation``: coevolve-oracle
   trained by GRPO instead of SFT (the same optimisation steps): plain, with
   SEAL's diagnosis-weighted advantages and training-only interface, and
   without each of the two;
@@ -37,7 +39,15 @@ curves (learning_curves.png), per family (family_curves.png) and the paired
 differences per family (family_differences.png).
 """
 
-from .arms import ARMS, HARD_NEGATIVES_LEARNING_RATE, LLM_ARMS, arm_config, default_arms
+from .arms import (
+    ARMS,
+    HARD_NEGATIVES_LEARNING_RATE,
+    LLM_ARMS,
+    RENAMED_ARMS,
+    arm_config,
+    check_arms,
+    default_arms,
+)
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     BASELINES,
@@ -65,11 +75,13 @@ __all__ = [
     "PAPER_EFFECTS",
     "REFERENCE_EFFECT",
     "REFERENCE_PAIRS",
+    "RENAMED_ARMS",
     "AblationReport",
     "ArmRun",
     "Interval",
     "Power",
     "arm_config",
+    "check_arms",
     "default_arms",
     "family_curves_of",
     "family_pairs",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ HARD_NEGATIVES_LEARNING_RATE = 2e-5
 ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"enabled": False}},
     "random": {"signals": {"selection": "random"}},
-    "coevolve": {},
+    # synthesis by the environment's own task generator (WorldEnvironment.variant): an
+    # oracle synthesizer, the reference the LLM arms below are read against (issue 55)
+    "coevolve-oracle": {},
     "coevolve-paper": {"signals": {"kinds": "paper", "allocation": "per_kind"}},
     "oracle-targeted": {"signals": {"selection": "oracle"}},
     "no-forgetting": {"signals": {"kinds": ["boundary", "rare", "unsolved"]}},
@@ -72,6 +75,39 @@ _WRITER_SYNTHESIS = {
 ARMS["coevolve-llm"] = {"synthesis": _WRITER_SYNTHESIS}
 ARMS["random-llm"] = {"signals": {"selection": "random"}, "synthesis": _WRITER_SYNTHESIS}
 LLM_ARMS = ("coevolve-llm", "random-llm")
+
+
+# Arms renamed since units were saved under their old name: old -> today's. A unit or report
+# of an old name is read as today's arm, with a FutureWarning; on the command line the old
+# name is an error that names the new one.
+RENAMED_ARMS = {"coevolve": "coevolve-oracle"}
+
+
+def renamed_arm(name: str) -> str:
+    """Today's name of an arm (``RENAMED_ARMS``), with a FutureWarning when it was renamed."""
+    if name not in RENAMED_ARMS:
+        return name
+    new = RENAMED_ARMS[name]
+    warnings.warn(
+        f"bench arm {name!r} is now {new!r}: read as {new!r} (rename its units "
+        f"{name}-seedN.json to {new}-seedN.json)",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return new
+
+
+def check_arms(arms: list[str]) -> None:
+    """ValueError naming each arm that is not one, and today's name of a renamed one."""
+    renamed = [arm for arm in arms if arm in RENAMED_ARMS]
+    if renamed:
+        raise ValueError(
+            "; ".join(f"arm {arm!r} is now {RENAMED_ARMS[arm]!r}" for arm in renamed)
+            + f": pass --arms {','.join(RENAMED_ARMS.get(arm, arm) for arm in arms)}"
+        )
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
 
 
 def default_arms(base: dict[str, Any]) -> list[str]:

@@ -128,11 +128,11 @@ def plot_family_differences(report: AblationReport, path: Path) -> Path:
 
 
 # The differences the low-resource verdict is about.
-VERDICT_PAIRS = ("coevolve - static", "coevolve - random")
+VERDICT_PAIRS = ("coevolve-oracle - static", "coevolve-oracle - random")
 
 
 def plot_by_seed_tasks(reports: dict[int, AblationReport], path: Path) -> Path:
-    """coevolve − static and coevolve − random against the number of seed tasks N: the mean
+    """coevolve-oracle − static and − random against the number of seed tasks N: the mean
     paired difference with its 95% interval, one report (one N) per point."""
     import matplotlib
 

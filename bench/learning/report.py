@@ -8,22 +8,23 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, field_validator, model_validator
 
 from ...agents.evaluation import split_label
+from .arms import RENAMED_ARMS, renamed_arm
 from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
 
 # Differences a reader asks about first: each arm against static and random,
 BASELINES = ("static", "random")
 # and the pairs each method's question is about, when both arms ran.
 REFERENCE_PAIRS = (
-    ("coevolve", "coevolve-paper"),  # does the unsolved signal + failure-rate budget help?
-    ("oracle-targeted", "coevolve"),  # how far the detectors stay from the ceiling
+    ("coevolve-oracle", "coevolve-paper"),  # does the unsolved signal + failure-rate budget help?
+    ("oracle-targeted", "coevolve-oracle"),  # how far the detectors stay from the ceiling
     ("oracle-targeted", "coevolve-paper"),
-    ("coevolve", "no-forgetting"),
-    ("coevolve", "no-boundary"),
-    ("coevolve", "no-rare"),
-    ("coevolve", "no-unsolved"),
+    ("coevolve-oracle", "no-forgetting"),
+    ("coevolve-oracle", "no-boundary"),
+    ("coevolve-oracle", "no-rare"),
+    ("coevolve-oracle", "no-unsolved"),
     ("seal", "grpo"),
     ("seal", "seal-no-reweighting"),
     ("seal", "seal-no-adaptation"),
@@ -32,15 +33,15 @@ REFERENCE_PAIRS = (
     ("seal-no-adaptation", "grpo"),
     ("hard-negatives", "own-negatives"),
     # The two methods' arms against the loop's own SFT training at the same compute.
-    ("seal", "coevolve"),
-    ("grpo", "coevolve"),
-    ("hard-negatives", "coevolve"),
-    ("own-negatives", "coevolve"),
+    ("seal", "coevolve-oracle"),
+    ("grpo", "coevolve-oracle"),
+    ("hard-negatives", "coevolve-oracle"),
+    ("own-negatives", "coevolve-oracle"),
 )
 
 # The paper's effects (points of success), for the power of the differences that test them;
 # a difference that tests none is stated at REFERENCE_EFFECT.
-PAPER_EFFECTS = {"coevolve - static": 0.06, "coevolve - random": 0.04}
+PAPER_EFFECTS = {"coevolve-oracle - static": 0.06, "coevolve-oracle - random": 0.04}
 REFERENCE_EFFECT = 0.05
 # The goal effect every difference is also stated at, and the stopping rule: 80% power at
 # it decides a bench's seeds, never fewer than MIN_SEEDS (docs/benchmarks.md).
@@ -72,6 +73,12 @@ class ArmRun(BaseModel):
     # the git commit of the code that ran it (package_commit; None: not a git checkout, or a
     # unit saved before it was kept)
     commit: str | None = None
+
+    @field_validator("arm", mode="before")
+    @classmethod
+    def _todays_arm(cls, name: Any) -> Any:
+        """A unit saved under an arm's old name (RENAMED_ARMS) counts as today's arm."""
+        return renamed_arm(name) if isinstance(name, str) else name
 
 
 class Interval(BaseModel):
@@ -113,10 +120,10 @@ class AblationReport(BaseModel):
     by_family: dict[str, dict[str, Interval]]  # arm -> family -> success
     curves: dict[str, list[Interval]]  # arm -> success per cycle
     family_curves: dict[str, dict[str, list[Interval]]] = {}  # arm -> family -> per cycle
-    paired: dict[str, Interval]  # "coevolve - static" -> difference of final success
-    # "coevolve - static" -> family -> paired difference of the family's final success
+    paired: dict[str, Interval]  # "coevolve-oracle - static" -> difference of final success
+    # "coevolve-oracle - static" -> family -> paired difference of the family's final success
     paired_by_family: dict[str, dict[str, Interval]] = {}
-    power: dict[str, Power] = {}  # "coevolve - static" -> the seeds it needs
+    power: dict[str, Power] = {}  # "coevolve-oracle - static" -> the seeds it needs
     # the split the runs were evaluated on (tuning runs: validation), which every title names
     split: str = "heldout"
     # the seed set's tasks per family (pool.seed_tasks bounds it): which families a run
@@ -127,11 +134,40 @@ class AblationReport(BaseModel):
     # (each seed its own seed subset, bootstrap agent and held-out draw; seed_families is
     # then the mean over the seeds' sets)
     seed_sets: str = "fixed"
-    # units continued from a killed run's last finished stage ("coevolve-seed3"): a resumed
+    # units continued from a killed run's last finished stage ("coevolve-oracle-seed3"): a resumed
     # unit gives the figures an uninterrupted one gives (test_a_killed_unit_resumes_to_the_
     # same_figures), and the report says which they were
     resumed: list[str] = []
     plot: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_arms(cls, data: Any) -> Any:
+        """A report written under an arm's old name (RENAMED_ARMS) reads under today's."""
+        if not isinstance(data, dict) or not set(data.get("arms") or []) & set(RENAMED_ARMS):
+            return data
+        data = dict(data)
+        data["arms"] = [renamed_arm(arm) for arm in data["arms"]]
+
+        def arm(name: str) -> str:
+            return RENAMED_ARMS.get(name, name)
+
+        for key in ("final", "by_family", "curves", "family_curves"):
+            if isinstance(data.get(key), dict):
+                data[key] = {arm(name): value for name, value in data[key].items()}
+        for key in ("paired", "paired_by_family", "power"):
+            if isinstance(data.get(key), dict):
+                data[key] = {
+                    " - ".join(arm(part) for part in name.split(" - ")): value
+                    for name, value in data[key].items()
+                }
+        data["resumed"] = [
+            f"{arm(unit.rpartition('-seed')[0])}-seed{unit.rpartition('-seed')[2]}"
+            if "-seed" in unit
+            else unit
+            for unit in data.get("resumed") or []
+        ]
+        return data
 
 
 def interval(values: list[float]) -> Interval:
@@ -266,11 +302,11 @@ def seed_families(config: Any) -> dict[str, int]:
 
 
 def family_pairs(report: AblationReport) -> list[str]:
-    """The paired differences the per-family table and figure show: coevolve's against
-    static and random when coevolve ran (the reader's first question), else every arm's
+    """The paired differences the per-family table and figure show: coevolve-oracle's
+    against static and random when it ran (the reader's first question), else every arm's
     against them. report.json keeps every pair."""
     against = [name for name in report.paired_by_family if name.split(" - ")[1] in BASELINES]
-    product = [name for name in against if name.split(" - ")[0] == "coevolve"]
+    product = [name for name in against if name.split(" - ")[0] == "coevolve-oracle"]
     return product or against
 
 

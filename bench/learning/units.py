@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .arms import ARMS, arm_config
+from .arms import RENAMED_ARMS, arm_config, check_arms
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     AblationReport,
@@ -144,9 +144,7 @@ def run_ablation(
     from ...config import load_config
     from ...runner import resume, run
 
-    unknown = [arm for arm in arms if arm not in ARMS]
-    if unknown:
-        raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
+    check_arms(arms)
     commit = package_commit()
     runs: list[ArmRun] = []
     stale: list[str] = []  # units of these arms and seeds run with another config
@@ -158,9 +156,16 @@ def run_ablation(
                 arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets=seed_sets)
             )
             unit = units / f"{arm}-seed{seed}.json"
+            # a unit saved under the arm's old name (RENAMED_ARMS) still counts, read as today's
+            old = [
+                units / f"{name}-seed{seed}.json"
+                for name, new in RENAMED_ARMS.items()
+                if new == arm
+            ]
+            saved_as = next((path for path in [unit, *old] if path.exists()), unit)
             fingerprint = config.model_dump_json()
-            if unit.exists():
-                saved = json.loads(unit.read_text())
+            if saved_as.exists():
+                saved = json.loads(saved_as.read_text())
                 if unit_still_counts(saved.get("config"), fingerprint):
                     run_record = ArmRun.model_validate(saved["run"])
                     if not run_record.family_curves:  # a unit saved before they were kept
@@ -169,13 +174,13 @@ def run_ablation(
                     if console is not None:
                         console.print(
                             f"[bold]bench learning[/bold] {len(runs)}/{total}: {arm}, seed "
-                            f"{seed} finished before, skipped ({unit.name})"
+                            f"{seed} finished before, skipped ({saved_as.name})"
                         )
                     continue
-                stale.append(unit.name)
+                stale.append(saved_as.name)
             if not run_missing:
                 if console is not None:
-                    why = " (its unit was run with another config)" if unit.exists() else ""
+                    why = " (its unit was run with another config)" if saved_as.exists() else ""
                     console.print(
                         f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet{why}"
                     )
