@@ -103,7 +103,9 @@ def test_a_synthesis_pass_on_the_writer_over_http(flagged, scripted_server):
         return writer_reply(body) or Reply.status(400, "only the writer is asked")
 
     server = scripted_server(script)
-    config = RolesConfig(writer="writer", explorer_policy_rounds=2, explorer_rounds=2)
+    config = RolesConfig(
+        writer="writer", writer_material="both", explorer_policy_rounds=2, explorer_rounds=2
+    )
     roles = build_roles(config, {"writer": writer_endpoint(server)}, policy=HalfRightPolicy())
     assert roles.abstractor.name.startswith("abstractor:writer(")
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
