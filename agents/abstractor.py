@@ -191,6 +191,7 @@ class OfflineAbstractor:
     """Successful, state-changing action windows relabelled by the environment's describer."""
 
     name = "abstractor:offline"
+    reads_exploration = True
 
     def __init__(self, max_candidates: int = 3, max_window: int = 5, steer: bool = True):
         if max_candidates < 1 or max_window < 1:

@@ -112,6 +112,8 @@ def abstraction_request(
 class LLMAbstractor:
     """A chat model proposes tasks from the exploration log; each action must parse."""
 
+    reads_exploration = True
+
     def __init__(
         self,
         model: Any,

@@ -99,6 +99,8 @@ class Abstraction(BaseModel):
 
 class Abstractor(Protocol):
     name: str
+    # False: it writes from the flagged episode alone, so the pass runs no exploration for it.
+    reads_exploration: bool
 
     async def abstract(
         self,

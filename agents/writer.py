@@ -176,6 +176,7 @@ class TaskWriter:
         self.max_candidates = max_candidates
         self.material = material
         self.grounding = grounding
+        self.reads_exploration = material != "hindsight"
         self.name = f"abstractor:writer({model_label(model)}, {material})"
 
     def segments(

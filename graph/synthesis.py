@@ -180,6 +180,10 @@ async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Bra
     rt, item, context = runtime.context, state["item"], state.get("context")
     if context is None:
         return {"rounds": []}
+    if not rt.roles.abstractor.reads_exploration:
+        # Its material is the flagged episode itself: the item passes this stage unexplored
+        # (a policy round is a generation per item on a CPU, for nothing).
+        return {"rounds": [], "counts": {"explored": 1}}
     with counting_reply_errors() as errors:
         try:
             rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
@@ -198,7 +202,7 @@ async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Bra
 async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item, context = runtime.context, state["item"], state.get("context")
     rounds = state.get("rounds", [])
-    if context is None or not rounds:
+    if context is None or (not rounds and rt.roles.abstractor.reads_exploration):
         return {"proposals": []}
     parent = state["parent"]
     neighbours = state.get("parent_neighbours", [])

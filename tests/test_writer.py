@@ -120,6 +120,33 @@ def test_a_synthesis_pass_on_the_writer_over_http(flagged, scripted_server):
     assert asked and all(r["messages"][1]["content"].startswith("1. ") for r in asked)
 
 
+@pytest.mark.parametrize("material", ["hindsight", "both"])
+def test_a_hindsight_writer_runs_no_exploration(flagged, scripted_server, material):
+    server = scripted_server(lambda body: writer_reply(body) or Reply.status(400, "writer only"))
+    config = RolesConfig(
+        writer="writer", writer_material=material, explorer_policy_rounds=2, explorer_rounds=2
+    )
+    roles = build_roles(config, {"writer": writer_endpoint(server)}, policy=HalfRightPolicy())
+    explored = []
+    explore = roles.explorer.explore
+
+    async def counting(item, *args):
+        explored.append(item.trajectory.id)
+        return await explore(item, *args)
+
+    roles.explorer.explore = counting
+    runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
+    result = asyncio.run(run_synthesis(flagged, TASKS, runtime, max_concurrency=4))
+    kinds = {key.rsplit(":", 1)[1] for key in result.counts if key.startswith("kind:")}
+    if material == "hindsight":
+        assert explored == [] and kinds == {"hindsight"}
+        # every item passes the explore stage: its material is its own episode
+        assert result.counts["explored"] == len(flagged)
+    else:
+        assert len(explored) == len(flagged)
+    assert result.counts["accepted"] >= 1
+
+
 def test_the_writer_keeps_every_rejection_with_its_reason(flagged, scripted_server):
     replies = iter(["Request: Do the thing.\nAnswer: -", "no idea", "Request: x"])
 
