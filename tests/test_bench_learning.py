@@ -657,34 +657,24 @@ def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
     assert f"{head[:12]}+modified (1), not recorded (1)" in console.export_text()
 
 
-def test_unknown_arm_is_a_clear_error():
-    out = subprocess.run(
-        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", "static,best"],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2 and "unknown arms ['best']" in out.stderr
-
-
-def test_the_old_name_of_the_generator_arm_is_a_clear_error():
-    """`coevolve` was the generator arm's name before issue 55: the command line names the new one."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "coevolve",
-            "bench",
-            "learning",
-            "--quick",
-            "--arms",
+@pytest.mark.parametrize(
+    "arms, message",
+    [
+        ("static,best", "unknown arms ['best']"),
+        # `coevolve` was the generator arm's name before issue 55: the error names the new one.
+        (
             "static,coevolve",
-        ],
+            "arm 'coevolve' is now 'coevolve-oracle': pass --arms static,coevolve-oracle",
+        ),
+    ],
+)
+def test_an_unknown_or_renamed_arm_is_a_clear_error(arms, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", arms],
         capture_output=True,
         text=True,
     )
-    text = " ".join(out.stderr.split())
-    assert out.returncode == 2
-    assert "arm 'coevolve' is now 'coevolve-oracle': pass --arms static,coevolve-oracle" in text
+    assert out.returncode == 2 and message in " ".join(out.stderr.split())
 
 
 def test_units_and_reports_of_the_old_arm_name_count_as_coevolve_oracle(tmp_path):
