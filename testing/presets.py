@@ -1,7 +1,7 @@
 """Settings for tests: the tiny model's presets (``tiny_bootstrap``, ``tiny_training``,
 ``quick_bench``, ``load_preset``; they live in ``coevolve.training.tiny_presets``, where
-production commands read them too) and a run config against a scripted endpoint
-(``endpoint_run``)."""
+production commands read them too), one small cycle on the tiny model
+(``tiny_cycle``) and a run config against a scripted endpoint (``endpoint_run``)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,28 @@ __all__ = [
     "load_preset",
     "quick_bench",
     "tiny_bootstrap",
+    "tiny_cycle",
     "tiny_training",
 ]
+
+
+def tiny_cycle(run_dir: str | Path, training: dict[str, Any] | None = None) -> Any:
+    """The config of one small cycle on the tiny bootstrap model (6 tasks x 2 rollouts,
+    2 training steps of 2, one held-out task a family); ``training`` laid over its section."""
+    from ..config import CoevolveConfig
+
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(run_dir),
+            "cycles": 1,
+            "rollout": {"k": 2, "max_tool_calls": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+            "training": merged({"max_steps": 2, "batch_size": 2}, training or {}),
+            "evaluation": {"per_family": 1},
+        }
+    )
+    return config.model_copy(update={"bootstrap": tiny_bootstrap()})
 
 
 def endpoint_run(

@@ -29,7 +29,7 @@ import yaml
 
 from coevolve.envs.world import load_split
 from coevolve.memory.store import TaskStore
-from coevolve.testing.presets import endpoint_run, tiny_bootstrap
+from coevolve.testing.presets import endpoint_run, tiny_bootstrap, tiny_cycle
 from coevolve.testing.reference_agent import reference_replies
 
 TINY = tiny_bootstrap()
@@ -63,22 +63,11 @@ def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> 
 
 
 def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build, monkeypatch):
-    from coevolve.config import CoevolveConfig
     from coevolve.runner import run
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
-    config = CoevolveConfig.model_validate(
-        {
-            "run_dir": str(tmp_path / "run"),
-            "cycles": 1,
-            "rollout": {"k": 2, "max_tool_calls": 2},
-            "policy": {"max_new_tokens": 16},
-            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-            # SEAL's diagnosis weights on the SFT examples (checked below).
-            "training": {"max_steps": 2, "batch_size": 2, "seal": {"reweight": {"enable": True}}},
-            "evaluation": {"per_family": 1},
-        }
-    ).model_copy(update={"bootstrap": TINY})
+    # SEAL's diagnosis weights on the SFT examples (checked below).
+    config = tiny_cycle(tmp_path / "run", training={"seal": {"reweight": {"enable": True}}})
     result = run(config, progress=False)
 
     from coevolve.outputs.summary import RunSummary

@@ -272,24 +272,13 @@ def test_ddp_a_cycle_of_the_loop_trains_through_accelerate_launch(
 ):
     """The loop's train node with launcher accelerate: data built in the loop, 2 ranks train."""
     from coevolve.runner import run
-    from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.testing.presets import tiny_cycle
     from coevolve.training.adapters import TrainResult
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    training = {"max_steps": 2, "batch_size": 2, "launcher": "accelerate"}
-    training |= {"accelerate_config": "ddp-cpu", "num_processes": 2}
-    config = CoevolveConfig.model_validate(
-        {
-            "run_dir": str(tmp_path / "run"),
-            "cycles": 1,
-            "rollout": {"k": 2, "max_tool_calls": 2},
-            "policy": {"max_new_tokens": 16},
-            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-            "training": training,
-            "evaluation": {"per_family": 1},
-        }
-    ).model_copy(update={"bootstrap": tiny_bootstrap()})
+    training = {"launcher": "accelerate", "accelerate_config": "ddp-cpu", "num_processes": 2}
+    config = tiny_cycle(tmp_path / "run", training=training)
     result = run(config, progress=False)
 
     cycle = Path(result.run_dir) / "cycles" / "001"

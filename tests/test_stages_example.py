@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coevolve.testing.presets import tiny_bootstrap
-
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "loop.md"
 
 
@@ -29,19 +27,10 @@ def test_the_stages_example_runs_on_in_memory_values(
     import coevolve.config
     from coevolve.config import CoevolveConfig
     from coevolve.run_files import CycleFiles
+    from coevolve.testing.presets import tiny_cycle
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
-    config = CoevolveConfig.model_validate(
-        {
-            "run_dir": str(tmp_path / "run"),
-            "cycles": 1,
-            "rollout": {"k": 2, "max_tool_calls": 2},
-            "policy": {"max_new_tokens": 16},
-            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-            "training": {"max_steps": 2, "batch_size": 2, "seal": {"reweight": {"enable": True}}},
-            "evaluation": {"per_family": 1},
-        }
-    ).model_copy(update={"bootstrap": tiny_bootstrap()})
+    config = tiny_cycle(tmp_path / "run", training={"seal": {"reweight": {"enable": True}}})
     loaded: list[str] = []
 
     def load_config(path: str) -> CoevolveConfig:
