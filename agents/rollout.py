@@ -235,11 +235,9 @@ async def play_rollouts(
                     _advance(episode, reply, max_tool_calls)
             still_live = [e for e in live if not e.done]
             bar.advance(len(live) - len(still_live), sum(r.completion_tokens for r in replies))
-            starting, waiting = (
-                waiting[: window - len(still_live)],
-                waiting[window - len(still_live) :],
-            )
-            live = still_live + starting
+            room = window - len(still_live)
+            live = still_live + waiting[:room]
+            waiting = waiting[room:]
     # Keys and values kept for the next step are of no use once every episode ended.
     release = getattr(policy, "release_cache", None)
     if callable(release):
