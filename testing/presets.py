@@ -28,23 +28,19 @@ __all__ = [
 ]
 
 
-def tiny_cycle(run_dir: str | Path, training: dict[str, Any] | None = None) -> Any:
-    """The config of one small cycle on the tiny bootstrap model (6 tasks x 2 rollouts,
-    2 training steps of 2, one held-out task a family); ``training`` laid over its section."""
-    from ..config import CoevolveConfig
-
-    config = CoevolveConfig.model_validate(
-        {
-            "run_dir": str(run_dir),
-            "cycles": 1,
-            "rollout": {"k": 2, "max_tool_calls": 2},
-            "policy": {"max_new_tokens": 16},
-            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
-            "training": merged({"max_steps": 2, "batch_size": 2}, training or {}),
-            "evaluation": {"per_family": 1},
-        }
-    )
-    return config.model_copy(update={"bootstrap": tiny_bootstrap()})
+def tiny_cycle(run_dir: str | Path, training: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run config (as a dict) of one small cycle (6 tasks x 2 rollouts, 2 training steps of
+    2, one held-out task a family); ``training`` laid over its section. Give it the tiny
+    bootstrap model with ``.model_copy(update={"bootstrap": tiny_bootstrap()})``."""
+    return {
+        "run_dir": str(run_dir),
+        "cycles": 1,
+        "rollout": {"k": 2, "max_tool_calls": 2},
+        "policy": {"max_new_tokens": 16},
+        "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+        "training": merged({"max_steps": 2, "batch_size": 2}, training or {}),
+        "evaluation": {"per_family": 1},
+    }
 
 
 def endpoint_run(

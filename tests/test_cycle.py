@@ -63,12 +63,14 @@ def endpoint_config(run_dir: Path, server, model_dir: Path, cycles: int = 2) -> 
 
 
 def test_one_cycle_on_the_tiny_model_in_process(tmp_path, cache_dir, tiny_build, monkeypatch):
+    from coevolve.config import CoevolveConfig
     from coevolve.runner import run
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
     # SEAL's diagnosis weights on the SFT examples (checked below).
-    config = tiny_cycle(tmp_path / "run", training={"seal": {"reweight": {"enable": True}}})
-    result = run(config, progress=False)
+    seal = {"seal": {"reweight": {"enable": True}}}
+    config = CoevolveConfig.model_validate(tiny_cycle(tmp_path / "run", training=seal))
+    result = run(config.model_copy(update={"bootstrap": TINY}), progress=False)
 
     from coevolve.outputs.summary import RunSummary
 

@@ -272,14 +272,14 @@ def test_ddp_a_cycle_of_the_loop_trains_through_accelerate_launch(
 ):
     """The loop's train node with launcher accelerate: data built in the loop, 2 ranks train."""
     from coevolve.runner import run
-    from coevolve.testing.presets import tiny_cycle
+    from coevolve.testing.presets import tiny_bootstrap, tiny_cycle
     from coevolve.training.adapters import TrainResult
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     training = {"launcher": "accelerate", "accelerate_config": "ddp-cpu", "num_processes": 2}
-    config = tiny_cycle(tmp_path / "run", training=training)
-    result = run(config, progress=False)
+    config = CoevolveConfig.model_validate(tiny_cycle(tmp_path / "run", training=training))
+    result = run(config.model_copy(update={"bootstrap": tiny_bootstrap()}), progress=False)
 
     cycle = Path(result.run_dir) / "cycles" / "001"
     record = TrainResult.model_validate_json((cycle / "train.json").read_text())

@@ -27,10 +27,12 @@ def test_the_stages_example_runs_on_in_memory_values(
     import coevolve.config
     from coevolve.config import CoevolveConfig
     from coevolve.run_files import CycleFiles
-    from coevolve.testing.presets import tiny_cycle
+    from coevolve.testing.presets import tiny_bootstrap, tiny_cycle
 
     monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
-    config = tiny_cycle(tmp_path / "run", training={"seal": {"reweight": {"enable": True}}})
+    seal = {"seal": {"reweight": {"enable": True}}}
+    config = CoevolveConfig.model_validate(tiny_cycle(tmp_path / "run", training=seal))
+    config = config.model_copy(update={"bootstrap": tiny_bootstrap()})
     loaded: list[str] = []
 
     def load_config(path: str) -> CoevolveConfig:
