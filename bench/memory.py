@@ -7,10 +7,10 @@
     .venv/bin/python bench/memory.py --evaluate-only --set policy.batch_size=32
 
 Runs the stages of one cycle as the loop does (``coevolve.graph.stages``): bootstrap
-(the agent built when it is not cached), load (the policy), rollout,
-signals, synthesis, pool, train, evaluate (``--evaluate-only``: bootstrap, load and
-the cycle-0 evaluation, the stage that holds ``make demo``'s peak). For each it prints the seconds, the
-peak resident memory of this process during the stage (Linux: the kernel's
+(the agent built when it is not cached), load (the policy), rollout, signals,
+synthesis, pool, train, evaluate (``--evaluate-only``: bootstrap, load and the
+cycle-0 evaluation, the stage that held ``make demo``'s peak). For each it prints
+the seconds, the peak resident memory of this process during the stage (Linux: the kernel's
 high-water mark ``VmHWM``, reset before each stage through
 ``/proc/self/clear_refs``; elsewhere a sampler thread), the peak of the processes
 it launched (``training.launcher: subprocess`` or ``accelerate``: their resident
