@@ -25,9 +25,9 @@ One name per meaning: the node ``rollout`` is the function ``rollout_node`` here
 node ``X`` is ``X_node``), which calls the stage ``stages.rollout``, which runs the
 engine beneath it (``agents.rollout.play_rollouts``; ``graph.synthesis.run_synthesis``,
 ``agents.evaluation.evaluation_report``). Each node calls its stage (graph/stages.py,
-the same functions a script can
-call itself, typed in and typed out) on the earlier stages' outputs, read back from
-the cycle's files, and records the stage's figures in the state.
+the same functions a script can call itself, typed in and typed out) on the earlier
+stages' outputs, read back from the cycle's files, and records the stage's figures in
+the state.
 
 The state stays small and JSON-friendly (figures and file paths): the
 trajectories, flagged items and tasks of a cycle live in files under

@@ -8,8 +8,8 @@ synthesis roles (``build_runtime``). Building a runtime never trains: the
 bootstrap agent a local policy starts from is built by its own step,
 ``build_bootstrap_agent``, which ``coevolve run`` (and the eval command, and
 Studio's cycle) call first; without it a missing agent is a ``RunError`` that says
-so. A synthesis pass outside a run gets
-``build_synthesis_runtime`` (a run's cycle: ``CycleRuntime.synthesis_runtime()``); LangGraph Studio's synthesis graph gets
+so. A synthesis pass outside a run gets ``build_synthesis_runtime`` (a run's cycle:
+``CycleRuntime.synthesis_runtime()``); LangGraph Studio's synthesis graph gets
 ``spec_synthesis_runtime`` from a small JSON spec (``graph/studio.py``).
 ``coevolve.runner`` re-exports the config builders.
 """

@@ -161,12 +161,12 @@ class AblationReport(BaseModel):
                     " - ".join(arm(part) for part in name.split(" - ")): value
                     for name, value in data[key].items()
                 }
-        data["resumed"] = [
-            f"{arm(unit.rpartition('-seed')[0])}-seed{unit.rpartition('-seed')[2]}"
-            if "-seed" in unit
-            else unit
-            for unit in data.get("resumed") or []
-        ]
+
+        def unit(name: str) -> str:
+            arm_name, seed_mark, seed = name.rpartition("-seed")
+            return f"{arm(arm_name)}{seed_mark}{seed}" if seed_mark else name
+
+        data["resumed"] = [unit(name) for name in data.get("resumed") or []]
         return data
 
 
