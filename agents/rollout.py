@@ -9,6 +9,11 @@ are still in flight. Each episode has its own fresh environment. A failure of
 the policy for one conversation ends that episode with ``error`` set and keeps
 everything it did so far; ``transport_failure`` marks one where the endpoint gave
 no usable reply, which is not the agent's outcome.
+
+It is the one episode loop: evaluation, the cycle's rollouts, hard negatives'
+failure episodes and GRPO's multi-turn rollout and reference episodes
+(``training/grpo/multiturn_rollout.py``, whose policy says ``continues_ids`` and
+is handed each episode's last prompt and reply ids) all play here.
 """
 
 from __future__ import annotations
@@ -105,11 +110,13 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> N
     """Advance one episode by one assistant message."""
     episode.prompt_tokens += reply.prompt_tokens
     episode.completion_tokens += reply.completion_tokens
+    # Ids a failed reply still carries were generated (a reply cut by a token budget):
+    # they stay in the record, though the reply is not acted on.
+    _record_ids(episode, reply)
     if reply.error is not None:
         episode.error, episode.finished, episode.done = reply.error, False, True
         episode.transport_failure = reply.transport_failure
         return
-    _record_ids(episode, reply)
     episode.messages.append(reply.to_openai())
     outcome = respond(episode.env, reply, episode.turn, episode.calls, max_tool_calls)
     episode.steps.extend(outcome.steps)
@@ -193,23 +200,36 @@ async def play_rollouts(
     progress: bool = True,
     cycle: int = 0,
     description: str = "rollouts",
+    openings: Sequence[Sequence[Message]] | None = None,
 ) -> list[Trajectory]:
     """Run ``k`` episodes of every task; return their trajectories in task order.
 
     ``max_tool_calls`` bounds the assistant messages that call tools (each with one
-    or more calls) in one user turn; BFCL allows 20.
+    or more calls) in one user turn; BFCL allows 20. ``openings`` (one per task)
+    replaces the system prompt and first query an episode opens with (GRPO's dataset
+    rows carry their own).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if max_tool_calls < 1:
         raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
+    if openings is not None and len(openings) != len(tasks):
+        raise ValueError(f"{len(openings)} openings for {len(tasks)} tasks")
     episodes = [
         _Episode(task=task, env=make_env(), rollout_index=i) for task in tasks for i in range(k)
     ]
-    for episode in episodes:
-        episode.messages = opening_messages(episode.env.reset(episode.task), system_prompt)
+    for index, episode in enumerate(episodes):
+        query = episode.env.reset(episode.task)
+        episode.messages = (
+            opening_messages(query, system_prompt)
+            if openings is None
+            else [dict(message) for message in openings[index // k]]
+        )
     needs_tasks = bool(getattr(policy, "needs_tasks", False))
     reports_each_reply = bool(getattr(policy, "reports_each_reply", False))
+    # A policy that continues each episode on the ids it generated (GRPO's multi-turn
+    # rollout) is given them: the last reply's prompt and reply ids.
+    continues_ids = bool(getattr(policy, "continues_ids", False))
 
     # A policy that keeps each live episode's keys and values may bound how many play at
     # once; the next episode starts as one ends.
@@ -220,6 +240,8 @@ async def play_rollouts(
         live = episodes[:window]
         while live:
             extra: dict[str, Any] = {"tasks": [e.task for e in live]} if needs_tasks else {}
+            if continues_ids:
+                extra["previous_ids"] = [e.last_ids for e in live]
             advanced: set[int] = set()
             if reports_each_reply:
                 extra["on_reply"] = _advancer(live, advanced, max_tool_calls)

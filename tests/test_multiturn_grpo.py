@@ -144,7 +144,7 @@ def test_multi_turn_grpo_step_plays_every_turn_on_generated_ids(tiny_build, tmp_
         recorded = [score for reply in episode.logprobs for score in reply]
         assert scores[positions].tolist() == pytest.approx(recorded, abs=1e-4)
         # The record SEAL diagnoses: BFCL labels one per ground-truth user turn.
-        trajectory = episode.trajectory()
+        trajectory = episode.trajectory
         assert len(trajectory.model_turns) == len(episode.replies)
         assert len(episode.diagnosis()) == len(episode.task.turns)
     # The reward TRL used is the verifier's score of each episode (0 unless every turn closed).
@@ -238,7 +238,7 @@ def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(ti
 
 def test_multi_turn_delta_refuses_a_template_that_rewrites_the_past(tiny_build):
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.grpo.multiturn_rollout import TemplateNotPrefixPreserving, rendered_delta
+    from coevolve.training.grpo.generated_replies import TemplateNotPrefixPreserving, rendered_delta
 
     tokenizer = load_tokenizer(tiny_build)
     history = [
@@ -617,7 +617,7 @@ def test_a_group_whose_episodes_all_failed_gets_the_reference_episode(tiny_build
     end_of_turn = trainer.processing_class.convert_tokens_to_ids("<|im_end|>")
     assert len(reference.replies) == 4  # a call and an answer in each user turn
     assert all(reply[-1] == end_of_turn for reply in reference.replies)
-    calls = [step.call.name for step in reference.steps]
+    calls = [step.call.name for step in reference.trajectory.steps]
     assert calls == [turn.reference_calls[0].name for turn in hopeless.turns]
     # TRL trains on it as on any episode: its replies are the loss tokens, its reward 1,
     # and the group now has gradient.
@@ -761,3 +761,52 @@ def test_max_tool_calls_is_the_bound_and_max_steps_per_turn_its_old_name():
         make()
     with pytest.raises(ValueError, match="max_tool_calls must be >= 1"):
         make(max_tool_calls=0)
+
+
+def test_an_episode_ends_unfinished_where_the_token_budget_runs_out(tiny_build):
+    """The two ends a completion budget puts to an episode in the rollout engine: a reply cut
+    inside it keeps its ids and is not acted on; a closed reply whose next user turn does
+    not fit ends the episode there, without environment ids after it."""
+    from coevolve.agents.conversation import opening_messages
+    from coevolve.agents.rendering import encode
+    from coevolve.common.tokenization import load_tokenizer
+    from coevolve.envs.bfcl import BfclEnvironment
+    from coevolve.training.grpo.multiturn_rollout import MultiTurnRollout
+
+    task = _bfcl_tasks()[0]
+    tokenizer = load_tokenizer(tiny_build)
+    answer = encode(tokenizer, "Done.<|im_end|>")
+    assert answer[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    opening = opening_messages(BfclEnvironment().reset(task), BFCL_SYSTEM_PROMPT)
+
+    def scripted(prompts, cap):
+        return [answer[:cap] for _ in prompts], [[-0.5] * len(answer[:cap]) for _ in prompts]
+
+    def play(max_completion_tokens):
+        rollout = MultiTurnRollout(
+            BfclEnvironment,
+            tools_in_prompt=False,
+            max_tool_calls=4,
+            max_completion_tokens=max_completion_tokens,
+        )
+        (episode,) = rollout.play(scripted, tokenizer, [task], [opening])
+        return episode
+
+    cut = play(max_completion_tokens=2)
+    assert cut.replies == [answer[:2]] and cut.completion_ids == answer[:2]
+    assert cut.env_mask == [1, 1] and cut.old_policy_logprobs() == [-0.5, -0.5]
+    assert not cut.finished and cut.trajectory.error == "token budget spent inside a reply"
+    assert not cut.trajectory.steps and cut.trajectory.final_answer is None
+
+    # The answer closes the first turn; the second user query does not fit after it.
+    spent = play(max_completion_tokens=len(answer) + 2)
+    assert spent.replies == [answer] and spent.completion_ids == answer
+    assert spent.env_mask == [1] * len(answer) and spent.user_turns == 1
+    assert not spent.finished and spent.trajectory.error == "token budget spent"
+    assert spent.trajectory.final_answer == "Done." and spent.score == 0.0
+    assert spent.trajectory.messages[-1]["content"] == task.turns[1].query
+
+    # With room, the same replies close every turn, each next query as environment ids.
+    whole = play(max_completion_tokens=2000)
+    assert whole.finished and whole.user_turns == len(task.turns)
+    assert whole.replies == [answer] * len(task.turns)

@@ -36,12 +36,8 @@ from ...agents.policy import Message
 from ...agents.rendering import encode, end_of_turn_id, render_conversation
 from ...envs.base import TASK_ERRORS, Environment
 from ...records import Task, is_success
-from .multiturn_rollout import (
-    MultiTurnEpisode,
-    MultiTurnRollout,
-    ReplyGenerator,
-    TemplateNotPrefixPreserving,
-)
+from .generated_replies import ReplyGenerator, TemplateNotPrefixPreserving
+from .multiturn_rollout import MultiTurnEpisode, MultiTurnRollout
 
 logger = logging.getLogger(__name__)
 
