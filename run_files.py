@@ -6,7 +6,7 @@ A run directory, ``RunFiles(run_dir)``:
 
     config.yaml               the config the run uses (a resume reads it back)
     checkpoints.sqlite        LangGraph checkpoints (thread "run")
-    run.lock                  while a run works here: its pid and host (graph/run_lock.py)
+    run.lock                  while a run works here: its pid and host (loop/run_lock.py)
     run.log                   the trainers' log dicts and the roles' log lines (outputs/run_log.py)
     history.jsonl             scores per task and cycle (forgetting)
     patterns.json             action-pattern counts (rare)

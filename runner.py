@@ -2,14 +2,14 @@
 
 The runner builds what the cycle graph's nodes use (policy, pool, history,
 pattern counts, task store, synthesis roles) from a CoevolveConfig
-(``graph/runtime_factory.py``), compiles
-graph/cycle.py's ``builder`` with a SQLite checkpointer in the run directory,
+(``loop/compose.py``), compiles
+loop/cycle.py's ``builder`` with a SQLite checkpointer in the run directory,
 and runs it. ``resume=True`` continues a killed run from its last finished
 node, with the config saved in the run directory. At the end it writes
 metrics.jsonl, report.png and summary.json, and returns a RunResult.
-The runtime type and RunError (``graph/runtime.py``), the runtime construction
-and the cycle's training step (``graph/training_step.py``) live under graph/ so
-the graph never imports the runner; they are re-exported here.
+The runtime type and RunError (``loop/runtime.py``), the runtime construction
+and the cycle's training step (``loop/training_step.py``) live under loop/ so
+the cycle graph never imports the runner; they are re-exported here.
 
 The run directory's files are named, read and written in ``run_files.py``.
 """
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from .graph.run_lock import hold_run_dir
-from .graph.runtime import CycleRuntime, RunError
-from .graph.runtime_factory import (
+from .loop.compose import (
     build_bootstrap_agent,
     build_policy,
     build_runtime,
     evaluation_tasks,
     local_model_dir,
 )
-from .graph.training_step import sft_weights, train_cycle, use_adapter
+from .loop.run_lock import hold_run_dir
+from .loop.runtime import CycleRuntime, RunError
+from .loop.training_step import sft_weights, train_cycle, use_adapter
 from .outputs.summary import CycleSummary
 from .run_files import CHECKPOINTS, LOCK_FILE, RunFiles
 
@@ -98,7 +98,7 @@ def run(
 
     Refuses a run directory that already holds a run unless ``overwrite``; use
     ``resume(run_dir)`` to continue one. A directory a live run holds (``run.lock``,
-    graph/run_lock.py) is refused either way, naming the holder. ``overrides`` (``--set`` settings already
+    loop/run_lock.py) is refused either way, naming the holder. ``overrides`` (``--set`` settings already
     applied to ``config``) are listed at the top of the saved config.yaml. What the
     trainers log goes to ``run_dir/run.log``; ``verbose`` shows it on stderr too.
     ``baseline_cache``: a directory where runs of the same local agent share their
@@ -231,7 +231,7 @@ def _execute(
 async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], str | None]:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    from .graph.cycle import builder
+    from .loop.cycle import builder
 
     config = rt.config
     # The synthesis subgraph inherits the run's config: its branches run max_concurrency

@@ -6,7 +6,7 @@
     .venv/bin/python bench/memory.py --config my.yaml --threads 2
     .venv/bin/python bench/memory.py --evaluate-only --set policy.batch_size=32
 
-Runs the stages of one cycle as the loop does (``coevolve.graph.stages``): bootstrap
+Runs the stages of one cycle as the loop does (``coevolve.loop.stages``): bootstrap
 (the agent built when it is not cached), load (the policy), rollout, signals,
 synthesis, pool, train, evaluate (``--evaluate-only``: bootstrap, load and the
 cycle-0 evaluation, the stage that held ``make demo``'s peak). For each it prints
@@ -222,7 +222,7 @@ def full_config(path: Path, run_dir: Path, launcher: str | None, overrides: list
 async def run_cycle(
     config: Any, allocators: set[str], threads: int | None, evaluate_only: bool = False
 ) -> list[StageMemory]:
-    from coevolve.graph import stages
+    from coevolve.loop import stages
 
     rows: list[StageMemory] = []
     policy_cache: Any = None

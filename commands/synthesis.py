@@ -71,11 +71,11 @@ def synthesize_command(
 
     from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
-    from ..graph.runtime_factory import build_synthesis_runtime
-    from ..graph.synthesis import run_synthesis
+    from ..loop.compose import build_synthesis_runtime
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals
+    from ..synthesis.graph import run_synthesis
 
     try:
         config = load_config(config_path)

@@ -18,8 +18,8 @@ KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
     ("training.bootstrap.smollm2", "BaseModelError"),
     ("agents.policy", "PolicyError"),
     ("agents.llm", "ReplyError"),
-    ("graph.synthesis", "SynthesisError"),
-    ("graph.runtime", "RunError"),
+    ("synthesis.graph", "SynthesisError"),
+    ("loop.runtime", "RunError"),
 )
 
 

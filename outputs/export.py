@@ -40,7 +40,7 @@ from ..records import Task
 from ..run_files import CONFIG_FILE, RunFiles
 
 ExportFormat = Literal["jsonl", "hf"]
-# Written by graph.training_step.train_cycle in each cycle directory.
+# Written by loop.training_step.train_cycle in each cycle directory.
 
 
 def task_row(task: Task) -> dict[str, Any]:

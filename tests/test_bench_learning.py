@@ -319,7 +319,7 @@ def test_per_seed_seed_sets_give_each_seed_its_own_tasks_and_bootstrap_agent(tmp
     subset, its bootstrap agent (built on that subset) and its held-out draw are its own;
     fixed (the default) keeps one of each for every seed."""
     from coevolve.envs.catalog import load_tasks
-    from coevolve.graph.runtime_factory import evaluation_tasks
+    from coevolve.loop.compose import evaluation_tasks
 
     root = Path(__file__).resolve().parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
@@ -502,7 +502,7 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
     """A bench unit killed part-way (its signals stage raises once, in cycle 2) and resumed by
     the next bench run gives the figures of the same unit run through, and is marked resumed."""
     from coevolve.bench.learning import run_ablation
-    from coevolve.graph import stages
+    from coevolve.loop import stages
     from coevolve.testing.presets import quick_bench as quick_sections
 
     base = load_config(Path(__file__).resolve().parents[1] / "configs" / "bench-learning.yaml")

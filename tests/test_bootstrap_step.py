@@ -8,8 +8,8 @@ import json
 import pytest
 
 from coevolve.config import CoevolveConfig
-from coevolve.graph.runtime import RunError
-from coevolve.graph.runtime_factory import build_bootstrap_agent, build_runtime, local_model_dir
+from coevolve.loop.compose import build_bootstrap_agent, build_runtime, local_model_dir
+from coevolve.loop.runtime import RunError
 from coevolve.testing.presets import tiny_bootstrap
 from coevolve.training.bootstrap.config import METADATA_FILE, bootstrap_dir
 

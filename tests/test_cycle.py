@@ -235,7 +235,7 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         assert len(synthesized.read_text().splitlines()) == first.synthesize.accepted
 
         # Killed after the adapter was saved but before the cycle's record: not trained again.
-        from coevolve.graph.stages import pool_sample
+        from coevolve.loop.stages import pool_sample
         from coevolve.runner import train_cycle
 
         record = Path(result.run_dir) / "cycles" / "001" / "train.json"
@@ -258,7 +258,7 @@ async def _synthesize_again(rt, cycle: int) -> dict:
     record_synthesis), as a resumed run would run it; returns the cycle's figures."""
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from coevolve.graph.cycle import builder
+    from coevolve.loop.cycle import builder
 
     compiled: Any = builder.compile(
         checkpointer=InMemorySaver(), interrupt_after=["record_synthesis"]
@@ -404,7 +404,7 @@ def test_cli_run_reports_bad_configs_clearly(tmp_path):
 
 
 def test_the_cycle_graph_is_exported_for_studio():
-    from coevolve.graph.cycle import builder, graph
+    from coevolve.loop.cycle import builder, graph
 
     assert set(graph.get_graph().nodes) >= {
         "baseline",
@@ -436,8 +436,8 @@ def test_the_cycle_graph_is_exported_for_studio():
     assert graph.checkpointer is None and builder.compile().checkpointer is None
     spec = json.loads((ROOT / "langgraph.json").read_text())
     assert spec["graphs"] == {
-        "cycle": "coevolve.graph.studio:cycle",
-        "synthesis": "coevolve.graph.studio:synthesis",
+        "cycle": "coevolve.loop.studio:cycle",
+        "synthesis": "coevolve.loop.studio:synthesis",
     }
 
 
@@ -446,8 +446,8 @@ def test_studio_factories_show_a_form_and_bind_the_runtime_built_from_it() -> No
     runtime its JSON context builds; a context that is not the form fails naming its fields."""
     from langgraph_sdk.runtime import _ExecutionRuntime, _ReadRuntime
 
-    from coevolve.graph import studio
-    from coevolve.graph.runtime import SynthesisRuntime
+    from coevolve.loop import studio
+    from coevolve.synthesis.context import SynthesisRuntime
 
     reading = studio.cycle(_ReadRuntime(access_context="assistants.read", store=None))
     assert reading.bound_context is None
@@ -498,7 +498,7 @@ def test_the_stage_functions_run_a_cycle_by_hand(tmp_path, agent_server, tiny_bu
     import asyncio
 
     from coevolve.config import CoevolveConfig
-    from coevolve.graph import stages
+    from coevolve.loop import stages
 
     config = CoevolveConfig.model_validate(
         endpoint_config(tmp_path / "run", agent_server, tiny_build)

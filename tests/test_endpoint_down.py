@@ -336,7 +336,7 @@ def test_one_request_in_ten_failing_trains_only_on_episodes_that_got_their_repli
 
 HOLDER = """
 import sys, time
-from coevolve.graph.run_lock import hold_run_dir
+from coevolve.loop.run_lock import hold_run_dir
 
 with hold_run_dir(sys.argv[1]):
     print("holding", flush=True)
@@ -347,7 +347,7 @@ with hold_run_dir(sys.argv[1]):
 def test_a_second_run_on_a_live_runs_directory_is_refused_and_a_dead_ones_lock_taken_over(
     tmp_path,
 ):
-    from coevolve.graph.run_lock import hold_run_dir
+    from coevolve.loop.run_lock import hold_run_dir
     from coevolve.run_files import LOCK_FILE
     from coevolve.runner import RunError, resume, run
 
@@ -387,7 +387,7 @@ def test_a_second_run_on_a_live_runs_directory_is_refused_and_a_dead_ones_lock_t
 
 
 def test_the_lock_refuses_a_second_holder_in_the_same_process(tmp_path):
-    from coevolve.graph.run_lock import hold_run_dir
+    from coevolve.loop.run_lock import hold_run_dir
     from coevolve.runner import RunError
 
     with hold_run_dir(tmp_path), pytest.raises(RunError, match=f"pid {os.getpid()}"):

@@ -548,15 +548,15 @@ def test_bench_learning_runs_on_the_example(tmp_path, cache_dir, tiny_build, mon
 
 def test_studios_synthesis_pass_takes_a_users_environment():
     """Studio's synthesis graph builds its runtime from a context naming the environment
-    (graph/studio.py): the desk's import path works there as `world` does."""
+    (loop/studio.py): the desk's import path works there as `world` does."""
     import asyncio
 
     from coevolve.agents.oracle import OraclePolicy
     from coevolve.agents.rollout import run_rollouts
-    from coevolve.graph.runtime_factory import spec_synthesis_runtime
-    from coevolve.graph.synthesis import run_synthesis
+    from coevolve.loop.compose import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
+    from coevolve.synthesis.graph import run_synthesis
 
     spec = get_environment(EXAMPLE)
     tasks = [t for t in spec.load_tasks("train", "", 0) if t.family == "upgrade_and_ticket"][:2]

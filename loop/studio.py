@@ -4,7 +4,7 @@
 each time it needs a graph: to draw it or read its schemas (no context), and
 to run it (``runtime.execution_runtime``, with the JSON the user typed in
 Studio's context form). Only a run builds the heavy runtime, through the
-composition root (``graph/runtime_factory.py``), and gets the graph bound to it.
+composition root (``loop/compose.py``), and gets the graph bound to it.
 
 The forms Studio shows are ``StudioCycleContext`` (the config to run) and
 ``StudioSynthesisContext`` (the environment, roles and store of a pass).
@@ -20,10 +20,11 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph_sdk.runtime import ServerRuntime
 from pydantic import JsonValue
 
+from ..synthesis.context import SynthesisRuntime
+from ..synthesis.graph import graph as synthesis_graph
+from .compose import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
 from .cycle import graph as cycle_graph
-from .runtime import CycleRuntime, SynthesisRuntime
-from .runtime_factory import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
-from .synthesis import graph as synthesis_graph
+from .runtime import CycleRuntime
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 Form = TypeVar("Form")

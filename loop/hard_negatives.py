@@ -1,7 +1,7 @@
 """The training step of a cycle with a failure agent (Co-Evolving Agents, arXiv 2511.22254).
 
 Runs in place of the plain training step when ``hard_negatives.enabled``
-(``coevolve.graph.training_step.train_cycle`` hands over to ``train_with_hard_negatives``):
+(``coevolve.loop.training_step.train_cycle`` hands over to ``train_with_hard_negatives``):
 
 1. the **failure agent** (a second LoRA adapter, ``adapters/failure-cycle-N``,
    on the policy's base model, switched in with peft) rolls out on the cycle's

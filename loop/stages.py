@@ -3,12 +3,12 @@
 Each stage takes the run's runtime, the cycle and what the earlier stages made (in
 memory: no stage reads another's files), does its work, writes the cycle's files
 (``CycleFiles``, for resume and export) and returns what it made with its figures. The
-cycle graph's nodes (graph/cycle.py) are these calls plus the checkpointed state (they
+cycle graph's nodes (loop/cycle.py) are these calls plus the checkpointed state (they
 read a stage's input back from the cycle's files, which a resume finds); a script can call them itself, the way ART exposes ``gather`` and
 ``model.train`` beside its one-call loop::
 
     from coevolve.config import load_config
-    from coevolve.graph import stages
+    from coevolve.loop import stages
 
     config = load_config("configs/quickstart.yaml")
     stages.build_bootstrap_agent(config, say=print)  # trains only when the cache lacks it
@@ -49,10 +49,10 @@ from ..records import (
     is_success,
     split_transport_failures,
 )
+from ..synthesis.state import REPLY_ERRORS, SynthesisResult
+from .compose import build_bootstrap_agent, build_runtime
 from .evaluation import evaluate_agent
 from .runtime import CycleRuntime, seed_everything
-from .runtime_factory import build_bootstrap_agent, build_runtime
-from .synthesis_state import REPLY_ERRORS, SynthesisResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..records import FlaggedTrajectory, TrainResult
@@ -275,7 +275,7 @@ async def synthesize(
 ) -> tuple[SynthesisResult, SynthesisFigures]:
     """One synthesis pass on the flagged items (the synthesis graph, without checkpoints),
     recorded in the cycle's files. The loop runs the same graph as checkpointed nodes."""
-    from .synthesis import run_synthesis
+    from ..synthesis.graph import run_synthesis
 
     started = time.time()
     items, parents = synthesis_input(rt, flagged)
@@ -324,7 +324,7 @@ async def train(
     adapter: str | None,
 ) -> tuple[TrainResult, TrainFigures]:
     """The cycle's TRL step on top of ``adapter`` (None: the base model), and the policy
-    serving its new adapter (graph/training_step.py). It trains on the cycle's rollouts
+    serving its new adapter (loop/training_step.py). It trains on the cycle's rollouts
     (``rollout``), its kept flagged items (``signals``: SEAL's weights) and the pool's
     sample (``update_pool``: the accepted and replayed tasks' demonstrations)."""
     from .training_step import train_cycle

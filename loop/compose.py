@@ -10,7 +10,7 @@ bootstrap agent a local policy starts from is built by its own step,
 Studio's cycle) call first; without it a missing agent is a ``RunError`` that says
 so. A synthesis pass outside a run gets ``build_synthesis_runtime`` (a run's cycle:
 ``CycleRuntime.synthesis_runtime()``); LangGraph Studio's synthesis graph gets
-``spec_synthesis_runtime`` from a small JSON spec (``graph/studio.py``).
+``spec_synthesis_runtime`` from a small JSON spec (``loop/studio.py``).
 ``coevolve.runner`` re-exports the config builders.
 """
 
@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .runtime import CycleRuntime, RunError, SynthesisRuntime
+from ..synthesis.context import SynthesisRuntime
+from .runtime import CycleRuntime, RunError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -96,7 +97,7 @@ def local_model_dir(config: CoevolveConfig) -> Path | None:
             raise RunError(
                 f"the bootstrap agent this config starts from is not built yet ({target}): "
                 "build it with `coevolve bootstrap --config CONFIG` (or "
-                "coevolve.graph.runtime_factory.build_bootstrap_agent); `coevolve run` builds "
+                "coevolve.loop.compose.build_bootstrap_agent); `coevolve run` builds "
                 "it itself"
             )
         return target

@@ -5,10 +5,10 @@
 
 Roles, the environment factory and the task store are injected through the
 graph's runtime context, its ``context_schema`` ``SynthesisRuntime``
-(graph/runtime.py), never built inside nodes. The cycle graph (graph/cycle.py)
+(loop/runtime.py), never built inside nodes. The cycle graph (loop/cycle.py)
 runs this graph from its ``synthesis`` node with the cycle's
 ``CycleRuntime.synthesis_runtime()``; LangGraph Studio runs it through
-``graph/studio.py``, which builds the runtime from Studio's JSON context.
+``loop/studio.py``, which builds the runtime from Studio's JSON context.
 
 ``builder`` is the uncompiled graph and ``graph`` the compiled one without a
 checkpointer; a runner compiles ``builder`` with its own saver, and called from
@@ -31,8 +31,8 @@ from ..agents.roles import candidate_to_task, primary_signal
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
 from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
-from .runtime import SynthesisRuntime
-from .synthesis_state import (
+from .context import SynthesisRuntime
+from .state import (
     REPLY_ERRORS,
     BranchState,
     JudgedCandidate,

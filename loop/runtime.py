@@ -1,10 +1,10 @@
-"""What the graphs' nodes share: their runtime contexts and the run's seeding.
+"""What the loop's stages and the cycle graph's nodes share: the runtime and the run's seeding.
 
 ``CycleRuntime`` holds the heavy objects a node uses (policy, environment
 factory, pool, history, pattern counts, task store, roles); it is the cycle
-graph's ``context_schema``, built by ``coevolve.graph.runtime_factory`` (the one
-place runtimes are built). ``SynthesisRuntime`` is the synthesis graph's
-context; the cycle hands its pass one (``CycleRuntime.synthesis_runtime``).
+graph's ``context_schema``, built by ``coevolve.loop.compose`` (the one
+place runtimes are built). The cycle hands its synthesis pass the synthesis
+graph's context (``CycleRuntime.synthesis_runtime``, a ``synthesis.context.SynthesisRuntime``).
 ``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
 Python, NumPy and torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
 stage whose endpoint gave no reply (``agents.evaluation.stop_if_unreachable``).
@@ -13,16 +13,16 @@ stage whose endpoint gave no reply (``agents.evaluation.stop_if_unreachable``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..records import Task, Trajectory
 from ..run_files import CycleFiles, RunFiles
+from ..synthesis.context import SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from chromadb.api.types import Where
     from rich.console import Console
 
     from ..agents.policy import Policy
@@ -39,32 +39,8 @@ class RunError(RuntimeError):
 
 
 @dataclass
-class SynthesisRuntime:
-    """What the synthesis graph's nodes use: the graph's ``context_schema``, given by
-    the caller (the cycle's ``CycleRuntime.synthesis_runtime``, ``coevolve synthesize``,
-    Studio's factory)."""
-
-    roles: Roles
-    make_env: EnvFactory
-    store: TaskStore
-    neighbours: int = 5
-    max_accepted: int | None = None  # most tasks a pass stores (None: all novel ones)
-    judge_veto: bool = True  # accept only verified replays the judge agrees with
-    # Which stored tasks dedup compares with: a Chroma where-filter (JSON), None for all.
-    dedup_where: Where | None = None  # a Chroma metadata filter
-    # Inside a checkpointed run (the cycle graph) a pass may run again after a kill,
-    # whole or from dedup on: it then first takes the synthesized tasks of its cycle
-    # out of the store (before prepare reads the store and before dedup writes it), so
-    # it runs against the store as it was and stores the same tasks once.
-    replace_cycle: bool = False
-    # Called with the cycle as a pass starts (prepare), after the store is cleaned:
-    # the cycle graph seeds the random generators, so a rerun samples alike.
-    on_start: Callable[[int], object] | None = None
-
-
-@dataclass
 class CycleRuntime:
-    """What the nodes use; built by coevolve.graph.runtime_factory from a CoevolveConfig."""
+    """What the nodes use; built by coevolve.loop.compose from a CoevolveConfig."""
 
     config: CoevolveConfig
     run_dir: Path

@@ -6,7 +6,7 @@ tasks, preference pairs; SEAL weights from ``sft_weights`` and the flagged items
 step (``training.trainers.train_adapter``: in a thread, or with ``training.launcher``
 subprocess or accelerate in processes of its own, ``training.launch``) or, with
 ``hard_negatives.enabled``, hands over to
-``graph.hard_negatives.train_with_hard_negatives``, and makes the policy serve
+``loop.hard_negatives.train_with_hard_negatives``, and makes the policy serve
 the new adapter (``use_adapter``). A finished step is reused after a kill.
 ``coevolve.runner`` re-exports these.
 """
@@ -133,7 +133,7 @@ async def train_cycle(
     )
 
     config = rt.config
-    if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (graph/hard_negatives.py)
+    if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (loop/hard_negatives.py)
         from .hard_negatives import train_with_hard_negatives
 
         coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter, trajectories)

@@ -1,1 +1,0 @@
-"""graph: see docs/architecture.md."""
