@@ -30,6 +30,7 @@ from .agents.config import (
     PolicyConfig,
     RolloutConfig,
 )
+from .agents.roles import ENDPOINT_ROLES
 from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import get_environment
@@ -132,7 +133,7 @@ class CoevolveConfig(Section):
                 "local embedding"
             )
         roles = self.synthesis.roles
-        for role in ("default_endpoint", "summarizer", "explorer", "abstractor", "judge", "writer"):
+        for role in ENDPOINT_ROLES:
             ref = getattr(roles, role)
             if ref is not None and ref != "offline" and ref not in self.endpoints:
                 raise ValueError(

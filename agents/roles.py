@@ -194,6 +194,8 @@ def candidate_to_task(
 # --------------------------------------------------------------------------- configuration
 
 OFFLINE = "offline"
+# The RolesConfig fields that name an endpoint (of the config's `endpoints`) or OFFLINE.
+ENDPOINT_ROLES = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge", "writer")
 
 
 class RolesConfig(BaseModel):

@@ -627,6 +627,37 @@ def test_committed_signals_units_still_count_under_todays_config():
     assert not unit_still_counts('{"cycles": -3}', config.model_dump_json())
 
 
+def test_the_llm_verdict_pairs_the_writer_arm_with_static_random_llm_and_the_oracle():
+    arms = ["static", "coevolve-oracle", "coevolve-llm", "random-llm"]
+    finals = {"static": 0.47, "coevolve-oracle": 0.53, "coevolve-llm": 0.45, "random-llm": 0.48}
+    runs = [_run(arm, seed, finals[arm] + 0.01 * seed) for arm in arms for seed in range(3)]
+    report = summarize(runs, arms, [0, 1, 2], "test")
+    for pair in ("coevolve-llm - static", "coevolve-llm - random-llm"):
+        assert report.paired[pair].n == 3
+    assert report.paired["coevolve-llm - coevolve-oracle"].mean == pytest.approx(-0.08)
+
+
+def test_reference_units_still_count_in_a_bench_that_serves_the_writer():
+    """The LLM arms' bench gives the base config the writer's endpoint: static's and
+    coevolve-oracle's committed N = 100 units, which name no endpoint, still count there
+    (the verdict pairs them); a unit whose writer was another endpoint does not."""
+    root = Path(__file__).parents[1]
+    base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
+    writer = {"base_url": "http://127.0.0.1:8011/v1", "model": "runs/writer-n100"}
+    served = {**base, "endpoints": {"writer": writer}}
+    units = root / "docs" / "figures" / "bench-lowresource-n100-heldout" / "units"
+    for arm in ("static", "coevolve-oracle"):
+        saved = json.loads((units / f"{arm}-seed0.json").read_text())["config"]
+        config = load_config(arm_config(served, arm, 0, Path("runs/bench-llm-n100")))
+        assert config.endpoints, "the bench's base serves the writer"
+        assert unit_still_counts(saved, config.model_dump_json()), arm
+    llm = load_config(arm_config(served, "coevolve-llm", 0, Path("runs/bench-llm-n100")))
+    assert llm.synthesis.roles.writer == "writer" and llm.pool.synthesized_weight == 1.0
+    other = {**served, "endpoints": {"writer": {**writer, "model": "runs/another-writer"}}}
+    moved = load_config(arm_config(other, "coevolve-llm", 0, Path("runs/bench-llm-n100")))
+    assert not unit_still_counts(llm.model_dump_json(), moved.model_dump_json())
+
+
 def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
     def git(*args: str) -> str:
         done = subprocess.run(

@@ -67,13 +67,20 @@ ARMS: dict[str, dict[str, Any]] = {
 
 # The LLM path (issue 55): synthesis with no task generator. The task writer served at the
 # base config's endpoint named "writer" (`coevolve writer`, then a server) relabels what the
-# agent did (hindsight) and what the policy explored; replay and value grounding curate.
+# agent did (hindsight: synthesis.roles.writer_material); replay and value grounding curate.
+# Its synthesized tasks weigh 1.0 in the pool, not the base's 3.0: tuned on validation at
+# N = 100 (docs/synthesis.md), where 3.0 ended 6.9 points under 1.0.
 WRITER_ENDPOINT = "writer"
 _WRITER_SYNTHESIS = {
     "roles": {"writer": WRITER_ENDPOINT, "explorer_rounds": 2, "explorer_policy_rounds": 2}
 }
-ARMS["coevolve-llm"] = {"synthesis": _WRITER_SYNTHESIS}
-ARMS["random-llm"] = {"signals": {"selection": "random"}, "synthesis": _WRITER_SYNTHESIS}
+_WRITER_POOL = {"synthesized_weight": 1.0}
+ARMS["coevolve-llm"] = {"synthesis": _WRITER_SYNTHESIS, "pool": _WRITER_POOL}
+ARMS["random-llm"] = {
+    "signals": {"selection": "random"},
+    "synthesis": _WRITER_SYNTHESIS,
+    "pool": _WRITER_POOL,
+}
 LLM_ARMS = ("coevolve-llm", "random-llm")
 
 

@@ -37,6 +37,10 @@ REFERENCE_PAIRS = (
     ("grpo", "coevolve-oracle"),
     ("hard-negatives", "coevolve-oracle"),
     ("own-negatives", "coevolve-oracle"),
+    # The LLM path (issue 55): do the signals matter with the task writer, and how far is
+    # the writer from the environment's own generator?
+    ("coevolve-llm", "random-llm"),
+    ("coevolve-llm", "coevolve-oracle"),
 )
 
 # The paper's effects (points of success), for the power of the differences that test them;

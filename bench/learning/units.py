@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ...agents.roles import ENDPOINT_ROLES
 from .arms import RENAMED_ARMS, arm_config, check_arms
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
@@ -70,7 +71,9 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     counts; any changed value (or a config that no longer parses) makes it stale.
     Where the run directory is does not count (it changes no result), so units
     copied to another ``--out`` still count there; nor do the GRPO settings of a
-    unit that did not train with GRPO (the quickstart carries its tuned GRPO recipe).
+    unit that did not train with GRPO (the quickstart carries its tuned GRPO recipe),
+    nor endpoints that nothing in the unit's config names (the writer's endpoint,
+    given to a bench of the LLM arms, changes nothing for static's units).
     """
     from pydantic import ValidationError
 
@@ -92,7 +95,20 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
         training = config.get("training", {})
         if training.get("algorithm") != "grpo":
             training.pop("grpo", None)
+        named = _named_endpoints(config)
+        config["endpoints"] = {
+            name: value for name, value in config.get("endpoints", {}).items() if name in named
+        }
     return saved == today
+
+
+def _named_endpoints(config: dict[str, Any]) -> set[str]:
+    """The endpoint names a config (as JSON) uses: the policy's, the embedder's, the roles'."""
+    synthesis = config.get("synthesis", {})
+    roles = synthesis.get("roles", {})
+    references = [config.get("policy", {}).get("endpoint"), synthesis.get("embedding_endpoint")]
+    references += [roles.get(role) for role in ENDPOINT_ROLES]
+    return {name for name in references if isinstance(name, str)}
 
 
 def was_killed(run_dir: Path, fingerprint: str) -> bool:
