@@ -30,7 +30,7 @@ from .agents.config import (
     PolicyConfig,
     RolloutConfig,
 )
-from .agents.roles import ENDPOINT_ROLES
+from .agents.roles import ENDPOINT_ROLES, OFFLINE
 from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import get_environment
@@ -119,27 +119,34 @@ class CoevolveConfig(Section):
     def _hard_negatives_target_keys(cls, data: Any) -> Any:
         return moved_target_keys(data)
 
+    def endpoint_references(self) -> dict[str, str]:
+        """Each field that names one of ``endpoints``, with the name it gives (a role set to
+        'offline', or an endpoint given inline, names none)."""
+        roles = self.synthesis.roles
+        named = {
+            "policy.endpoint": self.policy.endpoint,
+            "synthesis.embedding_endpoint": self.synthesis.embedding_endpoint,
+        }
+        named |= {
+            f"synthesis.roles.{role}": getattr(roles, role)
+            for role in ENDPOINT_ROLES
+            if getattr(roles, role) != OFFLINE
+        }
+        return {field: name for field, name in named.items() if isinstance(name, str)}
+
     @model_validator(mode="after")
     def _endpoint_names_exist(self) -> CoevolveConfig:
         known = ", ".join(self.endpoints) or "none defined"
-        name = self.policy.endpoint
-        if isinstance(name, str) and name not in self.endpoints:
-            raise ValueError(f"policy.endpoint {name!r} is not in `endpoints` (defined: {known})")
-        embedder = self.synthesis.embedding_endpoint
-        if isinstance(embedder, str) and embedder not in self.endpoints:
-            raise ValueError(
-                f"synthesis.embedding_endpoint {embedder!r} is not in `endpoints` (defined: "
-                f"{known}); name an endpoint, give base_url + model, or remove it for the "
-                "local embedding"
-            )
-        roles = self.synthesis.roles
-        for role in ENDPOINT_ROLES:
-            ref = getattr(roles, role)
-            if ref is not None and ref != "offline" and ref not in self.endpoints:
-                raise ValueError(
-                    f"synthesis.roles.{role} {ref!r} is not in `endpoints` (defined: {known}); "
-                    "name an endpoint or use 'offline'"
-                )
+        for field, name in self.endpoint_references().items():
+            if name in self.endpoints:
+                continue
+            if field == "synthesis.embedding_endpoint":
+                hint = "; name an endpoint, give base_url + model, or remove it for the local embedding"
+            elif field.startswith("synthesis.roles."):
+                hint = "; name an endpoint or use 'offline'"
+            else:
+                hint = ""
+            raise ValueError(f"{field} {name!r} is not in `endpoints` (defined: {known}){hint}")
         return self
 
     @model_validator(mode="after")

@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ...agents.roles import ENDPOINT_ROLES
 from .arms import RENAMED_ARMS, arm_config, check_arms
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
@@ -103,12 +102,10 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
 
 
 def _named_endpoints(config: dict[str, Any]) -> set[str]:
-    """The endpoint names a config (as JSON) uses: the policy's, the embedder's, the roles'."""
-    synthesis = config.get("synthesis", {})
-    roles = synthesis.get("roles", {})
-    references = [config.get("policy", {}).get("endpoint"), synthesis.get("embedding_endpoint")]
-    references += [roles.get(role) for role in ENDPOINT_ROLES]
-    return {name for name in references if isinstance(name, str)}
+    """The endpoint names a config (as JSON) uses: ``CoevolveConfig.endpoint_references``."""
+    from ...config import CoevolveConfig
+
+    return set(CoevolveConfig.model_validate(config).endpoint_references().values())
 
 
 def was_killed(run_dir: Path, fingerprint: str) -> bool:
