@@ -85,27 +85,22 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     try:
         with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
             warnings.simplefilter("ignore", FutureWarning)
-            saved = json.loads(CoevolveConfig.model_validate_json(saved_config).model_dump_json())
+            saved = CoevolveConfig.model_validate_json(saved_config)
     except ValidationError:
         return False
-    today = json.loads(fingerprint)
-    for config in (saved, today):
-        config.pop("run_dir", None)
-        training = config.get("training", {})
+    compared = []
+    for config in (saved, CoevolveConfig.model_validate_json(fingerprint)):
+        named = set(config.endpoint_references().values())
+        plain = json.loads(config.model_dump_json())
+        plain.pop("run_dir", None)
+        training = plain.get("training", {})
         if training.get("algorithm") != "grpo":
             training.pop("grpo", None)
-        named = _named_endpoints(config)
-        config["endpoints"] = {
-            name: value for name, value in config.get("endpoints", {}).items() if name in named
+        plain["endpoints"] = {
+            name: value for name, value in plain.get("endpoints", {}).items() if name in named
         }
-    return saved == today
-
-
-def _named_endpoints(config: dict[str, Any]) -> set[str]:
-    """The endpoint names a config (as JSON) uses: ``CoevolveConfig.endpoint_references``."""
-    from ...config import CoevolveConfig
-
-    return set(CoevolveConfig.model_validate(config).endpoint_references().values())
+        compared.append(plain)
+    return compared[0] == compared[1]
 
 
 def was_killed(run_dir: Path, fingerprint: str) -> bool:
