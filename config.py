@@ -294,7 +294,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         for depth, part in enumerate(parts[:-1]):
             child = target.get(part)
             if not isinstance(child, dict):
-                if child is not None and not isinstance(child, dict):
+                if child is not None:
                     where = ".".join(parts[: depth + 1])
                     raise ConfigError(
                         f"--set {text}: {where} is {child!r}, not a section; set {where} itself "
@@ -318,13 +318,9 @@ def _check_key_path(parts: list[str], text: str) -> None:
         part = parts[depth]
         field = model.model_fields.get(part)
         if field is None:
-            allowed = list(model.model_fields)
-            hint = difflib.get_close_matches(part, allowed, n=1)
-            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
             where = ".".join(parts[: depth + 1])
-            raise ConfigError(
-                f"--set {text}: unknown key {where!r}{suggestion}; allowed keys: {', '.join(allowed)}"
-            )
+            allowed = list(model.model_fields)
+            raise ConfigError(f"--set {text}: {_unknown_key(where, part, allowed)}")
         model, keyed = _section_of(field.annotation)
         depth += 2 if keyed else 1  # a dict of sections (endpoints): any entry name is allowed
 
@@ -356,15 +352,19 @@ def _explain(error: Any) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
-        allowed = list(parent.model_fields) if parent else []
-        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
-        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
-        return f"unknown key {where!r}{suggestion}; allowed keys: {', '.join(allowed)}"
+        return _unknown_key(where, loc[-1], list(parent.model_fields) if parent else [])
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
         return f"{where}: {error['input']!r} is not allowed; allowed values: {expected}"
     message = str(error["msg"]).removeprefix("Value error, ")
     return f"{where}: {message}" if loc else message
+
+
+def _unknown_key(where: str, key: str, allowed: list[str]) -> str:
+    """'unknown key', with a likely intended spelling of ``key`` and the allowed keys."""
+    hint = difflib.get_close_matches(key, allowed, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"unknown key {where!r}{suggestion}; allowed keys: {', '.join(allowed)}"
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:

@@ -218,10 +218,8 @@ class Signal(Record):
     )
 
 
-class FlaggedTrajectory(BaseModel):
+class FlaggedTrajectory(Record):
     """A trajectory with every signal that flagged it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     trajectory: Trajectory
     signals: list[Signal]
@@ -332,10 +330,8 @@ class Verdict(Record):
 Algorithm = Literal["sft", "grpo", "dpo"]
 
 
-class GroupFigures(BaseModel):
+class GroupFigures(Record):
     """GRPO: the reward spread of the generation rounds' groups (means over rounds)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     without_reward_spread: float | None = Field(
         default=None, description="Share of groups whose rewards were all equal (TRL's count)."
@@ -365,10 +361,8 @@ class GroupFigures(BaseModel):
     )
 
 
-class TrainResult(BaseModel):
+class TrainResult(Record):
     """What one training step did; also stored as ``training.json`` in the adapter directory."""
-
-    model_config = ConfigDict(extra="forbid")
 
     algorithm: Algorithm
     adapter_dir: str | None = Field(

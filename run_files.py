@@ -102,6 +102,16 @@ CYCLE_FILE_NAMES = (
 )
 
 
+class _InRun:
+    """A file (or folder) of the run directory, read as an attribute of ``RunFiles``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, files: RunFiles, owner: type | None = None) -> Path:
+        return files.run_dir / self.name
+
+
 class RunFiles:
     """The files of the run in ``run_dir`` (see the module docstring)."""
 
@@ -111,54 +121,25 @@ class RunFiles:
     def __repr__(self) -> str:
         return f"RunFiles({str(self.run_dir)!r})"
 
-    @property
-    def config(self) -> Path:
-        return self.run_dir / CONFIG_FILE
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.run_dir / CHECKPOINTS
-
-    @property
-    def lock(self) -> Path:
-        return self.run_dir / LOCK_FILE
-
-    @property
-    def log(self) -> Path:
-        return self.run_dir / LOG_FILE
-
-    @property
-    def history(self) -> Path:
-        return self.run_dir / HISTORY_FILE
-
-    @property
-    def patterns(self) -> Path:
-        return self.run_dir / PATTERNS_FILE
-
-    @property
-    def task_store(self) -> Path:
-        return self.run_dir / TASK_STORE_FOLDER
-
-    @property
-    def synthesized_tasks(self) -> Path:
-        return self.run_dir / SYNTHESIZED_TASKS_FILE
+    config = _InRun(CONFIG_FILE)
+    checkpoints = _InRun(CHECKPOINTS)
+    lock = _InRun(LOCK_FILE)
+    log = _InRun(LOG_FILE)
+    history = _InRun(HISTORY_FILE)
+    patterns = _InRun(PATTERNS_FILE)
+    task_store = _InRun(TASK_STORE_FOLDER)
+    synthesized_tasks = _InRun(SYNTHESIZED_TASKS_FILE)
+    capability_state = _InRun(CAPABILITY_STATE_FILE)
+    tracker_runs = _InRun(TRACKER_RUNS_FILE)
+    tensorboard = _InRun(TENSORBOARD_FOLDER)
+    metrics = _InRun(METRICS_FILE)
+    summary = _InRun(SUMMARY_FILE)
+    report = _InRun(REPORT_FILE)
 
     def read_synthesized_tasks(self) -> list[Task]:
         """The tasks the run accepted (none before its first)."""
         path = self.synthesized_tasks
         return load_jsonl(path, Task) if path.exists() else []
-
-    @property
-    def capability_state(self) -> Path:
-        return self.run_dir / CAPABILITY_STATE_FILE
-
-    @property
-    def tracker_runs(self) -> Path:
-        return self.run_dir / TRACKER_RUNS_FILE
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.run_dir / TENSORBOARD_FOLDER
 
     def adapter(self, cycle: int) -> Path:
         """The LoRA adapter trained in cycle ``cycle``."""
@@ -168,22 +149,10 @@ class RunFiles:
         """Hard negatives: the failure agent's adapter after cycle ``cycle``."""
         return self.run_dir / ADAPTERS_FOLDER / f"failure-cycle-{cycle}"
 
-    @property
-    def metrics(self) -> Path:
-        return self.run_dir / METRICS_FILE
-
     def metrics_rows(self) -> list[dict[str, JsonValue]]:
         """The rows of metrics.jsonl (none before the run finished)."""
         path = self.metrics
         return list(read_jsonl(path)) if path.exists() else []
-
-    @property
-    def summary(self) -> Path:
-        return self.run_dir / SUMMARY_FILE
-
-    @property
-    def report(self) -> Path:
-        return self.run_dir / REPORT_FILE
 
     def cycle(self, cycle: int) -> CycleFiles:
         return CycleFiles(self.run_dir, cycle)

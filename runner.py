@@ -78,9 +78,6 @@ class RunResult(BaseModel):
         return [c.evaluate.success if c.evaluate else math.nan for c in self.cycles]
 
 
-# --------------------------------------------------------------------------- building
-
-
 # --------------------------------------------------------------------------- running
 
 
@@ -126,14 +123,7 @@ def run(
             _clear(run_dir)
         header = "".join(f"# --set {item}\n" for item in overrides)
         RunFiles(run_dir).config.write_text(header + _yaml(config))
-        return _execute(
-            config,
-            resuming=False,
-            progress=progress,
-            console=console,
-            verbose=verbose,
-            baseline_cache=baseline_cache,
-        )
+        return _execute(config, progress, console, verbose, baseline_cache, resuming=False)
 
 
 def resume(
@@ -156,14 +146,7 @@ def resume(
     if Path(config.run_dir).resolve() != run_dir.resolve():
         config = config.model_copy(update={"run_dir": str(run_dir)})
     with hold_run_dir(run_dir, say=_teller(console)):
-        return _execute(
-            config,
-            resuming=True,
-            progress=progress,
-            console=console,
-            verbose=verbose,
-            baseline_cache=baseline_cache,
-        )
+        return _execute(config, progress, console, verbose, baseline_cache, resuming=True)
 
 
 def _teller(console: Any) -> Callable[[str], None] | None:
@@ -191,12 +174,12 @@ def _yaml(config: CoevolveConfig) -> str:
 
 def _execute(
     config: CoevolveConfig,
-    *,
-    resuming: bool,
     progress: bool,
     console: Any,
     verbose: bool,
     baseline_cache: str | Path | None,
+    *,
+    resuming: bool,
 ) -> RunResult:
     from .outputs.run_log import run_log
 

@@ -18,16 +18,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from ..envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
 from ..envs.parsing import render_call
-from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
 from .roles import (
     Abstraction,
-    EnvFactory,
-    ExplorationRound,
+    AbstractionInput,
     Interaction,
     RejectedCandidate,
     candidate_setup,
@@ -69,13 +69,10 @@ class _Text:
 
     def __init__(self, text: str):
         self.normal = normalise(text)
-        self._counts: Counter[str] | None = None
 
-    @property
+    @cached_property
     def counts(self) -> Counter[str]:
-        if self._counts is None:
-            self._counts = Counter(self.normal)
-        return self._counts
+        return Counter(self.normal)
 
     def similar(self, other: _Text, threshold: float) -> bool:
         left, right = self.normal, other.normal
@@ -91,12 +88,10 @@ class _Text:
         return matcher.ratio() >= threshold
 
 
-def repeats(
-    texts: Sequence[str], neighbours: Sequence[Neighbour], avoid: Sequence[str]
-) -> str | None:
+def repeats(texts: Sequence[str], given: AbstractionInput) -> str | None:
     """Why a candidate repeats an existing task (its texts vs. neighbours and do-not-repeat), or None."""
-    near = [(_Text(n.text), n) for n in neighbours]
-    others = [(_Text(text), text) for text in avoid]
+    near = [(_Text(n.text), n) for n in given.neighbours]
+    others = [(_Text(text), text) for text in given.context.do_not_repeat]
     for text in map(_Text, texts):
         for normal, neighbour in near:
             if text.similar(normal, REPEAT_SIMILARITY):
@@ -269,17 +264,10 @@ class OfflineAbstractor:
             )
         return candidates
 
-    async def abstract(
-        self,
-        item: FlaggedTrajectory,
-        task: Task,
-        context: SynthesisContext,
-        rounds: Sequence[ExplorationRound],
-        neighbours: Sequence[Neighbour],
-        make_env: EnvFactory,
-    ) -> Abstraction:
+    async def abstract(self, given: AbstractionInput) -> Abstraction:
+        item, task, context, rounds = given.item, given.task, given.context, given.rounds
         rejected: list[RejectedCandidate] = []
-        env = make_env()
+        env = given.make_env()
         steered = self._steered(item, task, context, env) if self.steer else []
         kind = primary_signal(item)
         # Rare items also get explored windows (compositions with other sub-skills);
@@ -322,7 +310,7 @@ class OfflineAbstractor:
                 minimal_actions=calls,
                 reference_answer=window.answer,
                 parent_task_id=task.id,
-                signal=primary_signal(item),
+                signal=kind,
                 setup=setup,
             )
             if key == parent_key:
@@ -350,9 +338,8 @@ class OfflineAbstractor:
         # One candidate per tool sequence first, so the few kept ones differ.
         by_sequence: dict[tuple[str, ...], list[CandidateTask]] = {}
         for _, candidate in proposals:
-            by_sequence.setdefault(tuple(c.name for c in candidate.minimal_actions), []).append(
-                candidate
-            )
+            sequence = tuple(c.name for c in candidate.minimal_actions)
+            by_sequence.setdefault(sequence, []).append(candidate)
         ordered = [group[0] for group in by_sequence.values()]
         ordered += [c for group in by_sequence.values() for c in group[1:]]
 
@@ -363,7 +350,7 @@ class OfflineAbstractor:
                 break
             if normalise(candidate.query) in queries:
                 continue
-            why = repeats([candidate.query], neighbours, context.do_not_repeat)
+            why = repeats([candidate.query], given)
             if why:
                 rejected.append(RejectedCandidate(description=candidate.description, reason=why))
                 continue

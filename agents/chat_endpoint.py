@@ -60,6 +60,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from ..common.http import HttpClient, RequestTimeout, Response, TransportError
 from .completion_body import encode_request, shown
+from .policy import function_call
 from .replies import check_reply_length, mark_answered
 
 
@@ -159,19 +160,14 @@ class EndpointChatModel(BaseChatModel):
         # What was bound (tools, tool_choice, response_format, ...); LangChain's own
         # tracing keys (ls_*) are not the server's business.
         request.update((k, v) for k, v in options.items() if not k.startswith("ls_"))
-        if self.extra_body:
-            request.update(self.extra_body)
+        request.update(self.extra_body or {})
         return request
 
     def _client(self) -> HttpClient:
-        connections = max(1, self.max_connections)
-        client = self._http
-        if client is None or (client.timeout_s, client.max_connections) != (
-            self.timeout_s,
-            connections,
-        ):
-            client = self._http = HttpClient(timeout_s=self.timeout_s, max_connections=connections)
-        return client
+        wanted = (self.timeout_s, max(1, self.max_connections))  # as HttpClient keeps them
+        if self._http is None or (self._http.timeout_s, self._http.max_connections) != wanted:
+            self._http = HttpClient(timeout_s=self.timeout_s, max_connections=self.max_connections)
+        return self._http
 
     async def _post(self, request: dict[str, Any]) -> Any:
         """POST the request; the reply's JSON. No response raises ``openai.APITimeoutError``
@@ -184,13 +180,11 @@ class EndpointChatModel(BaseChatModel):
         }
         try:
             response = await self._client().request("POST", url, encode_request(request), headers)
-        except RequestTimeout:
+        except TransportError as err:  # RequestTimeout included
             import openai
 
-            raise openai.APITimeoutError(request=_error_request(url)) from None
-        except TransportError as err:
-            import openai
-
+            if isinstance(err, RequestTimeout):
+                raise openai.APITimeoutError(request=_error_request(url)) from None
             raise openai.APIConnectionError(message=str(err), request=_error_request(url)) from None
         mark_answered()  # from here on, a failure is about what the server sent
         if response.status >= 400:
@@ -224,10 +218,10 @@ def message_dict(message: BaseMessage) -> dict[str, Any]:
     if isinstance(message, AIMessage):
         entry = {"role": "assistant", "content": _content(message)}
         calls = [
-            _function_call(call["id"], call["name"], json.dumps(call["args"], ensure_ascii=False))
+            function_call(call["id"], call["name"], json.dumps(call["args"], ensure_ascii=False))
             for call in message.tool_calls
         ] + [
-            _function_call(call["id"], call["name"], call["args"])
+            function_call(call["id"], call["name"], call["args"])
             for call in message.invalid_tool_calls
         ]
         if calls:
@@ -252,10 +246,6 @@ def _content(message: BaseMessage) -> Any:
     if isinstance(message.content, str):
         return message.content
     return convert_to_openai_messages(message)["content"]  # content blocks
-
-
-def _function_call(call_id: str | None, name: str | None, arguments: str | None) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 # --------------------------------------------------------------------------- replies

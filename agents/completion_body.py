@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from ..envs.parsing import ToolCallParseError, parse_tool_calls
-from ..records import ToolCall
 from .policy import AssistantMessage, InvalidToolCall, parse_assistant_text
 
 
@@ -65,10 +64,11 @@ def message_from_completion(body: dict[str, Any]) -> AssistantMessage:
     usage = body.get("usage")
     if not isinstance(usage, dict):
         usage = {}
+    finish = choice.get("finish_reason")
     common: dict[str, Any] = {
         "prompt_tokens": _count(usage.get("prompt_tokens")),
         "completion_tokens": _count(usage.get("completion_tokens")),
-        "finish_reason": _text_or_none(choice.get("finish_reason")),
+        "finish_reason": finish if isinstance(finish, str) else None,
     }
     if "token_ids" in choice or "prompt_token_ids" in body or choice.get("logprobs"):
         common.update(_token_fields(body, choice))
@@ -105,7 +105,7 @@ def message_from_completion(body: dict[str, Any]) -> AssistantMessage:
                 )
             )
             continue
-        calls += [_with_id(call, call_id) for call in parsed]
+        calls += [call.model_copy(update={"id": call_id}) for call in parsed]
     # A call without a name cannot be sent back as a tool call; AssistantMessage
     # then replays ``raw`` as text, so keep the attempted call in it.
     raw_text = "\n".join([text, *unnamed_raw]).strip() if unnamed_raw else (text or None)
@@ -136,10 +136,6 @@ def _token_fields(body: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _text_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def _ints(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(type(v) is int for v in value):
         return value
@@ -162,7 +158,3 @@ def _decoded(arguments: Any) -> Any:
         except json.JSONDecodeError:
             return arguments
     return arguments
-
-
-def _with_id(call: ToolCall, call_id: str) -> ToolCall:
-    return call.model_copy(update={"id": call_id})

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +62,6 @@ class _Rejected(Exception):
     """The server refused this one request (a 4xx that retrying cannot fix)."""
 
 
-@dataclass
-class _LoopState:
-    semaphore: asyncio.Semaphore  # the running loop's requests in flight
-
-
 class EndpointPolicy:
     """The Policy protocol over an OpenAI-compatible endpoint.
 
@@ -97,14 +91,23 @@ class EndpointPolicy:
         self.version = version or endpoint.model
         self.retry_base_s = endpoint.retry_base_s if retry_base_s is None else retry_base_s
         self.retry_max_s = endpoint.retry_max_s if retry_max_s is None else retry_max_s
-        # Read the key now: a missing variable is a configuration error to report
-        # before any rollout starts.
-        self._api_key = endpoint.api_key()
-        self._http = self._new_client()
+        self._http = HttpClient(
+            timeout_s=endpoint.timeout_s,
+            max_connections=endpoint.concurrency,
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                # Read the key now: a missing variable is a configuration error to report
+                # before any rollout starts. "EMPTY" without a key variable, as the openai
+                # client sends.
+                "Authorization": f"Bearer {endpoint.api_key()}",
+            },
+        )
         self._chat_url = self._url("chat/completions")
-        # The semaphore belongs to the event loop that made it (the client keeps its
-        # connections per loop too); callers that run asyncio.run() per batch get fresh ones.
-        self._states = PerLoop(self._new_state)
+        # The semaphore (the running loop's requests in flight) belongs to the event loop
+        # that made it (the client keeps its connections per loop too); callers that run
+        # asyncio.run() per batch get fresh ones.
+        self._semaphores = PerLoop(lambda: asyncio.Semaphore(self.endpoint.concurrency))
         self._loaded_adapter: str | None = None  # the adapter this policy hot-loaded last
         # Tool lists' JSON by list object: an environment hands the same list with every
         # reply of an episode (the world's is one list for all), and its 31 schemas were
@@ -130,25 +133,20 @@ class EndpointPolicy:
                 f"got {len(conversations)} conversations but {len(tools)} tool lists; "
                 "pass one tool list per conversation"
             )
-        state = self._states.get()
+        semaphore = self._semaphores.get()
         if temperature is None:
             temperature = self.endpoint.temperature
 
         async def complete(
             index: int, messages: Sequence[Message], tool_list: Sequence[dict[str, Any]]
         ) -> AssistantMessage:
-            message = await self._complete(state, list(messages), tool_list, temperature)
+            message = await self._complete(semaphore, list(messages), tool_list, temperature)
             if on_reply is not None:
                 on_reply(index, message)
             return message
 
         results = await asyncio.gather(
-            *(
-                complete(index, messages, tool_list)
-                for index, (messages, tool_list) in enumerate(
-                    zip(conversations, tools, strict=True)
-                )
-            ),
+            *map(complete, range(len(conversations)), conversations, tools),
             return_exceptions=True,
         )
         # Wait for every request before raising, so none is left running unobserved.
@@ -230,14 +228,14 @@ class EndpointPolicy:
 
     async def aclose(self) -> None:
         """Close the running loop's connections; other loops close theirs when they end."""
-        self._states.clear()
+        self._semaphores.clear()
         await self._http.aclose()
 
     # ------------------------------------------------------------------ one request
 
     async def _complete(
         self,
-        state: _LoopState,
+        semaphore: asyncio.Semaphore,
         messages: list[Message],
         tools: Sequence[dict[str, Any]],
         temperature: float,
@@ -263,16 +261,16 @@ class EndpointPolicy:
             # took a third of the client's CPU per request at rollout fan-out
             # (docs/benchmarks.md), and most requests succeed the first time.
             try:
-                return await self._attempt(state, payload)
+                return await self._attempt(semaphore, payload)
             except _Transient as err:
                 if attempts == 1:
                     raise
-                await asyncio.sleep(self._delay(1, err))
+                await asyncio.sleep(self._retry_policy().delay(1, err))
             # One AsyncRetrying per request: tenacity keeps a call's state on the object
             # (per thread), so the concurrent requests of a batch cannot share one. The
             # endpoints' one retry policy (common/retry.py), after the first attempt.
             retrying = self._retry_policy().asynchronous(_is_transient, done_before=1)
-            message: AssistantMessage = await retrying(self._attempt, state, payload)
+            return await retrying(self._attempt, semaphore, payload)
         except _Transient as err:
             return AssistantMessage(
                 error=f"{self._where()} failed after {attempts} attempt{'s' * (attempts > 1)}: "
@@ -281,7 +279,6 @@ class EndpointPolicy:
             )
         except _Rejected as err:
             return AssistantMessage(error=f"{self._where()} rejected the request: {err}")
-        return message
 
     def _tools_json(self, tools: Sequence[dict[str, Any]]) -> bytes:
         """``tools`` as JSON, encoded once per list object; a list edited in place after
@@ -297,10 +294,10 @@ class EndpointPolicy:
         self._encoded_tools[key] = (tools, data, len(tools))
         return data
 
-    async def _attempt(self, state: _LoopState, payload: bytes) -> AssistantMessage:
+    async def _attempt(self, semaphore: asyncio.Semaphore, payload: bytes) -> AssistantMessage:
         # The backoff sleeps between attempts, outside the semaphore, so waiting never
         # holds a slot.
-        async with state.semaphore:
+        async with semaphore:
             body = await self._post(payload)
         try:
             return message_from_completion(body)
@@ -340,31 +337,11 @@ class EndpointPolicy:
         return body
 
     def _retry_policy(self) -> RetryPolicy:
+        """The endpoint's retry policy (common/retry.py: exponential backoff with jitter, a
+        server's Retry-After honoured up to retry_max_s)."""
         return RetryPolicy(self.endpoint.max_retries, self.retry_base_s, self.retry_max_s)
 
-    def _delay(self, failed: int, error: BaseException | None) -> float:
-        """Seconds before the next attempt after ``failed`` failed ones (common/retry.py:
-        exponential backoff with jitter, a server's Retry-After honoured up to retry_max_s)."""
-        return self._retry_policy().delay(failed, error)
-
     # ------------------------------------------------------------------ plumbing
-
-    def _new_client(self) -> HttpClient:
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            # "EMPTY" without a key variable, as the openai client sends.
-            "Authorization": f"Bearer {self._api_key}",
-        }
-        return HttpClient(
-            timeout_s=self.endpoint.timeout_s,
-            max_connections=self.endpoint.concurrency,
-            headers=headers,
-        )
-
-    def _new_state(self) -> _LoopState:
-        """The running loop's semaphore."""
-        return _LoopState(asyncio.Semaphore(self.endpoint.concurrency))
 
     def _url(self, route: str) -> str:
         return f"{self.endpoint.base_url.rstrip('/')}/{route}"

@@ -131,32 +131,26 @@ class OfflineExplorer:
             driven = self.rounds
         else:
             driven = max(1, self.rounds // 3)
-        first_driven = self.rounds - driven
 
-        rounds: list[ExplorationRound | None] = [None] * self.rounds
-        for index in range(first_driven):
+        logs: list[list[Interaction]] = []
+        for index in range(self.rounds - driven):
             rng = random.Random(f"explore:{self.seed}:{item.trajectory.id}:{index}")
             if not can_sample:
-                interactions = self._perturbed_reference(task, make_env, rng)
+                logs.append(self._perturbed_reference(task, make_env, rng))
             elif index == 0 and task.turns[0].reference_calls:
-                interactions = self._variation(task, make_env, rng)
+                logs.append(self._variation(task, make_env, rng))
             else:
-                interactions = self._walk(task, make_env, rng, focus)
-            rounds[index] = ExplorationRound(
+                logs.append(self._walk(task, make_env, rng, focus))
+        if driven:
+            logs += await self._policy_rounds(task, make_env, driven)
+        return [
+            ExplorationRound(
                 objective=objective_for(context, index),
                 setup=dict(task.setup),
                 interactions=interactions,
             )
-        if driven:
-            logs = await self._policy_rounds(task, make_env, driven)
-            for offset, interactions in enumerate(logs):
-                index = first_driven + offset
-                rounds[index] = ExplorationRound(
-                    objective=objective_for(context, index),
-                    setup=dict(task.setup),
-                    interactions=interactions,
-                )
-        return [r for r in rounds if r is not None]
+            for index, interactions in enumerate(logs)
+        ]
 
     # -- random walks
 
@@ -220,8 +214,7 @@ class OfflineExplorer:
         def reuse(call: ToolCall) -> int:
             return sum(mentions(seen, value) for value in _values(call))
 
-        best = max(reuse(call) for call in options)
-        return _bare(next(call for call in options if reuse(call) == best))
+        return _bare(max(options, key=reuse))  # the first of the best
 
     def _perturbed_reference(
         self, task: Task, make_env: EnvFactory, rng: random.Random

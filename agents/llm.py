@@ -247,7 +247,8 @@ async def structured_call(
             check_reply_length(
                 err.completion, limit if isinstance(limit, int) else None, model_label(model)
             )
-            result = _first_message(err.completion)
+            choices = field_of(err.completion, "choices") or []
+            result = field_of(choices[0], "message") if choices else None
         except ReplyError as err:
             if err.kind in ("too_long", "transport"):
                 raise  # no second request of a server that runs long, or that is not there
@@ -275,8 +276,8 @@ async def structured_call(
         return parse_json_reply(raw, schema)
     except ValueError as err:
         problems.append(f"JSON reply unreadable: {err}")
-        quoted = raw if len(raw) <= _RAW_QUOTE else raw[:_RAW_QUOTE] + "..."
-        raise StructuredOutputError(f"{'; '.join(problems)}; reply was {quoted!r}", raw) from None
+        quoted = _quote(raw, _RAW_QUOTE)
+        raise StructuredOutputError(f"{'; '.join(problems)}; reply was {quoted}", raw) from None
 
 
 # By identity: chat models compare equal by their settings, but each holds its own
@@ -324,12 +325,6 @@ def json_instruction(schema: type[BaseModel]) -> str:
         "It must match this JSON schema:\n"
         + json.dumps(schema.model_json_schema(), ensure_ascii=False, separators=(",", ":"))
     )
-
-
-def _first_message(completion: Any) -> Any:
-    """The first choice's message of an SDK chat completion (None when it has none)."""
-    choices = field_of(completion, "choices") or []
-    return field_of(choices[0], "message") if choices else None
 
 
 def _content_text(message: Any) -> str:

@@ -17,18 +17,19 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
-from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, ToolCall
+from ..records import CandidateTask, ToolCall
 from .abstractor import actions_key, normalise, repeats
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import ABSTRACTOR_PROMPT
 from .roles import (
     Abstraction,
-    EnvFactory,
+    AbstractionInput,
     ExplorationRound,
     RejectedCandidate,
     candidate_setup,
     primary_signal,
 )
+from .summarizer import clip
 
 log = logging.getLogger(__name__)
 
@@ -71,27 +72,20 @@ def render_rounds(rounds: Sequence[ExplorationRound], observation_chars: int = 2
             lines.append("  (no calls)")
         for step, interaction in enumerate(exploration.interactions, 1):
             observation = interaction.observation
-            text = observation.text.replace("\n", " | ")
-            if len(text) > observation_chars:
-                text = text[:observation_chars] + "..."
+            text = clip(observation.text, observation_chars)
             tag = f"error[{observation.error}]: " if observation.error else ""
             lines.append(f"  {step}. {render_call(interaction.call)} -> {tag}{text}")
     return "\n".join(lines)
 
 
 def abstraction_request(
-    item: FlaggedTrajectory,
-    task: Task,
-    context: SynthesisContext,
-    rounds: Sequence[ExplorationRound],
-    neighbours: Sequence[Neighbour],
-    tools: Sequence[Mapping[str, Any]],
-    max_candidates: int,
+    given: AbstractionInput, tools: Sequence[Mapping[str, Any]], max_candidates: int
 ) -> str:
     """The user message of the abstractor."""
+    task, context = given.task, given.context
     lines = [
         f"Environment: {task.env}",
-        f"Flagged task ({', '.join(dict.fromkeys(item.kinds))}): {task.instruction}",
+        f"Flagged task ({', '.join(dict.fromkeys(given.item.kinds))}): {task.instruction}",
         f"Summary: {context.summary}",
         f"Failure cause: {context.failure_cause}",
         f"Focus patterns: {', '.join(context.focus_patterns) or '(none)'}",
@@ -100,10 +94,10 @@ def abstraction_request(
         "Tools:",
         *(_tool_line(schema) for schema in tools),
         "Exploration rounds (each starts from the same initial state as the flagged task):",
-        render_rounds(rounds),
+        render_rounds(given.rounds),
         "Do not repeat these tasks:",
         *(f"- {text}" for text in context.do_not_repeat),
-        *(f"- {n.text}" for n in neighbours),
+        *(f"- {n.text}" for n in given.neighbours),
         f"Propose at most {max_candidates} task(s).",
     ]
     return "\n".join(lines)
@@ -129,30 +123,20 @@ class LLMAbstractor:
         self.max_candidates = max_candidates
         self.name = f"abstractor:llm({model_label(model)})"
 
-    async def abstract(
-        self,
-        item: FlaggedTrajectory,
-        task: Task,
-        context: SynthesisContext,
-        rounds: Sequence[ExplorationRound],
-        neighbours: Sequence[Neighbour],
-        make_env: EnvFactory,
-    ) -> Abstraction:
-        env = make_env()
-        env.reset(task)
-        request = abstraction_request(
-            item, task, context, rounds, neighbours, env.tools(), self.max_candidates
-        )
+    async def abstract(self, given: AbstractionInput) -> Abstraction:
+        env = given.make_env()
+        env.reset(given.task)
+        request = abstraction_request(given, env.tools(), self.max_candidates)
         messages = [SystemMessage(self.prompt), HumanMessage(request)]
         try:
             reply = await structured_call(self.model, Proposals, messages, self.limiter)
         except StructuredOutputError as err:
-            log.warning("abstractor reply unreadable for %s: %s", item.trajectory.id, err)
+            log.warning("abstractor reply unreadable for %s: %s", given.item.trajectory.id, err)
             unreadable = RejectedCandidate(
                 description="(the whole reply)", reason=f"abstractor reply unreadable: {err}"
             )
             return Abstraction(rejections=[unreadable])
-        setup = candidate_setup(rounds[0].setup if rounds else task.setup)
+        setup = candidate_setup(given.rounds[0].setup if given.rounds else given.task.setup)
         chosen: list[CandidateTask] = []
         rejected: list[RejectedCandidate] = []
         seen: set[str] = set()
@@ -162,9 +146,7 @@ class LLMAbstractor:
             if problem is None and not proposal.query.strip():
                 problem = "the query is empty"
             if problem is None:
-                problem = repeats(
-                    [proposal.query, proposal.description], neighbours, context.do_not_repeat
-                )
+                problem = repeats([proposal.query, proposal.description], given)
             key = actions_key(calls)
             if problem is None and (key in seen or normalise(proposal.query) in seen):
                 problem = "duplicates another candidate of this item"
@@ -180,8 +162,8 @@ class LLMAbstractor:
                     query=proposal.query.strip(),
                     minimal_actions=calls,
                     reference_answer=proposal.reference_answer or None,
-                    parent_task_id=task.id,
-                    signal=primary_signal(item),
+                    parent_task_id=given.task.id,
+                    signal=primary_signal(given.item),
                     setup=setup,
                 )
             )

@@ -31,13 +31,6 @@ from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text
 from .rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
 
 
-def _first_user_index(messages: Sequence[Message]) -> int:
-    for index, message in enumerate(messages):
-        if message.get("role") == "user":
-            return index
-    return -1
-
-
 class LocalPolicy:
     """A causal LM in this process, implementing the ``Policy`` protocol.
 
@@ -293,7 +286,8 @@ class LocalPolicy:
         ids = self._encode(self._render(messages, tools))
         if len(ids) <= limit:
             return ids
-        keep = _first_user_index(messages) + 1
+        first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), -1)
+        keep = first_user + 1
         while len(ids) > limit and len(messages) > keep + 1:
             del messages[keep]
             # A tool result whose call was dropped reads as noise: drop it too.

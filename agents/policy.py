@@ -117,10 +117,7 @@ class AssistantMessage(BaseModel):
             tool_call_message(call, call.id or f"call_{i}")
             for i, call in enumerate(self.tool_calls)
         ]
-        calls += [
-            {"id": bad.id, "type": "function", "function": {"name": bad.name, "arguments": bad.raw}}
-            for bad in self.invalid_tool_calls
-        ]
+        calls += [function_call(bad.id, bad.name, bad.raw) for bad in self.invalid_tool_calls]
         if calls:
             message["tool_calls"] = calls
         return message
@@ -197,34 +194,30 @@ _ARGUMENTS_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 def tool_call_message(call: ToolCall, call_id: str) -> dict[str, Any]:
     """A ToolCall as an OpenAI ``tool_calls`` entry."""
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {
-            "name": call.name,
-            "arguments": _ARGUMENTS_ENCODER.encode(call.arguments),
-        },
-    }
+    return function_call(call_id, call.name, _ARGUMENTS_ENCODER.encode(call.arguments))
+
+
+def function_call(call_id: str | None, name: str | None, arguments: str | None) -> dict[str, Any]:
+    """An OpenAI ``tool_calls`` entry, its arguments a JSON string (or the raw text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def arguments_as_dicts(messages: Sequence[Message]) -> list[Message]:
     """Copies of the messages with tool-call arguments decoded to dicts (what chat templates expect)."""
-    out = []
-    for message in messages:
-        if message.get("tool_calls"):
-            message = {**message, "tool_calls": [_decoded(call) for call in message["tool_calls"]]}
-        out.append(message)
-    return out
+    return [
+        {**message, "tool_calls": [_decoded(call) for call in message["tool_calls"]]}
+        if message.get("tool_calls")
+        else message
+        for message in messages
+    ]
 
 
 def prepare_messages(messages: Sequence[Message]) -> list[Message]:
     """Messages as chat templates want them: arguments as dicts, content never None."""
-    prepared = []
-    for message in arguments_as_dicts(messages):
-        if message.get("content") is None:
-            message = {**message, "content": ""}
-        prepared.append(message)
-    return prepared
+    return [
+        {**message, "content": ""} if message.get("content") is None else message
+        for message in arguments_as_dicts(messages)
+    ]
 
 
 def _decoded(call: dict[str, Any]) -> dict[str, Any]:

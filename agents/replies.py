@@ -159,12 +159,12 @@ def _worth_retrying(error: ReplyError) -> bool:
     return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))
 
 
-def _retry_policy(model: Any) -> tuple[int, float, float]:
-    """(retries, base seconds, most seconds) of the endpoint behind a chat model."""
+def _retry_policy(model: Any) -> RetryPolicy:
+    """The retry policy of the endpoint behind a chat model."""
     retries = getattr(model, "reply_retries", 0)
     base = getattr(model, "retry_base_s", 0.2)
     most = getattr(model, "retry_max_s", 5.0)
-    return (
+    return RetryPolicy(
         retries if isinstance(retries, int) else 0,
         base if isinstance(base, int | float) else 0.2,
         most if isinstance(most, int | float) else 5.0,
@@ -191,7 +191,7 @@ async def ask(
     """
     chat = runnable if model is None else model
     label = model_label(chat)
-    retries, base_s, most_s = _retry_policy(chat)
+    policy = _retry_policy(chat)
 
     async def attempt_once() -> Any:
         attempt = _Attempt()
@@ -217,11 +217,11 @@ async def ask(
 
     def log_retry(state: Any) -> None:
         error = state.outcome.exception() if state.outcome else None
-        log.info("%s; asking again (%d of %d)", error, state.attempt_number, retries)
+        log.info("%s; asking again (%d of %d)", error, state.attempt_number, policy.max_retries)
 
     # The endpoints' one retry policy (common/retry.py): backoff with jitter, a server's
     # Retry-After honoured.
-    retrying = RetryPolicy(retries, base_s, most_s).asynchronous(retryable)
+    retrying = policy.asynchronous(retryable)
     retrying.before_sleep = log_retry
     return await retrying(attempt_once)
 

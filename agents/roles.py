@@ -97,20 +97,25 @@ class Abstraction(BaseModel):
     rejections: list[RejectedCandidate] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class AbstractionInput:
+    """What an abstractor works from: one flagged item, its parent task and what the pass
+    learnt of it (the summary, the exploration rounds, the nearest stored tasks)."""
+
+    item: FlaggedTrajectory
+    task: Task
+    context: SynthesisContext
+    rounds: Sequence[ExplorationRound]
+    neighbours: Sequence[Neighbour]
+    make_env: EnvFactory
+
+
 class Abstractor(Protocol):
     name: str
     # False: it writes from the flagged episode alone, so the pass runs no exploration for it.
     reads_exploration: bool
 
-    async def abstract(
-        self,
-        item: FlaggedTrajectory,
-        task: Task,
-        context: SynthesisContext,
-        rounds: Sequence[ExplorationRound],
-        neighbours: Sequence[Neighbour],
-        make_env: EnvFactory,
-    ) -> Abstraction: ...
+    async def abstract(self, given: AbstractionInput) -> Abstraction: ...
 
 
 class Judge(Protocol):

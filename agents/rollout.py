@@ -74,40 +74,11 @@ def _record_ids(episode: _Episode, reply: AssistantMessage) -> None:
     episode.last_ids = reply.prompt_token_ids + reply.completion_token_ids
 
 
-@dataclass
-class ReplyOutcome:
-    """What one assistant message did to its episode (``respond``)."""
-
-    follow: list[Message]  # what the model sees next: tool results, or the next user query
-    steps: list[Step]  # the tool calls it made, with their observations
-    answered: bool  # the message closed its user turn (no calls)
-    ended: bool  # the episode is over: the last turn answered, or the tool-call bound reached
-    finished: bool  # False when the bound cut the episode off
-
-
-def respond(
-    env: Environment,
-    reply: AssistantMessage,
-    turn: int,
-    calls_this_turn: int,
-    max_tool_calls: int,
-) -> ReplyOutcome:
-    """The rules of an episode, for every player of one (this engine, GRPO's multi-turn
-    rollout): a message without calls answers the turn (``end_turn`` gives the next
-    query, or ends the episode); a message with calls steps the environment, and the
-    ``max_tool_calls``-th such message of a turn ends the episode unfinished."""
-    if reply.is_final:
-        query = env.end_turn(reply.content)
-        follow: list[Message] = [] if query is None else [{"role": "user", "content": query}]
-        return ReplyOutcome(follow, [], answered=True, ended=query is None, finished=True)
-    steps, results = act(env, reply, turn)
-    # One step, however many calls it makes (BFCL's counting).
-    bound = calls_this_turn + 1 >= max_tool_calls
-    return ReplyOutcome(results, steps, answered=False, ended=bound, finished=not bound)
-
-
 def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> None:
-    """Advance one episode by one assistant message."""
+    """Advance one episode by one assistant message, by the rules of an episode: a message
+    without calls answers the turn (``end_turn`` gives the next query, or ends the
+    episode); a message with calls steps the environment, and the ``max_tool_calls``-th
+    such message of a turn ends the episode unfinished."""
     episode.prompt_tokens += reply.prompt_tokens
     episode.completion_tokens += reply.completion_tokens
     # Ids a failed reply still carries were generated (a reply cut by a token budget):
@@ -118,15 +89,21 @@ def _apply(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> N
         episode.transport_failure = reply.transport_failure
         return
     episode.messages.append(reply.to_openai())
-    outcome = respond(episode.env, reply, episode.turn, episode.calls, max_tool_calls)
-    episode.steps.extend(outcome.steps)
-    episode.messages.extend(outcome.follow)
-    if outcome.answered:
+    if reply.is_final:
+        query = episode.env.end_turn(reply.content)
+        if query is not None:
+            episode.messages.append({"role": "user", "content": query})
         episode.final_answer = reply.content
         episode.turn, episode.calls = episode.turn + 1, 0
-    else:
-        episode.calls += 1
-    episode.done, episode.finished = outcome.ended, outcome.finished
+        episode.done, episode.finished = query is None, True
+        return
+    steps, results = act(episode.env, reply, episode.turn)
+    episode.steps.extend(steps)
+    episode.messages.extend(results)
+    # One step, however many calls it makes (BFCL's counting).
+    bound = episode.calls + 1 >= max_tool_calls
+    episode.calls += 1
+    episode.done, episode.finished = bound, not bound
 
 
 def _advance(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) -> None:

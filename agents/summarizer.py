@@ -45,14 +45,6 @@ def tools_involved(trajectory: Trajectory, task: Task) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def first_error(trajectory: Trajectory) -> tuple[int, Step] | None:
-    """The first step whose observation is an error, with its 1-based number."""
-    for number, step in enumerate(trajectory.steps, 1):
-        if step.observation.error:
-            return number, step
-    return None
-
-
 def first_divergence(calls: Sequence[ToolCall], reference: Sequence[ToolCall]) -> str | None:
     """Where the rollout's calls first differ from the reference solution, in words."""
     for number, expected in enumerate(reference, 1):
@@ -148,9 +140,10 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
     )
 
     causes: list[str] = []
-    failed = first_error(trajectory)
-    if failed is not None:
-        number, step = failed
+    # The steps whose observation is an error, with their 1-based numbers.
+    failed = [(n, step) for n, step in enumerate(trajectory.steps, 1) if step.observation.error]
+    if failed:
+        number, step = failed[0]
         name = step.call.name if step.call is not None else "unreadable call"
         text = step.observation.text[:_OBSERVATION_CHARS]
         causes.append(f"step {number} ({name}) failed with {step.observation.error}: {text}")
@@ -172,11 +165,7 @@ def offline_context(item: FlaggedTrajectory, task: Task) -> SynthesisContext:
             else f"the final state differs from the reference's (score {trajectory.score:.2f})"
         )
 
-    errors = [
-        f"{step.call.name if step.call else '?'}!{step.observation.error}"
-        for step in trajectory.steps
-        if step.observation.error
-    ]
+    errors = [f"{s.call.name if s.call else '?'}!{s.observation.error}" for _, s in failed]
     patterns = list(tools)
     if calls:
         patterns.append(" > ".join(call.name for call in calls))
@@ -221,9 +210,15 @@ class OfflineSummarizer:
 # --------------------------------------------------------------------------- LLM
 
 
-def _clip(text: str, limit: int = _OBSERVATION_CHARS) -> str:
+def clip(text: str, limit: int = _OBSERVATION_CHARS) -> str:
     text = text.replace("\n", " | ")
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _step_line(number: int, step: Step) -> str:
+    action = render_call(step.call) if step.call else f"(unreadable) {step.raw or ''}"
+    tag = f"error[{step.observation.error}]: " if step.observation.error else ""
+    return f"  {number}. {clip(action, 200)} -> {tag}{clip(step.observation.text)}"
 
 
 def render_flagged(item: FlaggedTrajectory, task: Task) -> str:
@@ -242,19 +237,15 @@ def render_flagged(item: FlaggedTrajectory, task: Task) -> str:
         f"Rollout {trajectory.id} (policy {trajectory.policy_version}, score "
         f"{trajectory.score:.2f}, {status}, {len(trajectory.steps)} steps):"
     )
-    for number, step in enumerate(trajectory.steps, 1):
-        action = render_call(step.call) if step.call else f"(unreadable) {step.raw or ''}"
-        observation = step.observation
-        tag = f"error[{observation.error}]: " if observation.error else ""
-        lines.append(f"  {number}. {_clip(action, 200)} -> {tag}{_clip(observation.text)}")
+    lines += [_step_line(number, step) for number, step in enumerate(trajectory.steps, 1)]
     if trajectory.final_answer is not None:
-        lines.append(f"Final answer: {_clip(trajectory.final_answer)}")
+        lines.append(f"Final answer: {clip(trajectory.final_answer)}")
     if trajectory.error:
         lines.append(f"Stopped early: {trajectory.error}")
     lines.append("Signals:")
     for signal in item.signals:
         evidence = json.dumps(signal.evidence, default=str, ensure_ascii=False)
-        lines.append(f"  - {signal.kind}: {_clip(evidence, 400)}")
+        lines.append(f"  - {signal.kind}: {clip(evidence, 400)}")
     miss = item.nearest_miss
     if miss is not None:
         progress = miss.progress if miss.progress is not None else miss.score
@@ -262,10 +253,7 @@ def render_flagged(item: FlaggedTrajectory, task: Task) -> str:
             f"Nearest miss {miss.id} (same task, failed, progress {progress:.2f}: it got "
             "further; where it broke is the skill's frontier):"
         )
-        for number, step in enumerate(miss.steps, 1):
-            action = render_call(step.call) if step.call else f"(unreadable) {step.raw or ''}"
-            tag = f"error[{step.observation.error}]: " if step.observation.error else ""
-            lines.append(f"  {number}. {_clip(action, 200)} -> {tag}{_clip(step.observation.text)}")
+        lines += [_step_line(number, step) for number, step in enumerate(miss.steps, 1)]
     return "\n".join(lines)
 
 
@@ -290,10 +278,7 @@ class LLMSummarizer:
         except StructuredOutputError as err:
             log.warning("summarizer reply unreadable for %s: %s", item.trajectory.id, err)
             fallback = offline_context(item, task)
-            return fallback.model_copy(
-                update={
-                    "summary": f"[LLM summary unreadable: {_clip(str(err), 300)}] {fallback.summary}"
-                }
-            )
+            summary = f"[LLM summary unreadable: {clip(str(err), 300)}] {fallback.summary}"
+            return fallback.model_copy(update={"summary": summary})
         keep = [turn.query for turn in task.turns if turn.query not in context.do_not_repeat]
         return context.model_copy(update={"do_not_repeat": [*context.do_not_repeat, *keep]})

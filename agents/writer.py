@@ -28,15 +28,7 @@ from typing import Any, Literal
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from ..envs.parsing import render_call
-from ..records import (
-    CandidateTask,
-    FlaggedTrajectory,
-    Neighbour,
-    Observation,
-    SynthesisContext,
-    Task,
-    ToolCall,
-)
+from ..records import CandidateTask, Observation, ToolCall
 from .abstractor import actions_key, normalise, repeats
 from .explorer import mentions
 from .llm import model_label
@@ -44,8 +36,7 @@ from .prompts import WRITER_PROMPT
 from .replies import ask, raise_unless_one_replied
 from .roles import (
     Abstraction,
-    EnvFactory,
-    ExplorationRound,
+    AbstractionInput,
     Interaction,
     RejectedCandidate,
     WriterMaterial,
@@ -58,6 +49,8 @@ OBSERVATION_CHARS = 160
 _REQUEST = re.compile(r"^\s*request\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _ANSWER = re.compile(r"^\s*answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _NO_ANSWER = {"", "-", "none", "n/a", "null"}
+# One piece of the writer's material: (kind, the setup it ran from, the calls that succeeded).
+Segment = tuple[Literal["hindsight", "explored"], dict[str, Any], list[Interaction]]
 
 
 def render_calls(interactions: Sequence[Interaction]) -> str:
@@ -179,17 +172,14 @@ class TaskWriter:
         self.reads_exploration = material != "hindsight"
         self.name = f"abstractor:writer({model_label(model)}, {material})"
 
-    def segments(
-        self, item: FlaggedTrajectory, task: Task, rounds: Sequence[ExplorationRound]
-    ) -> list[tuple[Literal["hindsight", "explored"], dict[str, Any], list[Interaction]]]:
+    def segments(self, given: AbstractionInput) -> list[Segment]:
         """(kind, setup, calls) of each distinct piece of material, hindsight first."""
-        found: list[tuple[Literal["hindsight", "explored"], dict[str, Any], list[Interaction]]]
-        found = []
+        found: list[Segment] = []
         if self.material in ("hindsight", "both"):
-            steps = [(step.call, step.observation) for step in item.trajectory.steps]
-            found.append(("hindsight", dict(task.setup), succeeded(steps)))
+            steps = [(step.call, step.observation) for step in given.item.trajectory.steps]
+            found.append(("hindsight", dict(given.task.setup), succeeded(steps)))
         if self.material in ("explored", "both"):
-            for exploration in rounds:
+            for exploration in given.rounds:
                 steps = [(i.call, i.observation) for i in exploration.interactions]
                 found.append(("explored", dict(exploration.setup), succeeded(steps)))
         distinct, keys = [], set()
@@ -200,16 +190,9 @@ class TaskWriter:
                 distinct.append((kind, setup, calls))
         return distinct
 
-    async def abstract(
-        self,
-        item: FlaggedTrajectory,
-        task: Task,
-        context: SynthesisContext,
-        rounds: Sequence[ExplorationRound],
-        neighbours: Sequence[Neighbour],
-        make_env: EnvFactory,
-    ) -> Abstraction:
-        material = self.segments(item, task, rounds)[: self.max_candidates]
+    async def abstract(self, given: AbstractionInput) -> Abstraction:
+        task = given.task
+        material = self.segments(given)[: self.max_candidates]
         if not material:
             why = "no call of the flagged trajectory or of the exploration rounds succeeded"
             return Abstraction(rejections=[RejectedCandidate(description=task.id, reason=why)])
@@ -231,7 +214,7 @@ class TaskWriter:
                 reason = f"writer reply unreadable: {err}"
                 rejected.append(RejectedCandidate(description=description, reason=reason))
                 continue
-            problem = repeats([query], neighbours, context.do_not_repeat)
+            problem = repeats([query], given)
             if problem is None and normalise(query) in queries:
                 problem = "duplicates another candidate of this item"
             if problem is None and self.grounding:
@@ -249,7 +232,7 @@ class TaskWriter:
                     minimal_actions=[i.call for i in calls],
                     reference_answer=answer,
                     parent_task_id=task.id,
-                    signal=primary_signal(item),
+                    signal=primary_signal(given.item),
                     setup=candidate_setup(setup),
                     kind=kind,
                 )

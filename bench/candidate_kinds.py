@@ -19,6 +19,7 @@ import json
 from coevolve.agents.abstractor import OfflineAbstractor
 from coevolve.agents.explorer import OfflineExplorer
 from coevolve.agents.judge import ExecutableJudge
+from coevolve.agents.roles import AbstractionInput
 from coevolve.agents.summarizer import OfflineSummarizer
 from coevolve.envs.world import FAMILIES, WorldEnvironment, make_task
 from coevolve.records import FlaggedTrajectory, Signal, Step, ToolCall, Trajectory
@@ -82,7 +83,7 @@ async def main():
                 ctx = await OfflineSummarizer().summarize(item, task)
                 rounds = await OfflineExplorer().explore(item, task, ctx, WorldEnvironment)
                 abstraction = await OfflineAbstractor(steer=steer).abstract(
-                    item, task, ctx, rounds, [], WorldEnvironment
+                    AbstractionInput(item, task, ctx, rounds, [], WorldEnvironment)
                 )
                 for c in abstraction.candidates:
                     v = await ExecutableJudge().judge(c, WorldEnvironment)

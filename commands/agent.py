@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from .common import (
+    CacheDirOption,
     DebugOption,
     console,
     env_scopes,
@@ -37,10 +39,7 @@ def bootstrap_command(
         ),
     ] = None,
     tiny: Annotated[bool, typer.Option("--tiny", help="Same as --base tiny.")] = False,
-    cache_dir: Annotated[
-        str | None,
-        typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
-    ] = None,
+    cache_dir: CacheDirOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the build's metadata as JSON.")
     ] = False,
@@ -143,11 +142,8 @@ def eval_command(
     tasks = []
     env_class: Any = None
     for scope in scopes:
-        try:
-            env_class, scope_tasks = load_env_tasks(env, scope)
-        except RuntimeError as err:
-            raise fail(str(err)) from None
-        tasks += scope_tasks[:limit] if limit is not None else scope_tasks
+        env_class, scope_tasks = load_env_tasks(env, scope)
+        tasks += scope_tasks[:limit]
     try:
         agent = load_policy(policy)
     except (ConfigError, PolicyError, FileNotFoundError, OSError) as err:
@@ -170,16 +166,12 @@ def eval_command(
     except PolicyError as err:
         raise fail(str(err)) from None
     if save:
-        from pathlib import Path
-
         Path(save).parent.mkdir(parents=True, exist_ok=True)
-        with open(save, "w", encoding="utf-8") as handle:
-            for trajectory in trajectories:
-                handle.write(trajectory.model_dump_json() + "\n")
+        Path(save).write_text(
+            "".join(t.model_dump_json() + "\n" for t in trajectories), encoding="utf-8"
+        )
     report = evaluation_report(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
     if report_path:
-        from pathlib import Path
-
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(json.dumps(report.as_json(), indent=2) + "\n")
     if as_json:

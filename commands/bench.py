@@ -79,23 +79,18 @@ def bench_learning(
     import yaml
 
     from ..bench.learning import check_arms, default_arms, print_report, run_ablation
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
+    from .common import load_config_or_fail
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
-    try:
-        base = load_config(source).model_dump(mode="json")
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    base = load_config_or_fail(source).model_dump(mode="json")
     if quick:
         from ..training.tiny_presets import quick_bench
 
         base.update(quick_bench())
         source += " (--quick)"
     if overrides:  # after --quick: what the command line sets wins
-        try:
-            base = load_config(base, overrides).model_dump(mode="json")
-        except ConfigError as err:
-            raise fail(str(err)) from None
+        base = load_config_or_fail(base, overrides).model_dump(mode="json")
         source += "".join(f" --set {item}" for item in overrides)
     chosen = [a.strip() for a in arms.split(",")] if arms else default_arms(base)
     try:

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
+    from ..config import CoevolveConfig
     from ..envs.base import Environment
     from ..envs.registry import EnvironmentSpec
     from ..records import Task
@@ -33,6 +34,10 @@ SetOption = Annotated[
     ),
 ]
 
+CacheDirOption = Annotated[
+    str | None,
+    typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
+]
 
 # Every command that can fail on a known error (errors.KNOWN_ERRORS) takes --debug; cli.main
 # prints such an error on one line unless it is given.
@@ -48,6 +53,18 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
     err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+def load_config_or_fail(
+    source: str | dict[str, Any] | None, overrides: Sequence[str] = ()
+) -> CoevolveConfig:
+    """The config at ``source`` with ``overrides`` (``load_config``), or the error exit."""
+    from ..config import ConfigError, load_config
+
+    try:
+        return load_config(source, overrides)
+    except ConfigError as err:
+        raise fail(str(err)) from None
 
 
 def env_spec(env: str) -> EnvironmentSpec:
@@ -89,9 +106,12 @@ def env_scopes(
 
 def load_env_tasks(env: str, scope: str) -> tuple[Callable[[], Environment], list[Task]]:
     """The environment class and the tasks of one of its task sets (a world split, a BFCL
-    category)."""
+    category), or the error exit (e.g. bfcl-eval missing)."""
     spec = env_spec(env)
-    return spec.environment, spec.load_task_set(scope)
+    try:
+        return spec.environment, spec.load_task_set(scope)
+    except RuntimeError as err:
+        raise fail(str(err)) from None
 
 
 def task_progress(description: str, enabled: bool):
@@ -105,10 +125,8 @@ def task_progress(description: str, enabled: bool):
     return wrap
 
 
-def load_policy(spec: str, config_path: str | None = None) -> Any:
+def load_policy(spec: str) -> Any:
     """A policy from --policy: 'oracle', 'bootstrap', a model directory, or a YAML config."""
-    from pathlib import Path
-
     from ..config import CoevolveConfig, load_config
 
     if spec == "oracle":

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import SetOption, fail
+from .common import SetOption, load_config_or_fail
 
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 
@@ -21,12 +21,7 @@ def config_show(
     """Validate a config and print it with every default filled in (and --set applied)."""
     import yaml
 
-    from ..config import ConfigError, load_config
-
-    try:
-        config = load_config(path, overrides or [])
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    config = load_config_or_fail(path, overrides or [])
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
 
 

@@ -111,10 +111,7 @@ def env_check(
 
     all_verified = True
     for scope in scopes:
-        try:
-            env_class, tasks = load_env_tasks(env, scope)
-        except RuntimeError as err:  # e.g. bfcl-eval missing
-            raise fail(str(err)) from None
+        env_class, tasks = load_env_tasks(env, scope)
         report: CheckReport = check_references(
             env_class,
             tasks,
@@ -155,10 +152,7 @@ def env_show(
     _register_tasks(env, tasks_file)
     scopes, _ = env_scopes(env, split, category, default=env_spec(env).task_sets[:1])
     scope = scopes[0]
-    try:
-        env_class, tasks = load_env_tasks(env, scope)
-    except RuntimeError as err:
-        raise fail(str(err)) from None
+    env_class, tasks = load_env_tasks(env, scope)
     if not 0 <= index < len(tasks):
         raise fail(f"--index must be in 0..{len(tasks) - 1}")
     task = tasks[index]

@@ -262,22 +262,14 @@ def serve_command(
         # The venv's own console script, found beside this Python when PATH lacks it.
         local = Path(sys.executable).parent / "transformers"
         argv[0] = str(local) if local.exists() else argv[0]
-        console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
-        os.execvpe(argv[0], argv, {**os.environ, **environment})
-    if argv[0] == "trl":
+    else:
         import importlib.util
 
-        if importlib.util.find_spec("vllm") is None:
+        has_vllm = importlib.util.find_spec("vllm") if argv[0] == "trl" else shutil.which("vllm")
+        if has_vllm is None:
             raise fail(
-                "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a "
-                "GPU (--dry-run prints the command)"
+                "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a GPU "
+                "(--dry-run prints the command)"
             )
-        console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
-        os.execvpe(argv[0], argv, {**os.environ, **environment})
-    if shutil.which("vllm") is None:
-        raise fail(
-            "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a GPU "
-            "(--dry-run prints the command)"
-        )
     console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
     os.execvpe(argv[0], argv, {**os.environ, **environment})

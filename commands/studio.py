@@ -30,17 +30,8 @@ def studio(
     api = f"http://127.0.0.1:{port}"
     console.print(f"API:    {api}  (health: {api}/ok)")
     console.print(f"Studio: https://smith.langchain.com/studio/?baseUrl={api}")
-    command = [
-        executable,
-        "dev",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--config",
-        str(config),
-        "--allow-blocking",
-    ]
+    command = [executable, "dev", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--config", str(config), "--allow-blocking"]
     if not browser:
         command.append("--no-browser")
     try:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import DebugOption, console, err_console, fail
+from .common import DebugOption, console, err_console, fail, load_config_or_fail
 
 
 def _read_trajectories(path: str) -> list[Any]:
@@ -69,7 +69,6 @@ def synthesize_command(
     from collections import Counter
     from pathlib import Path
 
-    from ..config import ConfigError, load_config
     from ..envs.catalog import seed_tasks_by_id
     from ..loop.compose import build_synthesis_runtime
     from ..memory.history import OutcomeHistory
@@ -77,10 +76,7 @@ def synthesize_command(
     from ..memory.signals import detect_signals
     from ..synthesis.graph import run_synthesis
 
-    try:
-        config = load_config(config_path)
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    config = load_config_or_fail(config_path)
     trajectories = _read_trajectories(rollouts)
     envs = {t.env for t in trajectories}
     if len(envs) != 1:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import DebugOption, SetOption, console, fail
+from .common import CacheDirOption, DebugOption, SetOption, console, fail, load_config_or_fail
 
 
 def writer_command(
@@ -20,10 +20,7 @@ def writer_command(
         str | None,
         typer.Option(help="Override writer.base: smollm2, bootstrap or a model directory."),
     ] = None,
-    cache_dir: Annotated[
-        str | None,
-        typer.Option(help="Cache directory (default: $COEVOLVE_CACHE or ~/.cache/coevolve)."),
-    ] = None,
+    cache_dir: CacheDirOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the writer's metadata as JSON.")
     ] = False,
@@ -43,15 +40,11 @@ def writer_command(
     vLLM) and name that endpoint in ``synthesis.roles.writer``. Cached: a second call with
     the same settings and tasks returns at once.
     """
-    from ..config import ConfigError, load_config
-    from ..envs.catalog import load_tasks
     from ..envs.registry import get_environment
+    from ..loop.compose import seed_tasks
     from ..training.bootstrap.config import default_cache_dir
 
-    try:
-        config = load_config(config_path, overrides or ())
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    config = load_config_or_fail(config_path, overrides or ())
     settings = config.writer if base is None else config.writer.model_copy(update={"base": base})
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if settings.base == "smollm2":
@@ -71,10 +64,7 @@ def writer_command(
             raise fail(
                 f"writer.base {settings.base!r} is not smollm2, bootstrap or a model directory"
             )
-    env = config.env
-    seeds = load_tasks(env.name, split=env.split, category=env.category, seed=env.seed)
-    if config.pool.seed_tasks is not None:
-        seeds = seeds[: config.pool.seed_tasks]
+    seeds = seed_tasks(config)
     from ..training.writer.build import METADATA_FILE, build_writer
 
     try:
@@ -82,7 +72,7 @@ def writer_command(
             settings,
             base_dir=base_dir,
             tasks=seeds,
-            make_env=get_environment(env.name).environment,
+            make_env=get_environment(config.env.name).environment,
             cache_dir=root,
             progress=not (as_json or path_only),
         )

@@ -94,30 +94,29 @@ class RetryPolicy:
             delay = max(delay, min(asked, self.retry_max_s))
         return delay
 
-    def _wait(self, done_before: int) -> Callable[[RetryCallState], float]:
+    def _settings(
+        self, retryable: Callable[[BaseException], bool], done_before: int
+    ) -> dict[str, Any]:
+        """tenacity's settings for one request, ``done_before`` attempts made outside it."""
+
         def wait(state: RetryCallState) -> float:
             error = state.outcome.exception() if state.outcome else None
             return self.delay(state.attempt_number + done_before, error)
 
-        return wait
+        return {
+            "retry": retry_if_exception(retryable),
+            "stop": stop_after_attempt(max(1, self.max_retries + 1 - done_before)),
+            "wait": wait,
+            "reraise": True,
+        }
 
     def asynchronous(
         self, retryable: Callable[[BaseException], bool], done_before: int = 0
     ) -> AsyncRetrying:
         """An ``AsyncRetrying`` for one request (tenacity keeps a call's state on it: one
         per request); ``done_before`` attempts were made outside it."""
-        return AsyncRetrying(
-            retry=retry_if_exception(retryable),
-            stop=stop_after_attempt(max(1, self.max_retries + 1 - done_before)),
-            wait=self._wait(done_before),
-            reraise=True,
-        )
+        return AsyncRetrying(**self._settings(retryable, done_before))
 
     def synchronous(self, retryable: Callable[[BaseException], bool]) -> Retrying:
         """A ``Retrying`` for one blocking request."""
-        return Retrying(
-            retry=retry_if_exception(retryable),
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._wait(0),
-            reraise=True,
-        )
+        return Retrying(**self._settings(retryable, 0))

@@ -310,8 +310,7 @@ class TrainingInterface:
         return Observation(text=f"{observation.text}\n{hint}", error=observation.error)
 
     def end_turn(self, answer: str | None = None) -> str | None:
-        result: str | None = self.env.end_turn(answer)
-        return result
+        return self.env.end_turn(answer)
 
     def score(self) -> float:
         return float(self.env.score())

@@ -240,13 +240,11 @@ def _parse_reference(source: str, signatures: Mapping[str, inspect.Signature]) -
 
 def _render_result(result: Any) -> str:
     """A method's return value as BFCL shows it to the model."""
-    if type(result) is str:
-        return result
     if type(result) is dict:
         try:
             return json.dumps(result)
         except (TypeError, ValueError):
-            return str(result)
+            pass
     return str(result)
 
 

@@ -83,6 +83,7 @@ from __future__ import annotations
 import importlib
 import json
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,10 +143,7 @@ _ARGUMENT_ERRORS = frozenset({"bad_arguments", "invalid_value"})
 
 def count_labels(trajectories: Sequence[Trajectory]) -> dict[str, int]:
     """Label counts over trajectories, most frequent first (for metrics and the report)."""
-    counts: dict[str, int] = {}
-    for trajectory in trajectories:
-        for label in trajectory.diagnosis:
-            counts[label] = counts.get(label, 0) + 1
+    counts = Counter(label for trajectory in trajectories for label in trajectory.diagnosis)
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
@@ -327,6 +325,19 @@ def world_progress(
     start = _flatten(comparable_view(initial, initial, check))
     expected = _flatten(comparable_view(replay(initial, task.reference_calls), initial, check))
     final = _flatten(comparable_view(dict(final_state), initial, check))
+    return graded_progress(task, start, expected, final, answer, calls)
+
+
+def graded_progress(
+    task: Task,
+    start: Mapping[tuple[str, ...], Any],
+    expected: Mapping[tuple[str, ...], Any],
+    final: Mapping[tuple[str, ...], Any],
+    answer: str | None,
+    calls: Sequence[ToolCall] | None,
+) -> float:
+    """``world_progress`` from flattened states (also a user environment's progress): the
+    units ``expected`` changes from ``start``, plus the ones ``final`` changes wrongly."""
     wanted = _changed(start, expected)
     extra = {
         unit for unit in _changed(start, final) - wanted if final.get(unit) != expected.get(unit)
@@ -338,10 +349,9 @@ def world_progress(
         achieved += answer_matches(answer, task.reference_answer)
     if achieved == total:  # the outcome is right (the verifier's 1.0), however it got there
         return 1.0
-    if calls is None:
-        return achieved / total
-    achieved += _common_calls(task.reference_calls, calls)
-    total += len(task.reference_calls)
+    if calls is not None:
+        achieved += _common_calls(task.reference_calls, calls)
+        total += len(task.reference_calls)
     return achieved / total
 
 
@@ -383,51 +393,56 @@ def diagnose_world(task: Task, steps: Sequence[Step], answer: str | None) -> lis
     labels: list[str] = []
     world = World(clone(initial))
     for index, step in enumerate(steps):
-        error = step.observation.error
-        if step.call is None or error in _INVALID_CALL_ERRORS:
-            labels.append(INVALID_TOOL_CALL)
-        elif error in _ARGUMENT_ERRORS:
-            labels.append(ARGUMENT_MISMATCH)
-        elif error is not None:
-            name = step.call.name
-            planned = (name, _key(step.call.arguments)) in reference_keys
-            recovered = any(
-                later.call is not None
-                and later.call.name == name
-                and later.observation.error is None
-                for later in steps[index + 1 :]
-            )
-            labels.append(PASS if planned or recovered else RECOVERY_FAILURE)
-        elif app_of.get(step.call.name) not in reference_apps:
-            labels.append(INSTANCE_MISMATCH)
-            _run_quietly(world, step)
-        else:
+        label = step_error_label(step, steps[index + 1 :], reference_keys)
+        if label is None:  # a successful call: run it, and see what it changed
+            assert step.call is not None
             before = units(world.state)
             _run_quietly(world, step)
-            labels.append(
-                STATE_MISMATCH if _changed(before, units(world.state)) - touched else PASS
-            )
+            if app_of.get(step.call.name) not in reference_apps:
+                label = INSTANCE_MISMATCH
+            else:
+                label = STATE_MISMATCH if _changed(before, units(world.state)) - touched else PASS
+        labels.append(label)
+    expected = replay(initial, task.reference_calls)
+    state_right = comparable_view(world.state, initial, check) == comparable_view(
+        expected, initial, check
+    )
+    return [*labels, outcome_label(task, steps, answer, state_right)]
 
+
+def step_error_label(
+    step: Step,
+    later: Sequence[Step],
+    planned: set[tuple[str, str]],
+    invalid: frozenset[str] = _INVALID_CALL_ERRORS,
+) -> str | None:
+    """The label of a step that failed (module docstring); None for one that succeeded.
+    ``planned``: the reference's calls as (name, ``_key(arguments)``)."""
+    error = step.observation.error
+    if step.call is None or error in invalid:
+        return INVALID_TOOL_CALL
+    if error in _ARGUMENT_ERRORS:
+        return ARGUMENT_MISMATCH
+    if error is None:
+        return None
+    name = step.call.name
+    recovered = any(
+        s.call is not None and s.call.name == name and s.observation.error is None for s in later
+    )
+    return PASS if (name, _key(step.call.arguments)) in planned or recovered else RECOVERY_FAILURE
+
+
+def outcome_label(task: Task, steps: Sequence[Step], answer: str | None, state_right: bool) -> str:
+    """The outcome label (module docstring); ``state_right``: the final state is the reference's."""
     if not task.reference_calls:
-        outcome = (
-            SPURIOUS_TOOL_CALL if any(s.call is not None for s in steps) else CORRECT_ABSTENTION
-        )
-    elif not any(step.call is not None for step in steps):
-        outcome = EMPTY_TURN
-    else:
-        expected = replay(initial, task.reference_calls)
-        if comparable_view(world.state, initial, check) != comparable_view(
-            expected, initial, check
-        ):
-            outcome = STATE_MISMATCH
-        elif task.reference_answer is not None and not answer_matches(
-            answer, task.reference_answer
-        ):
-            outcome = RESPONSE_MISMATCH
-        else:
-            outcome = PASS
-    labels.append(outcome)
-    return labels
+        return SPURIOUS_TOOL_CALL if any(s.call is not None for s in steps) else CORRECT_ABSTENTION
+    if not any(step.call is not None for step in steps):
+        return EMPTY_TURN
+    if not state_right:
+        return STATE_MISMATCH
+    if task.reference_answer is not None and not answer_matches(answer, task.reference_answer):
+        return RESPONSE_MISMATCH
+    return PASS
 
 
 def _key(arguments: Mapping[str, Any]) -> str:

@@ -48,7 +48,7 @@ import orjson
 from pydantic import TypeAdapter
 
 from ..records import Task, ToolCall
-from .base import ToolEnvironment, ToolError, answer_matches
+from .base import ToolEnvironment, ToolError, answer_matches, tool_schema
 
 # The error kind of a tool that raised something other than a ToolError.
 TOOL_FAILED = "tool_failed"
@@ -144,14 +144,7 @@ def function_schema(
         if parameter.default is parameter.empty:
             required.append(parameter.name)
         properties[parameter.name] = schema
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description or name.replace("_", " "),
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
+    return tool_schema(name, description or name.replace("_", " "), properties, required)
 
 
 # --------------------------------------------------------------------------- tools

@@ -153,9 +153,7 @@ def _dotted_name(node: ast.expr) -> str:
 
 def _jsonable(value: Any) -> Any:
     """Tuples and sets become lists so arguments stay JSON-representable."""
-    if isinstance(value, tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}

@@ -15,7 +15,7 @@ from ..records import Task, Trajectory
 from .base import Environment
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnvironmentSpec:
     """What the rest of coevolve needs to know about one environment."""
 
@@ -24,15 +24,16 @@ class EnvironmentSpec:
     description: str  # one line for `coevolve env list`
     environment: Callable[[], Environment]  # calling it makes a fresh environment (make_env)
     splits: tuple[str, ...]  # env.split values
-    split_note: str  # what the splits are where the names do not say ("" where they do)
-    categories: tuple[str, ...]  # env.category values; empty when it has none
+    split_note: str = ""  # what the splits are where the names do not say ("" where they do)
+    categories: tuple[str, ...] = ()  # env.category values; empty when it has none
     evaluation_splits: tuple[str, ...]  # evaluation.split values
-    evaluation_note: str  # what is evaluated where the names do not say ("" where they do)
+    evaluation_note: str = ""  # what is evaluated where the names do not say ("" where they do)
     # The CLI names a task set with --split or --category, one of ``task_sets``.
-    task_set_option: Literal["split", "category"]
+    task_set_option: Literal["split", "category"] = "split"
     task_sets: tuple[str, ...]
-    eval_task_sets: tuple[str, ...]  # what `coevolve eval` scores when the option is left out
-    family_label: str  # what a task's family is called in reports: "family", "category"
+    # What `coevolve eval` scores when the option is left out.
+    eval_task_sets: tuple[str, ...] = ("heldout",)
+    family_label: str = "family"  # what a task's family is called in reports, or "category"
     max_tool_calls: int  # tool-calling replies per user turn in `coevolve eval`
     # (split, category, seed) -> the tasks the loop trains or evaluates on.
     load_tasks: Callable[[str, str, int], list[Task]]

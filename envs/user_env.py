@@ -34,22 +34,18 @@ from pathlib import Path
 from typing import Any
 
 from ..common.config_base import ConfigError
-from ..records import Step, Task, ToolCall, Trajectory, is_success
-from .base import TASK_ERRORS, Environment, answer_matches, replay_reference
+from ..records import Task, ToolCall, Trajectory, is_success
+from .base import TASK_ERRORS, Environment, replay_reference
 from .diagnosis import (
-    ARGUMENT_MISMATCH,
-    CORRECT_ABSTENTION,
-    EMPTY_TURN,
-    INVALID_TOOL_CALL,
     PASS,
-    RECOVERY_FAILURE,
-    RESPONSE_MISMATCH,
-    SPURIOUS_TOOL_CALL,
     STATE_MISMATCH,
     _changed,
     _common_calls,
     _flatten,
     _key,
+    graded_progress,
+    outcome_label,
+    step_error_label,
 )
 from .function_tools import TOOL_FAILED, FunctionEnvironment
 from .parsing import render_call
@@ -128,13 +124,8 @@ class UserEnvironment:
             environment=self.make_env,
             splits=(*SPLITS, "all"),
             split_note="as the task file names them, else cut per family with env.seed",
-            categories=(),
             evaluation_splits=SPLITS,
-            evaluation_note="",
-            task_set_option="split",
             task_sets=SPLITS,
-            eval_task_sets=("heldout",),
-            family_label="family",
             max_tool_calls=self._max_tool_calls(),
             load_tasks=self._load_tasks,
             load_task_set=self.tasks,
@@ -377,17 +368,18 @@ def diagnose(
     planned = {(call.name, _key(call.arguments)) for call in task.reference_calls}
     if not isinstance(env, FunctionEnvironment):
         labels = [
-            _error_label(step, steps[i + 1 :], planned) or PASS for i, step in enumerate(steps)
+            step_error_label(step, steps[i + 1 :], planned, _INVALID) or PASS
+            for i, step in enumerate(steps)
         ]
         solved = is_success(trajectory.score)
-        outcome = _outcome(task, trajectory, state_right=solved)
+        outcome = outcome_label(task, steps, trajectory.final_answer, solved)
         return [*labels, outcome], 1.0 if solved else 0.0
     touched = _touched(env, task)
     expected = env.replay_state(task.setup.get("state", {}), task.reference_calls)
     env.reset(task)
     labels = []
     for index, step in enumerate(steps):
-        label = _error_label(step, steps[index + 1 :], planned)
+        label = step_error_label(step, steps[index + 1 :], planned, _INVALID)
         if label is None:  # a successful call: run it, and see what it changed
             assert step.call is not None
             before = _flatten(env.current_state())
@@ -395,39 +387,8 @@ def diagnose(
             changed = _changed(before, _flatten(env.current_state()))
             label = STATE_MISMATCH if changed - touched else PASS
         labels.append(label)
-    outcome = _outcome(task, trajectory, state_right=env.current_state() == expected)
+    outcome = outcome_label(task, steps, trajectory.final_answer, env.current_state() == expected)
     return [*labels, outcome], _progress(env, task, trajectory, calls=None)
-
-
-def _error_label(step: Step, later: Sequence[Step], planned: set[tuple[str, str]]) -> str | None:
-    """The label of a step that failed; None for one that succeeded."""
-    error = step.observation.error
-    if step.call is None or error in _INVALID:
-        return INVALID_TOOL_CALL
-    if error in ("bad_arguments", "invalid_value"):
-        return ARGUMENT_MISMATCH
-    if error is None:
-        return None
-    name = step.call.name
-    recovered = any(
-        s.call is not None and s.call.name == name and s.observation.error is None for s in later
-    )
-    return PASS if (name, _key(step.call.arguments)) in planned or recovered else RECOVERY_FAILURE
-
-
-def _outcome(task: Task, trajectory: Trajectory, state_right: bool) -> str:
-    steps = trajectory.steps
-    if not task.reference_calls:
-        return SPURIOUS_TOOL_CALL if any(s.call is not None for s in steps) else CORRECT_ABSTENTION
-    if not any(step.call is not None for step in steps):
-        return EMPTY_TURN
-    if not state_right:
-        return STATE_MISMATCH
-    if task.reference_answer is not None and not answer_matches(
-        trajectory.final_answer, task.reference_answer
-    ):
-        return RESPONSE_MISMATCH
-    return PASS
 
 
 def _touched(env: FunctionEnvironment, task: Task) -> set[tuple[str, ...]]:
@@ -460,19 +421,7 @@ def _progress(
     start = _flatten(env.replay_state(initial, []))
     expected = _flatten(env.replay_state(initial, task.reference_calls))
     final = _flatten(env.replay_state(initial, made))
-    wanted = _changed(start, expected)
-    extra = {u for u in _changed(start, final) - wanted if final.get(u) != expected.get(u)}
-    achieved = sum(final.get(unit) == expected.get(unit) for unit in wanted)
-    total = len(wanted) + len(extra)
-    if task.reference_answer is not None:
-        total += 1
-        achieved += answer_matches(trajectory.final_answer, task.reference_answer)
-    if achieved == total:  # the outcome is right, however it got there
-        return 1.0
-    if calls is not None:
-        achieved += _common_calls(task.reference_calls, calls)
-        total += len(task.reference_calls)
-    return achieved / total
+    return graded_progress(task, start, expected, final, trajectory.final_answer, calls)
 
 
 def failure_grade(make_env: Callable[[], Environment], task: Task, trajectory: Trajectory) -> float:

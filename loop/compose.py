@@ -116,6 +116,15 @@ def evaluation_tasks(config: CoevolveConfig) -> list[Task]:
     return first_per_family(tasks, config.evaluation.per_family)
 
 
+def seed_tasks(config: CoevolveConfig) -> list[Task]:
+    """The run's seed tasks: those of ``env.split``, the first ``pool.seed_tasks`` of them."""
+    from ..envs.catalog import load_tasks
+
+    env = config.env
+    seeds = load_tasks(env.name, split=env.split, category=env.category, seed=env.seed)
+    return seeds if config.pool.seed_tasks is None else seeds[: config.pool.seed_tasks]
+
+
 def build_store(config: CoevolveConfig, path: str | Path | None = None) -> TaskStore:
     """The task store a config names: the Chroma server at ``synthesis.store_url``, else the
     embedded store at ``path`` (default ``config.store_path()``); its embeddings from
@@ -139,7 +148,6 @@ def build_runtime(
     config: CoevolveConfig, console: Console | None = None, progress: bool = True
 ) -> CycleRuntime:
     from ..agents.role_factory import build_roles
-    from ..envs.catalog import load_tasks
     from ..envs.registry import get_environment
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
@@ -150,11 +158,7 @@ def build_runtime(
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir = local_model_dir(config)
     policy = build_policy(config, model_dir)
-    seeds = load_tasks(
-        config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
-    )
-    if config.pool.seed_tasks is not None:
-        seeds = seeds[: config.pool.seed_tasks]
+    seeds = seed_tasks(config)
     store = build_store(config)
     files = RunFiles(run_dir)
     if store.count() == 0:

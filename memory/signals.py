@@ -20,6 +20,7 @@ keeps the items where the failures are (``allocation``).
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
@@ -152,16 +153,7 @@ def detect_signals(
     threshold = config.success_threshold
 
     def flag(trajectory: Trajectory, kind: SignalKind, evidence: dict) -> None:
-        found[trajectory.id].append(
-            Signal(
-                kind=kind,
-                trajectory_id=trajectory.id,
-                task_id=trajectory.task_id,
-                family=trajectory.family,
-                cycle=cycle,
-                evidence=evidence,
-            )
-        )
+        found[trajectory.id].append(_signal(trajectory, kind, cycle, evidence))
 
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     by_family: dict[str, list[Trajectory]] = defaultdict(list)
@@ -170,27 +162,21 @@ def detect_signals(
         by_family[trajectory.family].append(trajectory)
 
     if "forgetting" in config.kinds:
-        groups: list[tuple[str, str, list[Trajectory], list[float]]] = []
-        if config.forgetting_level in ("task", "both"):
-            groups += [
-                ("task", key, group, history.task_window(key, cycle, config.window))
-                for key, group in by_task.items()
-            ]
-        if config.forgetting_level in ("family", "both"):
-            groups += [
-                ("family", key, group, history.family_window(key, cycle, config.window))
-                for key, group in by_family.items()
-            ]
-        for level, key, group, window in groups:
-            now = sum(t.score for t in group) / len(group)
-            if window and max(window) >= threshold and now < threshold:
-                for trajectory in group:
-                    if trajectory.score < threshold:
-                        flag(
-                            trajectory,
-                            "forgetting",
-                            {"level": level, "key": key, "window": window, "now": now},
-                        )
+        levels = (
+            ("task", by_task, history.task_window),
+            ("family", by_family, history.family_window),
+        )
+        for level, groups, window_of in levels:
+            if config.forgetting_level not in (level, "both"):
+                continue
+            for key, group in groups.items():
+                window = window_of(key, cycle, config.window)
+                now = sum(t.score for t in group) / len(group)
+                if window and max(window) >= threshold and now < threshold:
+                    evidence = {"level": level, "key": key, "window": window, "now": now}
+                    for trajectory in group:
+                        if trajectory.score < threshold:
+                            flag(trajectory, "forgetting", evidence)
 
     if "boundary" in config.kinds:
         for task_id, group in by_task.items():
@@ -208,18 +194,15 @@ def detect_signals(
                 continue  # solved before: forgetting's business
             family = by_family[group[0].family]
             family_success = sum(t.score >= threshold for t in family) / len(family)
+            evidence = {
+                "task_id": task_id,
+                "scores": [t.score for t in group],
+                "history": past,
+                # the synthesizer's step toward the task grows with this
+                "family_success": family_success,
+            }
             for trajectory in group:
-                flag(
-                    trajectory,
-                    "unsolved",
-                    {
-                        "task_id": task_id,
-                        "scores": [t.score for t in group],
-                        "history": past,
-                        # the synthesizer's step toward the task grows with this
-                        "family_success": family_success,
-                    },
-                )
+                flag(trajectory, "unsolved", evidence)
 
     extract = EXTRACTORS[config.pattern]
     observed = [extract(t) for t in trajectories]
@@ -229,16 +212,13 @@ def detect_signals(
         for trajectory, pattern in zip(trajectories, observed, strict=True):
             frequency = patterns.frequency(pattern)
             if 0 < frequency < limit:
-                flag(
-                    trajectory,
-                    "rare",
-                    {
-                        "pattern": pattern,
-                        "count": patterns.counts[pattern],
-                        "total": patterns.total,
-                        "frequency": frequency,
-                    },
-                )
+                evidence = {
+                    "pattern": pattern,
+                    "count": patterns.counts[pattern],
+                    "total": patterns.total,
+                    "frequency": frequency,
+                }
+                flag(trajectory, "rare", evidence)
 
     history.record(cycle, trajectories)
     flagged = [
@@ -345,8 +325,6 @@ def select_random(
     The control of the learning ablation: synthesis from trajectories no
     detector chose. Each carries one signal of kind "random".
     """
-    import random
-
     order = sorted(trajectories, key=lambda t: t.id)
     random.Random(f"random-selection:{seed}:{cycle}").shuffle(order)
     kept: list[FlaggedTrajectory] = []
@@ -357,22 +335,13 @@ def select_random(
         if per_task[trajectory.task_id] >= config.per_task_limit:
             continue
         per_task[trajectory.task_id] += 1
-        kept.append(
-            _selected(
-                trajectory,
-                "random",
-                cycle,
-                {"selected": "at random (ablation control)", "score": trajectory.score},
-            )
-        )
+        evidence = {"selected": "at random (ablation control)", "score": trajectory.score}
+        kept.append(_selected(trajectory, "random", cycle, evidence))
     return kept
 
 
-def _selected(
-    trajectory: Trajectory, kind: SignalKind, cycle: int, evidence: dict
-) -> FlaggedTrajectory:
-    """An item chosen by an ablation selection (random, oracle), not by a detector."""
-    signal = Signal(
+def _signal(trajectory: Trajectory, kind: SignalKind, cycle: int, evidence: dict) -> Signal:
+    return Signal(
         kind=kind,
         trajectory_id=trajectory.id,
         task_id=trajectory.task_id,
@@ -380,7 +349,15 @@ def _selected(
         cycle=cycle,
         evidence=evidence,
     )
-    return FlaggedTrajectory(trajectory=trajectory, signals=[signal])
+
+
+def _selected(
+    trajectory: Trajectory, kind: SignalKind, cycle: int, evidence: dict
+) -> FlaggedTrajectory:
+    """An item chosen by an ablation selection (random, oracle), not by a detector."""
+    return FlaggedTrajectory(
+        trajectory=trajectory, signals=[_signal(trajectory, kind, cycle, evidence)]
+    )
 
 
 def select_oracle(
@@ -399,8 +376,6 @@ def select_oracle(
     gets an equal share; within a family, failed trajectories come before solved
     ones, then a seeded shuffle. Each item carries one signal of kind "oracle".
     """
-    import random
-
     weak = sorted(f for f, s in validation_success.items() if s < config.oracle_threshold)
     by_family: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in sorted(trajectories, key=lambda t: t.id):

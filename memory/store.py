@@ -331,12 +331,8 @@ class TaskStore:
         )
         results = []
         for row, ids in enumerate(found["ids"]):
-            documents: list[Any] = list((found.get("documents") or [])[row] or []) or [""] * len(
-                ids
-            )
-            metadatas: list[Any] = list((found.get("metadatas") or [])[row] or []) or [None] * len(
-                ids
-            )
+            documents: list[Any] = (found.get("documents") or [])[row] or [""] * len(ids)
+            metadatas: list[Any] = (found.get("metadatas") or [])[row] or [None] * len(ids)
             distances = (found.get("distances") or [])[row] or []
             neighbours = [
                 Neighbour(

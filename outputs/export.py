@@ -40,7 +40,6 @@ from ..records import Task
 from ..run_files import CONFIG_FILE, RunFiles
 
 ExportFormat = Literal["jsonl", "hf"]
-# Written by loop.training_step.train_cycle in each cycle directory.
 
 
 def task_row(task: Task) -> dict[str, Any]:

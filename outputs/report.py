@@ -131,7 +131,6 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         label="overall",
     )
     ax.set_title("held-out success by cycle (grey: per family)")
-    ax.set_xlabel("cycle")
     ax.set_ylabel("success %")
     ax.set_xticks(cycles)
     ax.legend()
@@ -144,8 +143,6 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.bar([row["cycle"] for row in trained], counts, bottom=bottom, label=kind)
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.set_title("flagged trajectories by signal kind")
-    ax.set_xlabel("cycle")
-    ax.set_xticks([row["cycle"] for row in trained] or [1])
     ax.legend()
 
     ax = axes[1][0]
@@ -162,8 +159,6 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         label="duplicates this cycle",
     )
     ax.set_title("pool growth")
-    ax.set_xlabel("cycle")
-    ax.set_xticks([row["cycle"] for row in trained] or [1])
     ax.legend()
 
     ax = axes[1][1]
@@ -171,8 +166,6 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     if losses:
         ax.plot([c for c, _ in losses], [loss for _, loss in losses], marker="o")
     ax.set_title("training loss (last logged, per cycle)")
-    ax.set_xlabel("cycle")
-    ax.set_xticks([row["cycle"] for row in trained] or [1])
 
     ax = axes[0][2]
     flag_families = sorted(
@@ -191,7 +184,6 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.set_xticks(range(len(trained)), [str(row["cycle"]) for row in trained])
         figure.colorbar(image, ax=ax, label="kept flagged items")
     ax.set_title("where the flags land (synthesis budget per family)")
-    ax.set_xlabel("cycle")
 
     ax = axes[1][2]
     precision = [(row["cycle"], row["flag_precision"]) for row in trained]
@@ -200,8 +192,10 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.plot([c for c, _ in precision], [100 * p for _, p in precision], marker="o")
     ax.set_ylim(0, 105)
     ax.set_title("flag precision: % of budget on families < 50% rollout success")
-    ax.set_xlabel("cycle")
-    ax.set_xticks([row["cycle"] for row in trained] or [1])
+    for ax in axes.flat:
+        ax.set_xlabel("cycle")
+    for ax in (axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
+        ax.set_xticks([row["cycle"] for row in trained] or [1])
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -370,10 +364,9 @@ def print_summary(
     if line is not None:
         console.print(line)
     if pool is not None:
-        counts = pool
-        signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in counts.items() if ":" in k)
+        signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in pool.items() if ":" in k)
         console.print(
-            f"pool: {counts.get('seed', 0)} seed + {counts.get('synthesized', 0)} synthesized "
+            f"pool: {pool.get('seed', 0)} seed + {pool.get('synthesized', 0)} synthesized "
             f"tasks ({signals or 'none'})"
         )
 

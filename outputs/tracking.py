@@ -23,7 +23,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 Backend = Literal["none", "tensorboard", "trackio", "wandb", "mlflow"]
-BACKENDS: tuple[str, ...] = ("tensorboard", "trackio", "wandb", "mlflow")
 # The package each backend needs, and how to install it.
 PACKAGES = {
     "tensorboard": ("tensorboard", "pip install 'coevolve[dev]' (or pip install tensorboard)"),
@@ -155,19 +154,16 @@ class TrainTracking(BaseModel):
         if self.step_offset:
             from transformers import TrainerCallback
 
-            offset = self.step_offset
-
             class Shift(TrainerCallback):
-                def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                    state.global_step += offset
+                def __init__(self, by: int) -> None:
+                    self.by = by
 
-            class Unshift(TrainerCallback):
                 def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                    state.global_step -= offset
+                    state.global_step += self.by
 
             # Every integration reads state.global_step in on_log: it sees the run's step.
-            trainer.callback_handler.callbacks.insert(0, Shift())
-            trainer.callback_handler.callbacks.append(Unshift())
+            trainer.callback_handler.callbacks.insert(0, Shift(self.step_offset))
+            trainer.callback_handler.callbacks.append(Shift(-self.step_offset))
 
 
 def steps_before(run_dir: str | Path, cycle: int) -> int:
@@ -228,34 +224,27 @@ def mlflow_run_id(tracking: TrackingConfig, run_dir: str | Path) -> str:
 def cycle_metrics(summary: CycleSummary) -> dict[str, float]:
     """The scalars of one cycle's summary (the figures metrics.jsonl holds), by tracker name."""
     metrics: dict[str, float] = {"cycle": float(summary.cycle)}
+
+    def put(prefix: str, figures: Any, *names: str) -> None:
+        metrics.update({f"{prefix}/{name}": float(getattr(figures, name)) for name in names})
+
     evaluation = summary.evaluate
     if evaluation is not None:  # None: not evaluated this cycle (evaluation.every)
-        metrics["heldout/success"] = evaluation.success
-        metrics["heldout/tool_sequence"] = evaluation.tool_sequence
-        metrics["heldout/left_out"] = float(evaluation.left_out)
+        put("heldout", evaluation, "success", "tool_sequence", "left_out")
         for family, rate in evaluation.by_family.items():
             metrics[f"heldout/success/{family}"] = rate
     if summary.rollout is not None:
-        metrics["rollout/success"] = summary.rollout.success
-        metrics["rollout/episodes"] = float(summary.rollout.episodes)
-        metrics["rollout/left_out"] = float(summary.rollout.left_out)
+        put("rollout", summary.rollout, "success", "episodes", "left_out")
     if summary.signals is not None:
-        metrics["signals/flagged"] = float(summary.signals.flagged)
-        metrics["signals/kept"] = float(summary.signals.kept)
+        put("signals", summary.signals, "flagged", "kept")
         for kind, count in summary.signals.by_kind.items():
             metrics[f"signals/{kind}"] = float(count)
     if (synthesis := summary.synthesize) is not None:
-        metrics["synthesis/candidates"] = float(synthesis.candidates)
-        metrics["synthesis/judged_ok"] = float(synthesis.judged_ok)
-        metrics["synthesis/duplicates"] = float(synthesis.duplicates)
-        metrics["synthesis/accepted"] = float(synthesis.accepted)
+        put("synthesis", synthesis, "candidates", "judged_ok", "duplicates", "accepted")
         for reason, count in synthesis.top_rejections.items():
             metrics[f"synthesis/rejected/{_slug(reason)}"] = float(count)
-    if (pool := summary.pool) is not None:
-        metrics["pool/size"] = float(pool.size)
-        metrics["pool/added"] = float(pool.added)
-        metrics["pool/seed"] = float(pool.seed)
-        metrics["pool/synthesized"] = float(pool.synthesized)
+    if summary.pool is not None:
+        put("pool", summary.pool, "size", "added", "seed", "synthesized")
     if (train := summary.train) is not None:
         metrics["train/cycle_steps"] = float(train.steps)
         if train.final_loss is not None:
@@ -278,6 +267,16 @@ def _slug(text: str) -> str:
 _TENSORBOARD_WRITERS: dict[str, Any] = {}
 
 
+class _Logged(NamedTuple):
+    """What each tracker's logger takes: one finished cycle's figures and where they go."""
+
+    tracking: TrackingConfig
+    run_dir: str | Path
+    metrics: dict[str, float]
+    step: int
+    summary: CycleSummary
+
+
 def log_cycle(config: Any, run_dir: str | Path, summary: CycleSummary) -> None:
     """Log one finished cycle's figures to every configured tracker, at the run's training step.
 
@@ -290,83 +289,60 @@ def log_cycle(config: Any, run_dir: str | Path, summary: CycleSummary) -> None:
         return
     cycle = summary.cycle
     step = steps_before(run_dir, cycle + 1)
-    metrics = cycle_metrics(summary)
+    logged = _Logged(tracking, run_dir, cycle_metrics(summary), step, summary)
     for backend in backends:
         try:
-            _LOGGERS[backend](tracking, run_dir, metrics, step, summary)
+            _LOGGERS[backend](logged)
         except PROGRAMMING_ERRORS:
             raise
         except Exception as err:  # boundary: third-party trackers and their servers, not the run
             log.warning("tracking: %s could not log cycle %d: %s", backend, cycle, err)
 
 
-def _tensorboard(
-    tracking: TrackingConfig,
-    run_dir: str | Path,
-    metrics: dict[str, float],
-    step: int,
-    summary: CycleSummary,
-) -> None:
+def _tensorboard(logged: _Logged) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    directory = str(tracking.tensorboard_dir(run_dir))
+    directory = str(logged.tracking.tensorboard_dir(logged.run_dir))
     writer = _TENSORBOARD_WRITERS.get(directory)
     if writer is None:
         writer = _TENSORBOARD_WRITERS[directory] = SummaryWriter(log_dir=directory)
-    for name, value in metrics.items():
-        writer.add_scalar(name, value, step)
-    reasons = summary.synthesize.top_rejections if summary.synthesize else {}
+    for name, value in logged.metrics.items():
+        writer.add_scalar(name, value, logged.step)
+    reasons = logged.summary.synthesize.top_rejections if logged.summary.synthesize else {}
     if reasons:
         table = "\n".join(f"- {count} × {reason}" for reason, count in reasons.items())
-        writer.add_text("synthesis/rejection_reasons", table, step)
+        writer.add_text("synthesis/rejection_reasons", table, logged.step)
     writer.flush()
 
 
-def _trackio(
-    tracking: TrackingConfig,
-    run_dir: str | Path,
-    metrics: dict[str, float],
-    step: int,
-    summary: CycleSummary,
-) -> None:
+def _trackio(logged: _Logged) -> None:
     import trackio
 
-    trackio.init(project=tracking.project, name=tracking.name_for(run_dir), resume="allow")
-    trackio.log(metrics, step=step)
+    name = logged.tracking.name_for(logged.run_dir)
+    trackio.init(project=logged.tracking.project, name=name, resume="allow")
+    trackio.log(logged.metrics, step=logged.step)
 
 
-def _wandb(
-    tracking: TrackingConfig,
-    run_dir: str | Path,
-    metrics: dict[str, float],
-    step: int,
-    summary: CycleSummary,
-) -> None:
+def _wandb(logged: _Logged) -> None:
     import wandb
 
     if wandb.run is None:
         wandb.init(
-            id=wandb_run_id(run_dir),
-            project=tracking.project,
-            name=tracking.name_for(run_dir),
+            id=wandb_run_id(logged.run_dir),
+            project=logged.tracking.project,
+            name=logged.tracking.name_for(logged.run_dir),
             resume="allow",
         )
-    wandb.log({**metrics, "train/global_step": step})
+    wandb.log({**logged.metrics, "train/global_step": logged.step})
 
 
-def _mlflow(
-    tracking: TrackingConfig,
-    run_dir: str | Path,
-    metrics: dict[str, float],
-    step: int,
-    summary: CycleSummary,
-) -> None:
+def _mlflow(logged: _Logged) -> None:
     import mlflow
 
     if mlflow.active_run() is None:
-        mlflow.set_experiment(tracking.project)
-        mlflow.start_run(run_id=mlflow_run_id(tracking, run_dir))
-    mlflow.log_metrics(path_safe(metrics), step=step)
+        mlflow.set_experiment(logged.tracking.project)
+        mlflow.start_run(run_id=mlflow_run_id(logged.tracking, logged.run_dir))
+    mlflow.log_metrics(path_safe(logged.metrics), step=logged.step)
 
 
 def path_safe(metrics: dict[str, float]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,7 +28,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from ..agents.llm import counting_reply_errors
-from ..agents.roles import candidate_to_task, primary_signal
+from ..agents.roles import AbstractionInput, candidate_to_task, primary_signal
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
 from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
@@ -41,6 +42,7 @@ from .state import (
     SynthesisOutput,
     SynthesisResult,
     SynthesisState,
+    add_counts,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,10 +151,8 @@ def _with_reply_errors(update: BranchState, errors: Mapping[str, int]) -> Branch
     """A node's update with the reply errors its role met added to its counts."""
     if not errors:
         return update
-    counts = dict(update.get("counts") or {})
-    for kind, n in errors.items():
-        counts[REPLY_ERRORS + kind] = counts.get(REPLY_ERRORS + kind, 0) + n
-    return {**update, "counts": counts}
+    counts = {REPLY_ERRORS + kind: n for kind, n in errors.items()}
+    return {**update, "counts": add_counts(update.get("counts"), counts)}
 
 
 def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> BranchState:
@@ -204,13 +204,11 @@ async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Br
     rounds = state.get("rounds", [])
     if context is None or (not rounds and rt.roles.abstractor.reads_exploration):
         return {"proposals": []}
-    parent = state["parent"]
     neighbours = state.get("parent_neighbours", [])
+    given = AbstractionInput(item, state["parent"], context, rounds, neighbours, rt.make_env)
     with counting_reply_errors() as errors:
         try:
-            abstraction = await rt.roles.abstractor.abstract(
-                item, parent, context, rounds, neighbours, rt.make_env
-            )
+            abstraction = await rt.roles.abstractor.abstract(given)
         except Exception as err:  # boundary: the abstractor's endpoint
             return _with_reply_errors({"proposals": [], **_crashed("abstract", item, err)}, errors)
     proposals = abstraction.candidates
@@ -220,10 +218,8 @@ async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Br
     if not proposals and not rejections:
         rejections = [_reject("abstract", item, "no candidate task found in the exploration")]
     signal = primary_signal(item) or "none"
-    counts = {"candidates": len(proposals)}
-    for proposal in proposals:
-        key = f"kind:{signal}:{proposal.kind}"
-        counts[key] = counts.get(key, 0) + 1
+    kinds = Counter(f"kind:{signal}:{proposal.kind}" for proposal in proposals)
+    counts = {"candidates": len(proposals), **kinds}
     return _with_reply_errors(
         {"proposals": proposals, "counts": counts, "rejections": rejections}, errors
     )
@@ -340,14 +336,8 @@ def _add_novel(
 # --------------------------------------------------------------------------- graphs
 
 branch_builder = StateGraph(BranchState, context_schema=SynthesisRuntime)
-branch_builder.add_node("summarize", summarize)
-branch_builder.add_node("explore", explore)
-branch_builder.add_node("abstract", abstract)
-branch_builder.add_node("judge", judge)
+branch_builder.add_sequence([summarize, explore, abstract, judge])
 branch_builder.add_edge(START, "summarize")
-branch_builder.add_edge("summarize", "explore")
-branch_builder.add_edge("explore", "abstract")
-branch_builder.add_edge("abstract", "judge")
 branch_builder.add_edge("judge", END)
 branch = branch_builder.compile()
 

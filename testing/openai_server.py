@@ -353,26 +353,10 @@ class ScriptedOpenAIServer:
         return chat_completion(body, reply, self._ids)
 
     def _list_models(self, handler: RequestHandler, record: RecordedRequest) -> None:
-        created = int(time.time())
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "scripted",
-                "root": name,
-            }
-            for name in self.models
-        ]
+        about = {"object": "model", "created": int(time.time()), "owned_by": "scripted"}
+        data = [{"id": name, **about, "root": name} for name in self.models]
         data += [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "scripted",
-                "root": path,
-                "parent": self.models[0],
-            }
+            {"id": name, **about, "root": path, "parent": self.models[0]}
             for name, path in self.loaded_adapters.items()
         ]
         self._send_json(handler, record, 200, {"object": "list", "data": data})

@@ -35,7 +35,7 @@ from coevolve.agents.llm import (
 from coevolve.agents.llm_abstractor import LLMAbstractor
 from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, SUMMARIZER_PROMPT
 from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
+from coevolve.agents.roles import AbstractionInput, RolesConfig
 from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
@@ -149,7 +149,7 @@ def test_each_llm_role_rejects_a_200kb_reply_within_a_second(scripted_server, fl
 
     server = scripted_server([Reply.text(REPEATED)], repeat_last=True)
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    call = abstractor.abstract(item, task, context, [], [], WorldEnvironment)
+    call = abstractor.abstract(AbstractionInput(item, task, context, [], [], WorldEnvironment))
     assert rejected_at_once(server, call) == 1
 
     server = scripted_server([Reply.text(REPEATED)], repeat_last=True)

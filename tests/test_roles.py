@@ -27,6 +27,7 @@ from coevolve.agents.prompts import (
 )
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import (
+    AbstractionInput,
     ExplorationRound,
     Interaction,
     RolesConfig,
@@ -133,7 +134,9 @@ async def offline_pipeline(
     explorer = explorer or OfflineExplorer()
     context = await summarizer.summarize(item, task)
     rounds = await explorer.explore(item, task, context, make_env)
-    abstraction = await abstractor.abstract(item, task, context, rounds, neighbours, make_env)
+    abstraction = await abstractor.abstract(
+        AbstractionInput(item, task, context, rounds, neighbours, make_env)
+    )
     candidates = abstraction.candidates
     verdicts = [await judge.judge(c, make_env) for c in candidates]
     return context, rounds, candidates, verdicts, abstraction.rejections
@@ -200,8 +203,8 @@ def test_offline_exploration_is_deterministic_given_the_seed():
     for exploration in first:
         assert exploration.setup == task.setup and exploration.objective
         assert 1 <= len(exploration.interactions) <= 4 + len(task.reference_calls)
-    candidates = run(OfflineAbstractor().abstract(item, task, context, first, [], WorldEnvironment))
-    repeated = run(OfflineAbstractor().abstract(item, task, context, again, [], WorldEnvironment))
+    given = [AbstractionInput(item, task, context, r, [], WorldEnvironment) for r in (first, again)]
+    candidates, repeated = (run(OfflineAbstractor().abstract(g)) for g in given)
     assert candidates.candidates and candidates == repeated
 
 
@@ -587,7 +590,8 @@ def test_llm_abstractor_validates_actions(scripted_server):
     abstractor = LLMAbstractor(chat_model(endpoint(server)), max_candidates=3)
     context = SynthesisContext(**{**CONTEXT, "do_not_repeat": [task.instruction]})
     rounds = [world_round(task, task.reference_calls)]
-    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    given = AbstractionInput(item, task, context, rounds, [], WorldEnvironment)
+    abstraction = run(abstractor.abstract(given))
     [candidate] = abstraction.candidates
     assert candidate.minimal_actions[1] == ToolCall(
         name="send_message", arguments={"contact_id": contact_id, "text": "store is open"}
@@ -606,11 +610,11 @@ def test_llm_abstractor_validates_actions(scripted_server):
     # A bare list is read too; an unreadable reply is one recorded rejection, no crash.
     server = scripted_server([Reply.text(json.dumps([good]))])
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    abstraction = run(abstractor.abstract(given))
     assert len(abstraction.candidates) == 1 and abstraction.rejections == []
     server = scripted_server([Reply.malformed(), Reply.text("sorry")])
     abstractor = LLMAbstractor(chat_model(endpoint(server)))
-    abstraction = run(abstractor.abstract(item, task, context, rounds, [], WorldEnvironment))
+    abstraction = run(abstractor.abstract(given))
     assert abstraction.candidates == []
     [rejection] = abstraction.rejections
     assert rejection.reason.startswith("abstractor reply unreadable")
@@ -743,7 +747,7 @@ def test_llm_pipeline_through_build_roles(scripted_server):
         context = await roles.summarizer.summarize(item, task)
         rounds = await roles.explorer.explore(item, task, context, WorldEnvironment)
         abstraction = await roles.abstractor.abstract(
-            item, task, context, rounds, [], WorldEnvironment
+            AbstractionInput(item, task, context, rounds, [], WorldEnvironment)
         )
         candidates = abstraction.candidates
         return (

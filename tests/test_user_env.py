@@ -462,7 +462,7 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
 
     from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT
     from coevolve.agents.role_factory import build_roles
-    from coevolve.agents.roles import RolesConfig, candidate_to_task
+    from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_to_task
     from coevolve.config import EndpointConfig
     from coevolve.envs.base import replay_reference
     from coevolve.memory.signals import FlaggedTrajectory
@@ -515,7 +515,9 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     async def pipeline():
         context = await roles.summarizer.summarize(item, task)
         rounds = await roles.explorer.explore(item, task, context, make_env)
-        abstraction = await roles.abstractor.abstract(item, task, context, rounds, [], make_env)
+        abstraction = await roles.abstractor.abstract(
+            AbstractionInput(item, task, context, rounds, [], make_env)
+        )
         return (
             rounds,
             abstraction.candidates,

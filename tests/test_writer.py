@@ -15,7 +15,7 @@ import pytest
 from coevolve.agents.prompts import WRITER_PROMPT
 from coevolve.agents.replies import ReplyError
 from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import Interaction, RolesConfig
+from coevolve.agents.roles import AbstractionInput, Interaction, RolesConfig
 from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.writer import (
     TaskWriter,
@@ -158,7 +158,9 @@ def test_the_writer_keeps_every_rejection_with_its_reason(flagged, scripted_serv
     item = next(i for i in flagged if len(i.trajectory.steps) >= 1)
     task = next(t for t in TASKS if t.id == item.trajectory.task_id)
     context = SynthesisContext(summary="s", do_not_repeat=[task.turns[0].query])
-    abstraction = asyncio.run(writer.abstract(item, task, context, [], [], WorldEnvironment))
+    abstraction = asyncio.run(
+        writer.abstract(AbstractionInput(item, task, context, [], [], WorldEnvironment))
+    )
     reasons = [r.reason for r in abstraction.rejections]
     assert any(reason.startswith("curation: the request does not name") for reason in reasons)
     assert not abstraction.candidates
@@ -171,10 +173,9 @@ def test_a_writer_endpoint_that_is_down_fails_the_branch(flagged):
     writer = build_roles(RolesConfig(writer="w"), {"w": endpoint}).abstractor
     item = flagged[0]
     task = next(t for t in TASKS if t.id == item.trajectory.task_id)
+    given = AbstractionInput(item, task, SynthesisContext(summary="s"), [], [], WorldEnvironment)
     with pytest.raises(ReplyError):
-        asyncio.run(
-            writer.abstract(item, task, SynthesisContext(summary="s"), [], [], WorldEnvironment)
-        )
+        asyncio.run(writer.abstract(given))
 
 
 def test_a_writer_on_an_unknown_endpoint_is_a_config_error():

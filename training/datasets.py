@@ -112,15 +112,8 @@ def successful_trajectories(
             by_task[trajectory.task_id].append(trajectory)
     kept = []
     for task_trajectories in by_task.values():
-        seen: set[str] = set()
-        for trajectory in sorted(task_trajectories, key=lambda t: len(t.messages)):
-            key = _key(trajectory.messages)
-            if key in seen:
-                continue
-            seen.add(key)
-            kept.append(trajectory)
-            if len(seen) >= max_per_task:
-                break
+        shortest_first = sorted(task_trajectories, key=lambda t: len(t.messages))
+        kept.extend(_distinct(shortest_first)[:max_per_task])
     return kept
 
 

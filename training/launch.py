@@ -260,13 +260,8 @@ def launch_command(config: TrainingConfig, step_file: Path) -> list[str]:
             "launcher 'accelerate' needs the accelerate package: pip install accelerate"
         )
     accelerate_file = resolve_accelerate_config(config.accelerate_config, config.num_processes)
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(accelerate_file),
-    ]
+    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    command += ["--config_file", str(accelerate_file)]
     if config.num_processes is not None:
         command += ["--num_processes", str(config.num_processes)]
     return [*command, "-m", "coevolve.training", str(step_file)]

@@ -28,6 +28,7 @@ The same weights serve SFT as per-example loss weights (``example_weights``).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -272,10 +273,7 @@ def trajectory_weight(
     kept = [label for label in labels if label not in EXCLUDED_LABELS]
     if not kept:
         return 1.0
-    if state is None:
-        values = [settings.base(label) for label in kept]
-    else:
-        values = [state.weight(label, settings) for label in kept]
+    values = [state.weight(label, settings) if state else settings.base(label) for label in kept]
     mean = sum(values) / len(values)
     return min(max(mean, settings.min_scale), settings.max_scale)
 
@@ -326,8 +324,4 @@ def reweight_step(
 
 
 def label_counts(labels: Sequence[Sequence[str]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for trajectory_labels in labels:
-        for label in trajectory_labels:
-            counts[label] = counts.get(label, 0) + 1
-    return counts
+    return dict(Counter(label for trajectory_labels in labels for label in trajectory_labels))

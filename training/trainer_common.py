@@ -82,11 +82,10 @@ class ProgressBars:
     tokenization or weight loading.
     """
 
-    def __init__(self, progress: bool):
+    def __init__(self) -> None:
         import datasets
         from transformers.utils import logging as transformers_logging
 
-        self.progress = progress
         self.datasets_were_on = datasets.is_progress_bar_enabled()
         self.transformers_were_on = transformers_logging.is_progress_bar_enabled()
         datasets.disable_progress_bars()

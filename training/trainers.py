@@ -55,12 +55,7 @@ from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
 from .dpo.trainer import dpo_trainer
 from .sft.trainer import sft_trainer
-from .tokenized_datasets import (
-    dpo_dataset,
-    length_grouped_order,
-    sft_dataset,
-    weighted_sft_trainer_class,
-)
+from .tokenized_datasets import length_grouped_order, sft_dataset
 from .trainer_common import (
     ProgressBars,
     common_arguments,
@@ -77,7 +72,6 @@ __all__ = [
     "ADAPTER_MARKER",
     "TrainResult",
     "common_arguments",
-    "dpo_dataset",
     "is_adapter_complete",
     "length_grouped_order",
     "load_train_result",
@@ -85,7 +79,6 @@ __all__ = [
     "resolve_device",
     "sft_dataset",
     "train_adapter",
-    "weighted_sft_trainer_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -179,7 +172,7 @@ def train_adapter(
     )
     # The trainer's output_dir: a temporary folder, or the step's checkpoint folder.
     work = checkpoints or Path(tempfile.mkdtemp(prefix="coevolve-train-"))
-    bars = ProgressBars(progress)
+    bars = ProgressBars()
     try:
         capability_state = None
         if config.algorithm == "grpo":
@@ -262,8 +255,8 @@ def train_adapter(
             save_adapter(trainer.model, output, result, config, state_dict)
             if capability_state is not None and capability_state_path is not None:
                 capability_state.save(capability_state_path)
-        if checkpoints is not None and trainer.is_world_process_zero():
-            shutil.rmtree(checkpoints, ignore_errors=True)  # the adapter is saved: done
+            if checkpoints is not None:
+                shutil.rmtree(checkpoints, ignore_errors=True)  # the adapter is saved: done
         return result
     finally:
         bars.restore()
@@ -271,6 +264,31 @@ def train_adapter(
             shutil.rmtree(work, ignore_errors=True)
         trainer = None  # the model, optimizer and data go with it
         release_memory()
+
+
+def train_merged(
+    training: TrainingConfig,
+    base: Path,
+    work: Path,
+    conversations: Sequence[list[Message] | TrainingConversation],
+    progress: bool,
+) -> tuple[TrainResult, Any]:
+    """A LoRA SFT of ``base`` on ``conversations`` (``train_adapter``), merged into the
+    weights and saved with the tokenizer in ``work``: (the step's result, the merged model)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = work / "adapter"
+    result = train_adapter(
+        training, model_dir=base, output_dir=adapter, conversations=conversations, progress=progress
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(str(work))
+    load_tokenizer(base).save_pretrained(str(work))
+    shutil.rmtree(adapter, ignore_errors=True)
+    return result, merged
 
 
 CHECKPOINTS_FOLDER = ".checkpoints"
@@ -358,38 +376,26 @@ def _demonstrations_then_grpo(
             "grpo": config.grpo.model_copy(update={"demonstration_steps": 0}),
         }
     )
-    sft_step = {key: value for key, value in step.items() if key != "tasks"}
     step = {**step, "conversations": conversations}
-    if config.grpo.demonstration_order == "first":
-        demonstrated = train_adapter(
-            sft,
-            output_dir=output_dir.with_name(output_dir.name + "-demonstrations"),
-            previous_adapter=previous_adapter,
-            conversations=conversations,
-            **sft_step,
-        )
-        trained = train_adapter(
-            grpo, output_dir=output_dir, previous_adapter=demonstrated.adapter_dir, **step
-        )
-        final_adapter = trained.adapter_dir
-    else:
-        trained = train_adapter(
-            grpo,
-            output_dir=output_dir.with_name(output_dir.name + "-grpo"),
-            previous_adapter=previous_adapter,
-            **step,
-        )
-        demonstrated = train_adapter(
-            sft,
-            output_dir=output_dir,
-            previous_adapter=trained.adapter_dir,
-            conversations=conversations,
-            **sft_step,
-        )
-        final_adapter = demonstrated.adapter_dir
+    sft_step = {key: value for key, value in step.items() if key != "tasks"}
+    parts = [(sft, "-demonstrations", sft_step), (grpo, "-grpo", step)]
+    if config.grpo.demonstration_order != "first":
+        parts.reverse()
+    # The first part trains beside the output folder, the last from its adapter into it.
+    (first_config, suffix, first_step), (last_config, _, last_step) = parts
+    first = train_adapter(
+        first_config,
+        output_dir=output_dir.with_name(output_dir.name + suffix),
+        previous_adapter=previous_adapter,
+        **first_step,
+    )
+    last = train_adapter(
+        last_config, output_dir=output_dir, previous_adapter=first.adapter_dir, **last_step
+    )
+    demonstrated, trained = (first, last) if first_config is sft else (last, first)
     return trained.model_copy(
         update={
-            "adapter_dir": final_adapter,
+            "adapter_dir": last.adapter_dir,
             "previous_adapter": str(previous_adapter) if previous_adapter is not None else None,
             "steps": demonstrated.steps + trained.steps,
             "train_time_s": round(demonstrated.train_time_s + trained.train_time_s, 3),

@@ -76,8 +76,9 @@ class AppState:
         self.state["next_id"][prefix] = number + 1
         return f"{prefix}{number}"
 
-    def _get(self, collection: str, item_id: str, what: str) -> dict[str, Any]:
-        item = self.state[collection].get(item_id)
+    def _get(self, collection: str, item_id: str, what: str, pop: bool = False) -> dict[str, Any]:
+        items = self.state[collection]
+        item = items.pop(item_id, None) if pop else items.get(item_id)
         if item is None:
             raise ToolError("not_found", f"no {what} with id {item_id}")
         return item

@@ -114,8 +114,7 @@ class World(AppState):
         Args:
             contact_id: Contact id
         """
-        contact = self._get("contacts", contact_id, "contact")
-        del self.state["contacts"][contact_id]
+        contact = self._get("contacts", contact_id, "contact", pop=True)
         return f"deleted contact {contact['name']}"
 
     # ------------------------------------------------------------ messages
@@ -176,8 +175,7 @@ class World(AppState):
         Args:
             message_id: Message id
         """
-        self._get("messages", message_id, "message")
-        del self.state["messages"][message_id]
+        self._get("messages", message_id, "message", pop=True)
         return f"deleted message {message_id}"
 
     # ------------------------------------------------------------ calendar
@@ -249,8 +247,7 @@ class World(AppState):
         Args:
             event_id: Event id
         """
-        event = self._get("events", event_id, "event")
-        del self.state["events"][event_id]
+        event = self._get("events", event_id, "event", pop=True)
         return f"cancelled {event['title']}"
 
     # ------------------------------------------------------------ notes
@@ -311,8 +308,7 @@ class World(AppState):
         Args:
             note_id: Note id
         """
-        note = self._get("notes", note_id, "note")
-        del self.state["notes"][note_id]
+        note = self._get("notes", note_id, "note", pop=True)
         return f"deleted note {note['title']}"
 
     # ------------------------------------------------------------ shop
@@ -469,8 +465,7 @@ class World(AppState):
         Args:
             reminder_id: Reminder id
         """
-        self._get("reminders", reminder_id, "reminder")
-        del self.state["reminders"][reminder_id]
+        self._get("reminders", reminder_id, "reminder", pop=True)
         return f"deleted reminder {reminder_id}"
 
 

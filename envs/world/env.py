@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...records import Observation, Task, ToolCall, Trajectory
@@ -262,74 +262,47 @@ def _sample_arguments(name: str, state: State, rng: random.Random) -> dict[str, 
     product_id, order_id = pick("products"), pick("orders")
     message_id, reminder_id = pick("messages"), pick("reminders")
     text = rng.choice(pools.messages)
-    needs: dict[str, tuple[Any, ...]] = {
-        "find_contact": (contact_id,),
-        "update_phone": (contact_id,),
-        "delete_contact": (contact_id,),
-        "send_message": (contact_id,),
-        "read_messages": (contact_id,),
-        "find_event": (event_id,),
-        "move_event": (event_id,),
-        "cancel_event": (event_id,),
-        "find_note": (note_id,),
-        "read_note": (note_id,),
-        "append_note": (note_id,),
-        "delete_note": (note_id,),
-        "search_products": (product_id,),
-        "add_to_cart": (product_id,),
-        "remove_from_cart": (next(iter(state["cart"]), None),),
-        "cancel_order": (order_id,),
-        "delete_message": (message_id,),
-        "delete_reminder": (reminder_id,),
+    days = sorted({e["date"] for e in state["events"].values()})
+    in_cart = next(iter(state["cart"]), None)
+    # Per tool: the item its call needs (None: the state has none, so no call; True: needs
+    # none) and what makes its arguments, drawing from ``rng`` only for the chosen tool.
+    tools: dict[str, tuple[Any, Callable[[], dict[str, Any]]]] = {
+        "find_contact": (contact_id, lambda: {"name": state["contacts"][contact_id]["name"]}),
+        "add_contact": (True, lambda: {"name": rng.choice(pools.names), "phone": phone(rng)}),
+        "update_phone": (contact_id, lambda: {"contact_id": contact_id, "phone": phone(rng)}),
+        "delete_contact": (contact_id, lambda: {"contact_id": contact_id}),
+        "read_messages": (contact_id, lambda: {"contact_id": contact_id}),
+        "send_message": (contact_id, lambda: {"contact_id": contact_id, "text": text}),
+        "search_messages": (True, lambda: {"query": text.split()[0]}),
+        "delete_message": (message_id, lambda: {"message_id": message_id}),
+        "find_event": (event_id, lambda: {"title": state["events"][event_id]["title"]}),
+        "list_events": (True, lambda: {"date": rng.choice(days) if days else date(rng)}),
+        "create_event": (
+            True,
+            lambda: {"title": rng.choice(pools.titles), "date": date(rng), "time": clock(rng)},
+        ),
+        "move_event": (
+            event_id,
+            lambda: {"event_id": event_id, "date": date(rng), "time": clock(rng)},
+        ),
+        "cancel_event": (event_id, lambda: {"event_id": event_id}),
+        "create_note": (True, lambda: {"title": rng.choice(pools.titles), "body": text}),
+        "find_note": (note_id, lambda: {"title": state["notes"][note_id]["title"]}),
+        "read_note": (note_id, lambda: {"note_id": note_id}),
+        "delete_note": (note_id, lambda: {"note_id": note_id}),
+        "append_note": (note_id, lambda: {"note_id": note_id, "text": text}),
+        "search_products": (product_id, lambda: {"query": state["products"][product_id]["name"]}),
+        "add_to_cart": (
+            product_id,
+            lambda: {"product_id": product_id, "quantity": rng.choice([1, 1, 2])},
+        ),
+        "remove_from_cart": (in_cart, lambda: {"product_id": in_cart}),
+        "cancel_order": (order_id, lambda: {"order_id": order_id}),
+        "top_up": (True, lambda: {"amount": rng.choice([10, 20, 25, 50])}),
+        "set_reminder": (True, lambda: {"text": text, "date": date(rng), "time": clock(rng)}),
+        "delete_reminder": (reminder_id, lambda: {"reminder_id": reminder_id}),
     }
-    if any(value is None for value in needs.get(name, ())):
-        return None
-    match name:
-        case "find_contact":
-            return {"name": state["contacts"][contact_id]["name"]}
-        case "add_contact":
-            return {"name": rng.choice(pools.names), "phone": phone(rng)}
-        case "update_phone":
-            return {"contact_id": contact_id, "phone": phone(rng)}
-        case "delete_contact" | "read_messages":
-            return {"contact_id": contact_id}
-        case "send_message":
-            return {"contact_id": contact_id, "text": text}
-        case "search_messages":
-            return {"query": text.split()[0]}
-        case "delete_message":
-            return {"message_id": message_id}
-        case "find_event":
-            return {"title": state["events"][event_id]["title"]}
-        case "list_events":
-            days = sorted({e["date"] for e in state["events"].values()})
-            return {"date": rng.choice(days) if days else date(rng)}
-        case "create_event":
-            return {"title": rng.choice(pools.titles), "date": date(rng), "time": clock(rng)}
-        case "move_event":
-            return {"event_id": event_id, "date": date(rng), "time": clock(rng)}
-        case "cancel_event":
-            return {"event_id": event_id}
-        case "create_note":
-            return {"title": rng.choice(pools.titles), "body": text}
-        case "find_note":
-            return {"title": state["notes"][note_id]["title"]}
-        case "read_note" | "delete_note":
-            return {"note_id": note_id}
-        case "append_note":
-            return {"note_id": note_id, "text": text}
-        case "search_products":
-            return {"query": state["products"][product_id]["name"]}
-        case "add_to_cart":
-            return {"product_id": product_id, "quantity": rng.choice([1, 1, 2])}
-        case "remove_from_cart":
-            return {"product_id": next(iter(state["cart"]))}
-        case "cancel_order":
-            return {"order_id": order_id}
-        case "top_up":
-            return {"amount": rng.choice([10, 20, 25, 50])}
-        case "set_reminder":
-            return {"text": text, "date": date(rng), "time": clock(rng)}
-        case "delete_reminder":
-            return {"reminder_id": reminder_id}
-    return {}
+    if name not in tools:  # a tool without arguments
+        return {}
+    needed, arguments = tools[name]
+    return None if needed is None else arguments()

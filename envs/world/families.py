@@ -21,31 +21,17 @@ from .apps import World
 from .states import Pools, clock, date, phone, receive
 
 
-def _new_name(rng: random.Random, pools: Pools, state: State) -> str:
-    taken = {c["name"] for c in state["contacts"].values()}
-    return rng.choice([n for n in pools.names if n not in taken])
+def _unused(rng: random.Random, pool: list[str], items: dict[str, Any], key: str) -> str:
+    """A value of ``pool`` that no item of a collection has as its ``key`` yet."""
+    taken = {item[key] for item in items.values()}
+    return rng.choice([value for value in pool if value not in taken])
 
 
-def _new_title(rng: random.Random, pools: Pools, state: State) -> str:
-    taken = {e["title"] for e in state["events"].values()}
-    return rng.choice([t for t in pools.titles if t not in taken])
-
-
-def _pick_contact(rng: random.Random, state: State) -> tuple[str, dict[str, Any]]:
-    contact_id = rng.choice(sorted(state["contacts"]))
-    return contact_id, state["contacts"][contact_id]
-
-
-def _pick_event(rng: random.Random, state: State) -> tuple[str, dict[str, Any]]:
-    event_id = rng.choice(sorted(state["events"]))
-    return event_id, state["events"][event_id]
-
-
-def _pick_product(
-    rng: random.Random, state: State, exclude: tuple[str, ...] = ()
+def _pick(
+    rng: random.Random, state: State, collection: str, exclude: tuple[str, ...] = ()
 ) -> tuple[str, dict[str, Any]]:
-    product_id = rng.choice(sorted(p for p in state["products"] if p not in exclude))
-    return product_id, state["products"][product_id]
+    item_id = rng.choice(sorted(i for i in state[collection] if i not in exclude))
+    return item_id, state[collection][item_id]
 
 
 def _next(state: State, prefix: str) -> str:
@@ -74,7 +60,7 @@ Generator = Callable[[random.Random, Pools, State], Draft]
 
 
 def phone_lookup(rng: random.Random, pools: Pools, state: State) -> Draft:
-    _, contact = _pick_contact(rng, state)
+    _, contact = _pick(rng, state, "contacts")
     name = contact["name"]
     phrasing = rng.choice(
         [
@@ -88,7 +74,7 @@ def phone_lookup(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def add_contact(rng: random.Random, pools: Pools, state: State) -> Draft:
-    name, number = _new_name(rng, pools, state), phone(rng)
+    name, number = _unused(rng, pools.names, state["contacts"], "name"), phone(rng)
     phrasing = rng.choice(
         [
             f"Save {name}'s number {number}.",
@@ -101,7 +87,8 @@ def add_contact(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def create_event(rng: random.Random, pools: Pools, state: State) -> Draft:
-    title, day, time = _new_title(rng, pools, state), date(rng), clock(rng)
+    title = _unused(rng, pools.titles, state["events"], "title")
+    day, time = date(rng), clock(rng)
     phrasing = rng.choice(
         [
             f"Put {title} on my calendar on {day} at {time}.",
@@ -114,7 +101,7 @@ def create_event(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def price_check(rng: random.Random, pools: Pools, state: State) -> Draft:
-    _, product = _pick_product(rng, state)
+    _, product = _pick(rng, state, "products")
     name = product["name"]
     phrasing = rng.choice(
         [
@@ -139,7 +126,7 @@ def set_reminder(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def send_message(rng: random.Random, pools: Pools, state: State) -> Draft:
-    contact_id, contact = _pick_contact(rng, state)
+    contact_id, contact = _pick(rng, state, "contacts")
     name, text = contact["name"], rng.choice(pools.messages)
     phrasing = rng.choice(
         [
@@ -156,7 +143,7 @@ def send_message(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def update_phone(rng: random.Random, pools: Pools, state: State) -> Draft:
-    contact_id, contact = _pick_contact(rng, state)
+    contact_id, contact = _pick(rng, state, "contacts")
     name, number = contact["name"], phone(rng)
     phrasing = rng.choice(
         [
@@ -175,7 +162,7 @@ def update_phone(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def cancel_event(rng: random.Random, pools: Pools, state: State) -> Draft:
-    event_id, event = _pick_event(rng, state)
+    event_id, event = _pick(rng, state, "events")
     title = event["title"]
     phrasing = rng.choice(
         [f"Cancel my {title}.", f"Remove {title} from my calendar.", f"Delete the {title} event."]
@@ -191,7 +178,7 @@ def cancel_order(rng: random.Random, pools: Pools, state: State) -> Draft:
     # Distinct products per order, so "the order of the <item>" names one order.
     placed = []
     for _ in range(rng.randint(1, 2)):
-        product_id, product = _pick_product(rng, state, exclude=tuple(ordered))
+        product_id, product = _pick(rng, state, "products", exclude=tuple(ordered))
         ordered.add(product_id)
         world.state["wallet"]["balance"] += product["price"]
         world.add_to_cart(product_id, 1)
@@ -210,7 +197,7 @@ def cancel_order(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def buy_item(rng: random.Random, pools: Pools, state: State) -> Draft:
-    product_id, product = _pick_product(rng, state)
+    product_id, product = _pick(rng, state, "products")
     quantity = rng.choice([1, 1, 2, 3])
     state["wallet"]["balance"] = max(
         state["wallet"]["balance"], product["price"] * quantity + rng.randint(0, 30)
@@ -231,7 +218,8 @@ def buy_item(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def message_new_contact(rng: random.Random, pools: Pools, state: State) -> Draft:
-    name, number, text = _new_name(rng, pools, state), phone(rng), rng.choice(pools.messages)
+    name = _unused(rng, pools.names, state["contacts"], "name")
+    number, text = phone(rng), rng.choice(pools.messages)
     new_id = _next(state, "c")
     phrasing = rng.choice(
         [
@@ -251,7 +239,7 @@ def message_new_contact(rng: random.Random, pools: Pools, state: State) -> Draft
 
 
 def save_message_note(rng: random.Random, pools: Pools, state: State) -> Draft:
-    contact_id, contact = _pick_contact(rng, state)
+    contact_id, contact = _pick(rng, state, "contacts")
     text = rng.choice(pools.messages)
     receive(World(state), contact_id, text)
     name = contact["name"]
@@ -273,8 +261,8 @@ def save_message_note(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def share_event_time(rng: random.Random, pools: Pools, state: State) -> Draft:
-    _event_id, event = _pick_event(rng, state)
-    contact_id, contact = _pick_contact(rng, state)
+    _event_id, event = _pick(rng, state, "events")
+    contact_id, contact = _pick(rng, state, "contacts")
     title, name = event["title"], contact["name"]
     phrasing = rng.choice(
         [
@@ -299,7 +287,7 @@ def share_event_time(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def remind_event(rng: random.Random, pools: Pools, state: State) -> Draft:
-    _event_id, event = _pick_event(rng, state)
+    _event_id, event = _pick(rng, state, "events")
     title = event["title"]
     phrasing = rng.choice(
         [
@@ -318,8 +306,8 @@ def remind_event(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def reschedule_and_notify(rng: random.Random, pools: Pools, state: State) -> Draft:
-    event_id, event = _pick_event(rng, state)
-    contact_id, contact = _pick_contact(rng, state)
+    event_id, event = _pick(rng, state, "events")
+    contact_id, contact = _pick(rng, state, "contacts")
     title, name, day, time = event["title"], contact["name"], date(rng), clock(rng)
     phrasing = rng.choice(
         [
@@ -341,7 +329,7 @@ def reschedule_and_notify(rng: random.Random, pools: Pools, state: State) -> Dra
 
 
 def buy_with_topup(rng: random.Random, pools: Pools, state: State) -> Draft:
-    product_id, product = _pick_product(rng, state)
+    product_id, product = _pick(rng, state, "products")
     quantity = rng.choice([1, 2])
     total = product["price"] * quantity
     state["wallet"]["balance"] = rng.randint(0, total - 1)
@@ -370,8 +358,8 @@ def buy_with_topup(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def buy_two(rng: random.Random, pools: Pools, state: State) -> Draft:
-    first_id, first = _pick_product(rng, state)
-    second_id, second = _pick_product(rng, state, exclude=(first_id,))
+    first_id, first = _pick(rng, state, "products")
+    second_id, second = _pick(rng, state, "products", exclude=(first_id,))
     state["wallet"]["balance"] = max(
         state["wallet"]["balance"], first["price"] + second["price"] + 5
     )
@@ -396,7 +384,7 @@ def buy_two(rng: random.Random, pools: Pools, state: State) -> Draft:
 
 
 def move_and_tell_two(rng: random.Random, pools: Pools, state: State) -> Draft:
-    event_id, event = _pick_event(rng, state)
+    event_id, event = _pick(rng, state, "events")
     (first_id, first), (second_id, second) = (
         (cid, state["contacts"][cid]) for cid in rng.sample(sorted(state["contacts"]), 2)
     )

@@ -29,9 +29,7 @@ from typing import Any
 from ...common.files import atomic_directory, write_atomically
 from .config import (
     METADATA_FILE,
-    RECIPE_VERSION,
     BootstrapConfig,
-    LrScheduler,
     bootstrap_dir,
     default_cache_dir,
     is_complete,
@@ -39,8 +37,6 @@ from .config import (
 )
 from .corpus import ValueAugmenter, augment_corpus, build_corpus
 from .tiny_model import (
-    ThreadTuner,
-    TrainingSchedule,
     build_model,
     build_tiny_bootstrap,
     make_trainer,
@@ -51,11 +47,7 @@ from .tiny_tokenizer import _template_texts, phrase_tokens, train_tokenizer
 
 __all__ = [
     "METADATA_FILE",
-    "RECIPE_VERSION",
     "BootstrapConfig",
-    "LrScheduler",
-    "ThreadTuner",
-    "TrainingSchedule",
     "ValueAugmenter",
     "_template_texts",
     "augment_corpus",

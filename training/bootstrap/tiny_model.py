@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat_template import observation_mask, tokenize_for_training
 from ..trainer_common import quiet_trainer
-from .config import RECIPE_VERSION
+from .config import RECIPE_VERSION, build_stamp
 from .corpus import augment_corpus, build_corpus
 from .tiny_tokenizer import _template_texts, train_tokenizer
 
@@ -206,26 +206,23 @@ def make_trainer(
                 self._created_lr_scheduler = True
             return self.lr_scheduler
 
-    class Stop(TrainerCallback):
+    threads = ThreadTuner(config.num_threads)
+
+    class ScheduleAndThreads(TrainerCallback):
+        """Stops where the schedule's progress reaches 1; re-decides between one and all CPU
+        threads as the machine's load changes."""
+
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             active.start()
             return control
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if active.progress(state.global_step) >= 1.0:
-                control.should_training_stop = True
-            return control
-
-    threads = ThreadTuner(config.num_threads)
-
-    class Threads(TrainerCallback):
-        """Re-decides between one and all CPU threads as the machine's load changes."""
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             threads.step_begin()
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if active.progress(state.global_step) >= 1.0:
+                control.should_training_stop = True
             threads.step_end()
             return control
 
@@ -262,7 +259,7 @@ def make_trainer(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Stop(), Threads()],
+        callbacks=[ScheduleAndThreads()],
     )
     trainer.thread_tuner = threads
     # The log dicts go to the trainer logger, never to stdout (tqdm's bar wrote them
@@ -278,8 +275,6 @@ def _say(progress: bool, text: str) -> None:
 
 def build_tiny_bootstrap(config: BootstrapConfig, work: Path, progress: bool) -> dict[str, Any]:
     import torch
-    import transformers
-    import trl
 
     started = time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
@@ -334,11 +329,5 @@ def build_tiny_bootstrap(config: BootstrapConfig, work: Path, progress: bool) ->
         "build_time_s": round(time.perf_counter() - started, 1),
         "final_loss": losses[-1] if losses else result.training_loss,
         "mean_train_loss": result.training_loss,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "trl": trl.__version__,
-        },
-        "eval": None,
+        **build_stamp(),
     }

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from functools import cache
+from itertools import accumulate
 from typing import Any
 
 from ...records import Task, is_success
@@ -181,19 +182,18 @@ def dynamic_sampling_trainer_class(base: type) -> type:
             rounds = [output]
             kept: list[tuple[int, int]] = []  # (round, group) with spread
             spare: list[tuple[int, int]] = []
-            for group, has_spread in enumerate(spread):
-                (kept if has_spread else spare).append((0, group))
+            round_spread = spread
             refilled = 0
-            for _ in range(self.max_refills):
+            for refill in range(self.max_refills + 1):
+                for group, has_spread in enumerate(round_spread):
+                    (kept if has_spread else spare).append((refill, group))
                 missing = wanted - len(kept)
-                if missing <= 0:
+                if missing <= 0 or refill == self.max_refills:
                     break
                 rows = self._refill_rows(inputs, missing)
                 refilled += missing
                 rounds.append(super()._generate_and_score_completions(rows))
-                more = groups_with_spread(self._successes(len(rows)), size)
-                for group, has_spread in enumerate(more):
-                    (kept if has_spread else spare).append((len(rounds) - 1, group))
+                round_spread = groups_with_spread(self._successes(len(rows)), size)
             chosen = (kept + spare)[:wanted]
             metrics["dynamic/dropped"].append(float(len(spread) - sum(spread)))
             metrics["dynamic/refilled"].append(float(refilled))
@@ -202,9 +202,7 @@ def dynamic_sampling_trainer_class(base: type) -> type:
                 return output
             pad_id = self.processing_class.pad_token_id or 0
             merged = merge_generation_outputs(rounds, pad_id)
-            offsets = [0]
-            for round_output in rounds[:-1]:
-                offsets.append(offsets[-1] + round_output["completion_ids"].shape[0])
+            offsets = [0, *accumulate(r["completion_ids"].shape[0] for r in rounds[:-1])]
             selected = [
                 offsets[round_index] + group * size + k
                 for round_index, group in chosen

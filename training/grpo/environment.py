@@ -120,8 +120,7 @@ def tool_method(name: str, function: dict[str, Any]) -> Callable[..., str]:
         description = " ".join(str(spec.get("description") or parameter).split())
         doc_args.append(f"    {parameter}: {description}")
     annotations["return"] = str
-    description = " ".join(str(function.get("description") or name).split())
-    doc = description
+    doc = " ".join(str(function.get("description") or name).split())
     if doc_args:
         doc += "\n\nArgs:\n" + "\n".join(doc_args)
     doc += "\n\nReturns:\n    The tool's result."

@@ -201,10 +201,7 @@ class GeneratedIdsPolicy:
         """The next prompt's ids and the length of the episode's opening in them."""
         schemas = list(tools) if self.tools_in_prompt else None
         if not previous:
-            rendered = render_conversation(
-                self.tokenizer, messages, schemas, add_generation_prompt=True
-            )
-            prompt = encode(self.tokenizer, rendered)
+            prompt = self._encoded_prompt(messages, schemas)
             return prompt, len(prompt)
         last_reply = max(i for i, m in enumerate(messages) if m.get("role") == "assistant")
         delta = rendered_delta(
@@ -218,14 +215,15 @@ class GeneratedIdsPolicy:
             # Cut at the reply cap: the template closes the message with the end-of-turn
             # token, which the model did not write (so it is masked).
             delta = [self.eot, *delta]
-        return [*previous, *delta], self._opening_length(messages, schemas)
-
-    def _opening_length(self, messages: Sequence[Message], schemas: Any) -> int:
         first_user = next(i for i, m in enumerate(messages) if m.get("role") == "user")
+        opening = self._encoded_prompt(messages[: first_user + 1], schemas)
+        return [*previous, *delta], len(opening)
+
+    def _encoded_prompt(self, messages: Sequence[Message], schemas: Any) -> list[int]:
         rendered = render_conversation(
-            self.tokenizer, messages[: first_user + 1], schemas, add_generation_prompt=True
+            self.tokenizer, messages, schemas, add_generation_prompt=True
         )
-        return len(encode(self.tokenizer, rendered))
+        return encode(self.tokenizer, rendered)
 
     def _message(
         self, prompt: list[int], reply: list[int], logprobs: list[float], budget: int

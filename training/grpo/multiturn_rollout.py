@@ -240,12 +240,9 @@ class MultiTurnRollout:
             metrics["reference/all_fail_groups"].append(all_failed / groups)
             metrics["reference/replaced"].append(replaced / groups)
         self.last_episodes = episodes
-        metrics["multi_turn/user_turns"].append(
-            sum(e.user_turns for e in episodes) / max(len(episodes), 1)
-        )
-        metrics["multi_turn/finished"].append(
-            sum(e.finished for e in episodes) / max(len(episodes), 1)
-        )
+        count = max(len(episodes), 1)
+        metrics["multi_turn/user_turns"].append(sum(e.user_turns for e in episodes) / count)
+        metrics["multi_turn/finished"].append(sum(e.finished for e in episodes) / count)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],

@@ -82,31 +82,12 @@ def multi_turn_trainer_class() -> type:
             compute_entropy: bool = False,
             **kwargs: Any,
         ) -> tuple[Any, Any, Any]:
+            """TRL's pass, chunk by chunk, over the columns each chunk attends to; the round's
+            first no-grad pass (the old policy's) from the rollout (``_old_logps``)."""
             if self._old_logps_pending and not torch.is_grad_enabled() and not compute_entropy:
                 # The round's first no-grad pass is the old policy's; later ones are TRL's.
                 self._old_logps_pending = False
                 return self._old_logps(model, input_ids, attention_mask, logits_to_keep, batch_size)
-            return self._unpadded_logps(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                **kwargs,
-            )
-
-        def _unpadded_logps(
-            self,
-            model: Any,
-            input_ids: Any,
-            attention_mask: Any,
-            logits_to_keep: int,
-            batch_size: int | None = None,
-            compute_entropy: bool = False,
-            **kwargs: Any,
-        ) -> tuple[Any, Any, Any]:
-            """TRL's pass, chunk by chunk, over the columns each chunk attends to."""
             own = super()._get_per_token_logps_and_entropies
             if any(value is not None and value is not False for value in kwargs.values()):
                 # Images or MoE losses are laid out per row of the full width: TRL's own.
@@ -137,6 +118,10 @@ def multi_turn_trainer_class() -> type:
                 if compute_entropy:
                     entropies.append(torch.nn.functional.pad(chunk_entropies, (0, right)))
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+        # The same pass under the name _old_logps calls it by (its pending flag is already
+        # cleared there), so that a test can count the rows it computes.
+        _unpadded_logps = _get_per_token_logps_and_entropies
 
         def _old_logps(
             self,

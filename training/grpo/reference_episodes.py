@@ -131,27 +131,7 @@ class ReferenceEpisodes:
         task: Task,
         opening: Sequence[Message],
     ) -> MultiTurnEpisode | None:
-        replies = self._reply_ids(rollout, tokenizer, task, opening)
-        if not replies:
-            return None
-        scripted = scripted_replies(replies, end_of_turn_id(tokenizer))
-        (episode,) = rollout.play(scripted, tokenizer, [task], [opening])
-        if not is_success(episode.score or 0.0):
-            logger.info(
-                "reference episode of %s scored %.2f in the training interface; group left as is",
-                task.id,
-                episode.score or 0.0,
-            )
-            return None
-        return episode
-
-    def _reply_ids(
-        self,
-        rollout: MultiTurnRollout,
-        tokenizer: Any,
-        task: Task,
-        opening: Sequence[Message],
-    ) -> list[list[int]] | None:
+        """The task's reference episode if it verifies; its reply ids are computed once."""
         if task.id not in self._replies:
             self._replies[task.id] = None
             env = self.make_env()
@@ -167,4 +147,16 @@ class ReferenceEpisodes:
             # The replay reset the environment to the task: its tools are the task's.
             tools = env.tools() if rollout.tools_in_prompt else None
             self._replies[task.id] = reference_reply_ids(tokenizer, conversation, tools)
-        return self._replies[task.id]
+        replies = self._replies[task.id]
+        if not replies:
+            return None
+        scripted = scripted_replies(replies, end_of_turn_id(tokenizer))
+        (episode,) = rollout.play(scripted, tokenizer, [task], [opening])
+        if not is_success(episode.score or 0.0):
+            logger.info(
+                "reference episode of %s scored %.2f in the training interface; group left as is",
+                task.id,
+                episode.score or 0.0,
+            )
+            return None
+        return episode

@@ -101,14 +101,8 @@ def replay_anchor_trainer_class(base: type) -> type:
                 self.args.seed,
             )
 
-        def compute_loss(
-            self,
-            model: Any,
-            inputs: Any,
-            return_outputs: bool = False,
-            num_items_in_batch: Any = None,
-        ) -> Any:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        def compute_loss(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+            loss = super().compute_loss(model, *args, **kwargs)
             if not self.model.training or not self.replay_coefficient:
                 return loss
             nll = token_mean_nll(model, next(self.replay_batches))

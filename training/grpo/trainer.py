@@ -241,14 +241,11 @@ def make_grpo_trainer(
         multi_turn=multi_turn,
     )
     if not rows:
-        return (
-            None,
-            0,
-            (
-                "no single-turn task to roll out (TRL's tool loop plays one user turn; set "
-                "training.grpo.rollout: multi_turn or auto to play every turn)"
-            ),
+        reason = (
+            "no single-turn task to roll out (TRL's tool loop plays one user turn; set "
+            "training.grpo.rollout: multi_turn or auto to play every turn)"
         )
+        return None, 0, reason
     examples = len({row["task"] for row in rows})
     replay_rows: list[dict[str, Any]] = []
     if config.grpo.replay_coefficient and replay_conversations:

@@ -48,11 +48,9 @@ from ..datasets import PreferencePair
 from ..trainers import TrainResult
 from .pairs import (
     Agent,
-    RankedPair,
     expert_conversations,
     failure_pairs,
     hard_negative_share,
-    is_failure,
     target_pairs,
     with_failure_grades,
 )
@@ -68,12 +66,10 @@ __all__ = [
     "HardNegativeError",
     "HardNegativeSettings",
     "Objective",
-    "RankedPair",
     "expert_conversations",
     "failure_objective",
     "failure_pairs",
     "hard_negative_share",
-    "is_failure",
     "load_objective",
     "target_objective",
     "target_pairs",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -82,14 +81,9 @@ def build_writer(
     conversations = [c for t in tasks if (c := writer_example(t, make_env, config.prompt))]
     if not conversations:
         raise ValueError(f"none of the {len(tasks)} tasks has a single turn whose calls replay")
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from ...common.tokenization import load_tokenizer
     from ..config import LoraSettings, TrainingConfig
     from ..sft.config import SftConfig
-    from ..trainers import train_adapter
+    from ..trainers import train_merged
 
     started = time.perf_counter()
     training = TrainingConfig(
@@ -113,18 +107,7 @@ def build_writer(
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(target) as work:
-        adapter = work / "adapter"
-        result = train_adapter(
-            training,
-            model_dir=base_dir,
-            output_dir=adapter,
-            conversations=conversations,
-            progress=progress,
-        )
-        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-        PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().save_pretrained(str(work))
-        load_tokenizer(base_dir).save_pretrained(str(work))
-        shutil.rmtree(adapter, ignore_errors=True)
+        result, _ = train_merged(training, base_dir, work, conversations, progress)
         metadata = {
             "config": config.model_dump(mode="json"),
             "base": str(base_dir),
