@@ -295,14 +295,9 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
 
 def seed_families(config: Any) -> dict[str, int]:
     """The seed set's tasks per family: the first ``pool.seed_tasks`` of the training split."""
-    from ...envs.catalog import load_tasks
+    from ...loop.compose import seed_tasks
 
-    seeds = load_tasks(
-        config.env.name, split=config.env.split, category=config.env.category, seed=config.env.seed
-    )
-    if config.pool.seed_tasks is not None:
-        seeds = seeds[: config.pool.seed_tasks]
-    return dict(sorted(Counter(task.family for task in seeds).items()))
+    return dict(sorted(Counter(task.family for task in seed_tasks(config)).items()))
 
 
 def family_pairs(report: AblationReport) -> list[str]:
