@@ -401,7 +401,11 @@ def test_fuzzed_replies_to_the_policy_end_episodes_not_runs(policy_tasks, faults
     for trajectory in trajectories:
         assert 0.0 <= trajectory.score <= 1.0
         if trajectory.error is not None:
-            assert trajectory.error.strip() and trajectory.score < 1.0
+            assert trajectory.error.strip()
+            # The state may already be right when the endpoint stops answering (a task
+            # without an answer, its calls made): the verifier's 1.0 then stands on a
+            # transport failure, which no figure, signal or training set counts.
+            assert trajectory.score < 1.0 or trajectory.transport_failure
         for step in trajectory.steps:  # every call run came from a readable reply
             readable = REFERENCE_TOOLS | {"list_contacts"}  # the reference's and GOOD_COMPLETION's
             assert step.call is None or step.call.name in readable or step.observation.error
