@@ -273,7 +273,10 @@ def trajectory_weight(
     kept = [label for label in labels if label not in EXCLUDED_LABELS]
     if not kept:
         return 1.0
-    values = [state.weight(label, settings) if state else settings.base(label) for label in kept]
+    if state is None:
+        values = [settings.base(label) for label in kept]
+    else:
+        values = [state.weight(label, settings) for label in kept]
     mean = sum(values) / len(values)
     return min(max(mean, settings.min_scale), settings.max_scale)
 
