@@ -98,4 +98,5 @@ async def main():
     print(json.dumps(out, indent=1))
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())
