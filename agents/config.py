@@ -15,6 +15,47 @@ from .prompts import POLICY_SYSTEM_PROMPT
 CHARS_PER_TOKEN = 16
 
 
+class LlamaCppConfig(Section):
+    """How `coevolve serve` starts llama.cpp's ``llama-server`` for an endpoint whose
+    ``server`` is llama.cpp. The context a slot holds comes from the endpoint's
+    ``max_model_len`` and the slots from its ``concurrency``."""
+
+    gguf_file: str | None = Field(
+        default=None,
+        description="The GGUF model file llama-server loads (None: the larger model `make "
+        "teacher` joins, $COEVOLVE_CACHE/teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf).",
+    )
+    binary: str | None = Field(
+        default=None,
+        description="The llama-server program (None: llama-server on PATH, else the one `make "
+        "teacher` builds, $COEVOLVE_CACHE/llama.cpp/bin/llama-server).",
+    )
+    threads: int | None = Field(
+        default=None,
+        gt=0,
+        description="CPU threads for generation and prompt processing (-t; None: every core "
+        "this process may use). Fewer leaves cores to the policy when both run at once.",
+    )
+    chat_template_file: str | None = Field(
+        default=None,
+        description="A Jinja chat template file instead of the one in the GGUF's metadata "
+        "(--chat-template-file). Templates always render with --jinja, which tool calls need.",
+    )
+    cache_reuse: int = Field(
+        default=256,
+        ge=0,
+        description="Smallest run of prompt tokens llama-server reuses from a slot's cache by "
+        "shifting it (--cache-reuse; 0: only a common prefix is reused). The roles' prompts "
+        "share a long prefix (tools, worked examples), so most of a next prompt is cached.",
+    )
+    cache_ram_mib: int = Field(
+        default=2048,
+        ge=0,
+        description="MiB of host memory for prompts cached beyond the slots (--cache-ram; 0: "
+        "none). llama-server's default, 8192, is a third of a 24 GB machine.",
+    )
+
+
 class EndpointConfig(Section):
     """An OpenAI-compatible chat-completions endpoint (vLLM, a hosted API, a test server)."""
 
@@ -59,11 +100,17 @@ class EndpointConfig(Section):
         "(429, 503) is honoured up to it (raise it for a hosted API's rate limits).",
     )
     concurrency: int = Field(default=16, gt=0, description="Most requests in flight at once.")
-    server: Literal["vllm", "transformers"] = Field(
+    server: Literal["vllm", "transformers", "llama.cpp"] = Field(
         default="vllm",
         description="The server `coevolve serve` starts for this endpoint: vllm (a GPU; LoRA "
-        "hot-loading, tool parsing) or transformers (`transformers serve`, the CPU path: it "
-        "serves any local model directory by its path as the model name, and has no LoRA API).",
+        "hot-loading, tool parsing), transformers (`transformers serve`, the CPU path: it "
+        "serves any local model directory by its path as the model name, and has no LoRA API) "
+        "or llama.cpp (`llama-server`, a GGUF model on a CPU with a prompt cache per slot; "
+        "`make teacher` builds it; see the llama_cpp section).",
+    )
+    llama_cpp: LlamaCppConfig = Field(
+        default_factory=LlamaCppConfig,
+        description="server: llama.cpp only: the GGUF file and the flags llama-server gets.",
     )
     tensor_parallel_size: int = Field(
         default=1,
@@ -99,6 +146,15 @@ class EndpointConfig(Section):
         "max_tokens, far above real text (3-5 characters a token), so only a server that "
         "ignores max_tokens (a proxy, a misconfigured or hostile server) reaches it.",
     )
+
+    @model_validator(mode="after")
+    def _llama_cpp_only_for_its_server(self) -> EndpointConfig:
+        if "llama_cpp" in self.model_fields_set and self.server != "llama.cpp":
+            raise ValueError(
+                f"the llama_cpp section is for server: llama.cpp, and this endpoint's server is "
+                f"{self.server}: set server: llama.cpp, or remove the section"
+            )
+        return self
 
     def reply_limit(self) -> int:
         """The longest reply, in characters, that a role reads from this endpoint."""

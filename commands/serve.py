@@ -1,5 +1,5 @@
-"""``coevolve serve``: the ``vllm serve`` (or ``trl vllm-serve``, ``transformers serve``)
-command a config expects, printed or run.
+"""``coevolve serve``: the ``vllm serve`` (or ``trl vllm-serve``, ``transformers serve``,
+llama.cpp's ``llama-server``) command a config expects, printed or run.
 
 A run's endpoint and training settings decide the server's flags: the model and
 the port come from the endpoint, LoRA hot-loading needs ``--enable-lora`` with a
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlparse
 
@@ -150,6 +151,55 @@ def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], li
     return {"HF_HUB_OFFLINE": "1"}, argv
 
 
+# Context a llama-server slot holds when the endpoint sets no max_model_len: the world's
+# tool prompt (2.3k tokens) with worked examples and a few turns of exploration.
+LLAMA_CPP_SLOT_CONTEXT = 8192
+TEACHER_GGUF = "teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+LLAMA_SERVER = "llama.cpp/bin/llama-server"
+
+
+def llama_cpp_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, argv) of the ``llama-server`` that serves ``endpoint``: a GGUF
+    model on the CPU under the endpoint's model name, one slot per request in flight, each
+    slot holding ``max_model_len`` tokens and caching its prompt for the next request."""
+    from ..training.bootstrap.config import default_cache_dir
+
+    served, host, port = _served_here(config, endpoint)
+    settings = served.llama_cpp
+    cache = default_cache_dir()
+    gguf = Path(settings.gguf_file).expanduser() if settings.gguf_file else cache / TEACHER_GGUF
+    binary = settings.binary or shutil.which("llama-server") or str(cache / LLAMA_SERVER)
+    slots = served.concurrency
+    per_slot = served.max_model_len or LLAMA_CPP_SLOT_CONTEXT
+    argv = [binary, "-m", str(gguf), "--alias", served.model, "--host", host, "--port", port]
+    # -c is the whole KV cache, split evenly across the -np slots.
+    argv += ["-c", str(per_slot * slots), "-np", str(slots), "--no-kv-unified"]
+    if settings.threads is not None:
+        argv += ["-t", str(settings.threads)]
+    argv += ["--jinja"]
+    if settings.chat_template_file is not None:
+        argv += ["--chat-template-file", settings.chat_template_file]
+    argv += ["--cache-reuse", str(settings.cache_reuse), "--cache-ram", str(settings.cache_ram_mib)]
+    argv += ["--no-webui"]
+    return {}, argv
+
+
+def _missing_llama_cpp(argv: list[str]) -> str | None:
+    """What of a llama-server command is not on this machine, with how to get it."""
+    binary, gguf = Path(argv[0]), Path(argv[argv.index("-m") + 1])
+    if shutil.which(str(binary)) is None:
+        return (
+            f"llama-server is not at {binary}: `make teacher` builds it "
+            "(--dry-run prints the command)"
+        )
+    if not gguf.is_file():
+        return (
+            f"the GGUF file {gguf} is not there: `make teacher` joins the larger model, or set "
+            "llama_cpp.gguf_file"
+        )
+    return None
+
+
 def _parser_for(model: str) -> str:
     lowered = model.lower()
     for family, parser in TOOL_CALL_PARSERS:
@@ -167,6 +217,12 @@ DERIVED_FLAGS = (
     "--max-model-len",
     "--tensor-parallel-size",
     "--data-parallel-size",
+    # llama-server's
+    "-c",
+    "-np",
+    "-t",
+    "--cache-reuse",
+    "--cache-ram",
 )
 
 
@@ -221,8 +277,8 @@ def serve_command(
         list[str] | None,
         typer.Option(
             "--vllm-arg",
-            help="One more argument for vllm serve, repeatable (e.g. --vllm-arg=--max-model-len "
-            "--vllm-arg=16384).",
+            help="One more argument for the server (vllm serve, llama-server), repeatable (e.g. "
+            "--vllm-arg=--max-model-len --vllm-arg=16384); it replaces a derived flag of its name.",
         ),
     ] = None,
     overrides: SetOption = None,
@@ -231,7 +287,9 @@ def serve_command(
     (--generation-config vllm), the context (--max-model-len), tensor and data parallelism,
     LoRA hot-loading at the adapters' rank and tool calling, derived from the config; with
     ``transformers serve`` (the endpoint's ``server: transformers``, the CPU path), the model
-    directory and port; with --grpo, the ``trl vllm-serve`` GRPO generates with."""
+    directory and port; with llama.cpp's ``llama-server`` (``server: llama.cpp``, a GGUF model
+    on the CPU), the file, context, slots, threads, chat template and prompt cache; with
+    --grpo, the ``trl vllm-serve`` GRPO generates with."""
     from ..config import ConfigError, load_config
 
     try:
@@ -246,6 +304,12 @@ def serve_command(
             and (config.endpoints[name].server == "transformers")
         ):
             environment, argv = transformers_command(config, name)
+        elif (
+            isinstance(name, str)
+            and name in config.endpoints
+            and config.endpoints[name].server == "llama.cpp"
+        ):
+            environment, argv = llama_cpp_command(config, name)
         else:
             environment, argv = vllm_command(config, endpoint, tool_call_parser)
     except (ConfigError, ServeError) as err:
@@ -255,9 +319,12 @@ def serve_command(
     if dry_run:
         console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
         return
-    if argv[0] == "transformers":
+    if argv[:2] != ["vllm", "serve"] and argv[0] not in ("trl", "transformers"):
+        missing = _missing_llama_cpp(argv)
+        if missing is not None:
+            raise fail(missing)
+    elif argv[0] == "transformers":
         import sys
-        from pathlib import Path
 
         # The venv's own console script, found beside this Python when PATH lacks it.
         local = Path(sys.executable).parent / "transformers"

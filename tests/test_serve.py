@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,150 @@ def test_grpo_on_a_vllm_server_gets_trl_vllm_serve(tmp_path):
     assert out.returncode == 2 and "training.grpo.vllm is not 'server'" in out.stderr
     named = dry_run(str(config), "--grpo", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--dry-run")
     assert "--model Qwen/Qwen2.5-0.5B-Instruct" in named.stdout
+
+
+def _llama_cpp_config(tmp_path: Path, section: str = "") -> Path:
+    config = tmp_path / "teacher.yaml"
+    config.write_text(
+        "endpoints:\n  teacher:\n    base_url: http://127.0.0.1:8020/v1\n"
+        "    model: teacher\n    server: llama.cpp\n    concurrency: 2\n"
+        f"    max_model_len: 4096\n{section}"
+        "synthesis:\n  roles:\n    explorer: teacher\n"
+    )
+    return config
+
+
+def test_an_endpoint_on_llama_cpp_gets_llama_server_with_its_flags(tmp_path):
+    """Context per slot times slots, slots from concurrency, threads, the GGUF's own template
+    rendered with --jinja, and the prompt cache, all from the endpoint."""
+    section = (
+        "    llama_cpp:\n      gguf_file: /models/teacher.gguf\n      binary: /opt/llama-server\n"
+        "      threads: 2\n      cache_reuse: 128\n"
+    )
+    out = dry_run(str(_llama_cpp_config(tmp_path, section)), "--endpoint", "teacher", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "/opt/llama-server -m /models/teacher.gguf --alias teacher --host 127.0.0.1 --port 8020 "
+        "-c 8192 -np 2 --no-kv-unified -t 2 --jinja --cache-reuse 128 --cache-ram 2048 "
+        "--no-webui"
+    )
+    replaced = dry_run(
+        str(_llama_cpp_config(tmp_path, section)),
+        *("--endpoint", "teacher", "--dry-run", "--vllm-arg=-c", "--vllm-arg=2048"),
+    )
+    assert " -c 8192 " not in replaced.stdout and replaced.stdout.strip().endswith("-c 2048")
+
+
+def test_llama_cpp_defaults_to_what_make_teacher_installs_and_says_so_when_absent(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "COEVOLVE_CACHE": str(cache), "PATH": os.path.dirname(sys.executable)}
+    command = [sys.executable, "-m", "coevolve", "serve", str(_llama_cpp_config(tmp_path))]
+    command += ["--endpoint", "teacher"]
+    printed = subprocess.run(
+        [*command, "--dry-run"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.startswith(
+        f"{cache}/llama.cpp/bin/llama-server -m "
+        f"{cache}/teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf "
+    )
+    absent = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert absent.returncode == 2
+    [line] = absent.stderr.strip().splitlines()
+    assert line.startswith("error: llama-server is not at ") and "`make teacher`" in line
+
+
+def test_a_llama_cpp_section_on_another_server_is_refused(tmp_path):
+    config = tmp_path / "wrong.yaml"
+    config.write_text(
+        "endpoints:\n  writer:\n    base_url: http://127.0.0.1:8011/v1\n    model: w\n"
+        "    server: transformers\n    llama_cpp:\n      threads: 2\n"
+    )
+    out = dry_run(str(config), "--endpoint", "writer", "--dry-run")
+    assert out.returncode == 2
+    assert "the llama_cpp section is for server: llama.cpp" in out.stderr
+
+
+def _teacher_installed() -> tuple[Path, Path] | None:
+    from coevolve.commands.serve import LLAMA_SERVER, TEACHER_GGUF
+    from coevolve.training.bootstrap.config import default_cache_dir
+
+    binary = shutil.which("llama-server") or str(default_cache_dir() / LLAMA_SERVER)
+    gguf = default_cache_dir() / TEACHER_GGUF
+    return (Path(binary), gguf) if Path(binary).is_file() and gguf.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_teacher_installed() is None, reason="`make teacher` has not run here")
+def test_the_teacher_served_by_coevolve_serve_answers_and_caches_its_prompt(tmp_path):
+    """The wiring end to end, when `make teacher` has installed llama-server and the model:
+    `coevolve serve` starts it from the config; a chat request with a tool gets a reply, and
+    a second request with the same opening is served from the slot's prompt cache."""
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "teacher.yaml"
+    config.write_text(
+        f"endpoints:\n  teacher:\n    base_url: http://127.0.0.1:{port}/v1\n    model: teacher\n"
+        "    server: llama.cpp\n    concurrency: 1\n    max_model_len: 2048\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "coevolve", "serve", str(config), "--endpoint", "teacher"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as ok:
+                    if ok.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("llama-server did not come up within 300 s")
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "find_contact",
+                "description": "Look up a contact by name.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                },
+            },
+        }
+        body = {
+            "model": "teacher",
+            "messages": [
+                {"role": "system", "content": "You call tools to help the user. " * 20},
+                {"role": "user", "content": "Find the contact named Ana."},
+            ],
+            "tools": [tool],
+            "max_tokens": 48,
+            "temperature": 0,
+        }
+        replies = []
+        for _ in range(2):
+            request = urllib.request.Request(
+                f"{base}/v1/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=600) as response:
+                replies.append(json.loads(response.read()))
+        message = replies[0]["choices"][0]["message"]
+        assert message.get("tool_calls") or message.get("content")
+        # llama-server reports how many prompt tokens it took from the cache.
+        assert replies[1]["timings"]["cache_n"] > 0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
