@@ -272,7 +272,14 @@ class CandidateTask(Record):
     signal: SignalKind | None = None
     setup: dict[str, Any] = Field(default_factory=dict)
     kind: Literal[
-        "structure_variant", "prefix", "transition", "window", "llm", "hindsight", "explored"
+        "structure_variant",
+        "prefix",
+        "transition",
+        "window",
+        "llm",
+        "hindsight",
+        "explored",
+        "teacher",
     ] = Field(
         default="window",
         description="How it was made: structure_variant (the parent's whole tool graph on new "
@@ -280,7 +287,8 @@ class CandidateTask(Record):
         "transition (the failing call and the one before it, on their own), window "
         "(an explored action window: a sub-skill or composition), llm (an LLM abstractor), "
         "hindsight (the task writer's request for the calls of the flagged trajectory that "
-        "succeeded), explored (the writer's request for an exploration round's calls).",
+        "succeeded), explored (the writer's request for an exploration round's calls), teacher "
+        "(a request the larger model wrote and carried out itself).",
     )
 
 

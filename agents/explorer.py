@@ -34,7 +34,7 @@ from .llm import ReplyError, ask, model_label
 from .policy import Message, Policy, PolicyError, parse_assistant_text
 from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
 from .replies import raise_unless_one_replied
-from .roles import EnvFactory, ExplorationRound, Interaction
+from .roles import EnvFactory, ExplorationRound, Interaction, WrittenRequest
 
 log = logging.getLogger(__name__)
 
@@ -399,8 +399,45 @@ class LLMExplorer:
         env.reset(task)
         objective = objective_for(context, index)
         bound = self.model.bind_tools(env.tools())
+        messages = self.opening(item, task, context, objective, index, make_env)
+        interactions = await self._converse(bound, env, messages, task, index)
+        return ExplorationRound(
+            objective=objective,
+            setup=dict(task.setup),
+            interactions=interactions,
+            written=await self.written(bound, messages, interactions),
+        )
+
+    def opening(
+        self,
+        item: FlaggedTrajectory,
+        task: Task,
+        context: SynthesisContext,
+        objective: str,
+        index: int,
+        make_env: EnvFactory,
+    ) -> list[BaseMessage]:
+        """The round's first messages: the explorer's prompt and its brief."""
         brief = exploration_brief(item, task, context, objective, index, self.rounds, self.steps)
-        messages: list[BaseMessage] = [SystemMessage(self.prompt), HumanMessage(brief)]
+        return [SystemMessage(self.prompt), HumanMessage(brief)]
+
+    async def written(
+        self, bound: Any, messages: list[BaseMessage], interactions: list[Interaction]
+    ) -> WrittenRequest | None:
+        """What the explorer says its round carried out (this explorer says nothing)."""
+        return None
+
+    async def _converse(
+        self,
+        bound: Any,
+        env: Environment,
+        messages: list[BaseMessage],
+        task: Task,
+        index: int,
+    ) -> list[Interaction]:
+        """The round's conversation, appended to ``messages``: replies and the results of
+        their calls until the model stops calling tools, the calls are spent or a request
+        fails; returns the calls that ran, with their observations."""
         interactions: list[Interaction] = []
         made = 0
         while made < self.steps:
@@ -431,9 +468,7 @@ class LLMExplorer:
                 observation = self._run(env, name, arguments, interactions)
                 messages.append(ToolMessage(content=observation.text, tool_call_id=call_id))
                 made += 1
-        return ExplorationRound(
-            objective=objective, setup=dict(task.setup), interactions=interactions
-        )
+        return interactions
 
     @staticmethod
     def _run(

@@ -8,7 +8,8 @@ this module imports the concrete roles, and nothing below it imports it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .abstractor import OfflineAbstractor
@@ -18,9 +19,11 @@ from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
 from .roles import OFFLINE, ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, Summarizer
 from .summarizer import LLMSummarizer, OfflineSummarizer
+from .teacher import TeacherAbstractor, TeacherExplorer
 from .writer import TaskWriter
 
 if TYPE_CHECKING:
+    from ..records import Task
     from .config import EndpointConfig
     from .policy import Policy
 
@@ -29,12 +32,14 @@ def build_roles(
     config: RolesConfig,
     endpoints: Mapping[str, EndpointConfig],
     policy: Policy | None = None,
+    seed_tasks: Sequence[Task] = (),
 ) -> Roles:
     """Build the roles: LLM ones on their endpoints, offline ones elsewhere.
 
     One semaphore bounds the LLM requests of all roles together. ``policy`` (the
-    current policy) drives some offline exploration rounds. An endpoint name not
-    in ``endpoints`` is a ValueError naming the known ones.
+    current policy) drives some offline exploration rounds; ``seed_tasks`` are the
+    teacher's worked examples. An endpoint name not in ``endpoints`` is a ValueError
+    naming the known ones.
     """
     chosen: dict[str, str | None] = {}
     for role in ROLE_NAMES:
@@ -78,15 +83,23 @@ def build_roles(
             policy_rounds=config.explorer_policy_rounds,
         )
     )
-    writer = None if config.writer == OFFLINE else config.writer
-    if writer is not None and writer not in endpoints:
-        known = ", ".join(sorted(endpoints)) or "none defined"
-        raise ValueError(
-            f"synthesis.roles.writer uses endpoint {writer!r}, which is not in `endpoints` "
-            f"(known: {known})"
-        )
-    if writer is not None and limiter is None:
+    writer = _own_endpoint(config, "writer", endpoints)
+    teacher = _own_endpoint(config, "teacher", endpoints)
+    if (writer is not None or teacher is not None) and limiter is None:
         limiter = asyncio.Semaphore(config.llm_concurrency)
+    if teacher is not None:
+        examples: dict[str, list[Task]] = defaultdict(list)
+        for task in seed_tasks:
+            examples[task.family].append(task)
+        explorer = TeacherExplorer(
+            chat_model(endpoints[teacher], temperature=config.teacher_temperature),
+            examples,
+            limiter,
+            rounds=rounds or 2,
+            steps=steps or 8,
+            max_examples=config.teacher_examples,
+            prompt=config.teacher_prompt,
+        )
     abstractor: Abstractor = (
         TaskWriter(
             chat_model(endpoints[writer], temperature=config.writer_temperature),
@@ -97,6 +110,10 @@ def build_roles(
             grounding=config.writer_grounding,
         )
         if writer is not None
+        else TeacherAbstractor(
+            max_candidates=config.max_candidates, grounding=config.writer_grounding
+        )
+        if teacher is not None
         else LLMAbstractor(
             model("abstractor"),
             limiter,
@@ -112,3 +129,17 @@ def build_roles(
         else ExecutableJudge()
     )
     return Roles(summarizer, explorer, abstractor, judge, limiter)
+
+
+def _own_endpoint(config: RolesConfig, role: str, endpoints: Mapping[str, Any]) -> str | None:
+    """The endpoint of a role that names its own (``writer``, ``teacher``), or None."""
+    name = getattr(config, role)
+    if name is None or name == OFFLINE:
+        return None
+    if name not in endpoints:
+        known = ", ".join(sorted(endpoints)) or "none defined"
+        raise ValueError(
+            f"synthesis.roles.{role} uses endpoint {name!r}, which is not in `endpoints` "
+            f"(known: {known})"
+        )
+    return name

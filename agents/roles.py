@@ -37,6 +37,7 @@ from .prompts import (
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
+    TEACHER_PROMPT,
     WRITER_PROMPT,
 )
 
@@ -50,6 +51,15 @@ class Interaction(BaseModel):
     observation: Observation
 
 
+class WrittenRequest(BaseModel):
+    """The request an explorer says its round carried out (the teacher writes one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: str
+    answer: str | None = None
+
+
 class ExplorationRound(BaseModel):
     """One independent exploration from a fresh environment."""
 
@@ -58,6 +68,11 @@ class ExplorationRound(BaseModel):
     objective: str
     setup: dict = Field(default_factory=dict, description="The task setup the round started from.")
     interactions: list[Interaction] = Field(default_factory=list)
+    written: WrittenRequest | None = Field(
+        default=None,
+        description="What the explorer says the round carried out; None: it said nothing "
+        "(every explorer but the teacher).",
+    )
 
 
 EnvFactory = Callable[[], Environment]
@@ -315,6 +330,25 @@ class RolesConfig(BaseModel):
         description="System prompt of the task writer; the writer is taught with it, so change "
         "both together.",
     )
+
+    teacher: str | None = Field(
+        default=None,
+        description="Teacher: an endpoint name whose model, larger than the agent, writes a "
+        "new task of the flagged family and carries it out with the tools, shown that "
+        "family's seed tasks as worked examples (agents/teacher.py; on a CPU: `make teacher`, "
+        "configs/teacher.yaml). Set, it is the explorer, and the requests it writes are the "
+        "candidates unless `writer` is set too. None: no teacher.",
+    )
+    teacher_examples: int = Field(
+        default=2,
+        ge=0,
+        description="Teacher: seed tasks of the flagged family shown as worked examples (the "
+        "flagged task itself when the family has fewer).",
+    )
+    teacher_temperature: float | None = Field(
+        default=0.7, ge=0.0, le=2.0, description="Teacher temperature (None: endpoint's)."
+    )
+    teacher_prompt: str = Field(default=TEACHER_PROMPT, description="System prompt of the teacher.")
 
     def endpoint_for(self, role: str) -> str | None:
         """The endpoint name a role uses, or None when it runs offline."""

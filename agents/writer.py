@@ -74,9 +74,14 @@ def parse_writing(text: str) -> tuple[str, str | None]:
     request = _REQUEST.search(text)
     if request is None:
         raise ValueError(f"no 'Request:' line in {text[:120]!r}")
+    return request.group(1).strip(), parse_answer(text)
+
+
+def parse_answer(text: str) -> str | None:
+    """The value of a reply's 'Answer:' line; None when it has none or says none."""
     answer = _ANSWER.search(text)
     value = answer.group(1).strip() if answer else ""
-    return request.group(1).strip(), None if value.lower() in _NO_ANSWER else value
+    return None if value.lower() in _NO_ANSWER else value
 
 
 _TOKEN = re.compile(r"[\w:.@+/-]+")

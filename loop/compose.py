@@ -172,7 +172,9 @@ def build_runtime(
         history=OutcomeHistory(files.history),
         patterns=PatternCounts(files.patterns),
         store=store,
-        roles=build_roles(config.synthesis.roles, config.endpoints, policy=policy),
+        roles=build_roles(
+            config.synthesis.roles, config.endpoints, policy=policy, seed_tasks=seeds
+        ),
         eval_tasks=evaluation_tasks(config),
         model_dir=model_dir,
         console=console,
@@ -189,7 +191,7 @@ def build_synthesis_runtime(
     from ..envs.registry import get_environment
 
     return SynthesisRuntime(
-        roles=build_roles(config.synthesis.roles, config.endpoints),
+        roles=build_roles(config.synthesis.roles, config.endpoints, seed_tasks=seed_tasks(config)),
         make_env=get_environment(env_name or config.env.name).environment,
         store=build_store(config, store_path),
         neighbours=config.synthesis.neighbours,

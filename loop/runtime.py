@@ -82,7 +82,29 @@ class CycleRuntime:
             ),
             replace_cycle=True,
             on_start=lambda cycle: seed_everything(seed, cycle, "synthesize"),
+            student_success=self.student_success if settings.frontier_samples else None,
+            frontier_max_solved=settings.frontier_max_solved,
         )
+
+    async def student_success(self, tasks: Sequence[Task]) -> list[float]:
+        """The share of ``synthesis.frontier_samples`` episodes, at the rollout temperature,
+        in which the current policy solves each task (the frontier check). Episodes the
+        endpoint gave no reply for count as not solved."""
+        from ..records import is_success
+
+        k = self.config.synthesis.frontier_samples
+        played = await self.play(
+            tasks,
+            k=k,
+            temperature=self.config.rollout.temperature,
+            cycle=0,
+            description="synthesis · frontier check",
+        )
+        # play returns each task's k episodes together, in task order.
+        return [
+            sum(is_success(t.score) for t in played[start : start + k]) / k
+            for start in range(0, len(played), k)
+        ]
 
     async def play(
         self,

@@ -242,6 +242,12 @@ def record_synthesis(
             "accepted": len(result.accepted),
             "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
             "by_family": dict(Counter(task.family for task in result.accepted)),
+            "by_calls": {
+                str(calls): n
+                for calls, n in sorted(
+                    Counter(len(task.reference_calls) for task in result.accepted).items()
+                )
+            },
             "candidate_kinds": {
                 key.removeprefix("kind:"): n for key, n in counts.items() if key.startswith("kind:")
             },
@@ -259,7 +265,12 @@ def record_synthesis(
     )
     rt.say(
         f"cycle {cycle} · synthesize: {figures.candidates} candidates, "
-        f"{figures.duplicates} duplicates, {figures.accepted} accepted"
+        + (
+            f"{figures.at_frontier} of {figures.judged_ok} judged at the frontier, "
+            if figures.at_frontier is not None
+            else ""
+        )
+        + f"{figures.duplicates} duplicates, {figures.accepted} accepted"
         + (
             f", {sum(figures.reply_errors.values())} unreadable endpoint replies"
             if figures.reply_errors

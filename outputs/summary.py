@@ -89,11 +89,19 @@ class SynthesisFigures(BaseModel):
     explored: int = Field(default=0, description="Items explored.")
     candidates: int = Field(default=0, description="Candidate tasks the abstractor proposed.")
     judged_ok: int = Field(default=0, description="Candidates the judge accepted.")
+    at_frontier: int | None = Field(
+        default=None,
+        description="Judged candidates the current policy does not already solve (the "
+        "frontier check, synthesis.frontier_samples); None: no check ran.",
+    )
     duplicates: int = Field(default=0, description="Judged candidates dropped as duplicates.")
     accepted: int = Field(default=0, description="Tasks accepted into the store.")
     crashed: int = Field(default=0, description="Items whose branch ended in an exception.")
     by_signal: dict[str, int] = Field(default_factory=dict, description="Accepted tasks by signal.")
     by_family: dict[str, int] = Field(default_factory=dict, description="Accepted tasks by family.")
+    by_calls: dict[str, int] = Field(
+        default_factory=dict, description="Accepted tasks by their number of reference calls."
+    )
     candidate_kinds: dict[str, int] = Field(
         default_factory=dict, description="Candidates by 'signal:kind'."
     )

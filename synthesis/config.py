@@ -57,6 +57,21 @@ class SynthesisConfig(Section):
         "similarity to the nearest of 1000 seeds, docs/benchmarks.md), so against the seeds "
         "most of them read as duplicates.",
     )
+    frontier_samples: int = Field(
+        default=0,
+        ge=0,
+        description="The frontier check: episodes of the current policy on each candidate the "
+        "judge accepted, at the rollout temperature, before dedup (0: no check). A candidate "
+        "the policy already solves in more than frontier_max_solved of them is rejected: it "
+        "teaches nothing the agent cannot do.",
+    )
+    frontier_max_solved: float = Field(
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+        description="The largest share of its frontier_samples episodes the policy may solve "
+        "for a candidate to be kept (0.5 with 4 samples: kept at 0, 1 or 2 of 4).",
+    )
     judge_veto: bool = Field(
         default=True,
         description="True: a candidate is accepted only if its replay verifies and the judge "

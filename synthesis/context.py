@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +11,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..agents.roles import EnvFactory, Roles
     from ..memory.store import TaskStore
+    from ..records import Task
+
+# The share of its episodes the current policy solves, for each task in order.
+StudentSuccess = Callable[["Sequence[Task]"], Awaitable[list[float]]]
 
 
 @dataclass
@@ -35,3 +39,7 @@ class SynthesisRuntime:
     # Called with the cycle as a pass starts (prepare), after the store is cleaned:
     # the cycle graph seeds the random generators, so a rerun samples alike.
     on_start: Callable[[int], object] | None = None
+    # The frontier check (synthesis.frontier_samples): the current policy's success share on
+    # each accepted candidate; one above frontier_max_solved rejects it. None: no check.
+    student_success: StudentSuccess | None = None
+    frontier_max_solved: float = 0.5

@@ -1,7 +1,8 @@
 """One synthesis pass: flagged trajectories in, validated novel tasks out.
 
     flagged items --Send--> [summarize -> explore -> abstract -> judge] (one branch each)
-                                                   \\-> dedup (task store) -> accepted tasks
+                  \\-> frontier (the current policy on the candidates) -> dedup (task store)
+                  -> accepted tasks
 
 Roles, the environment factory and the task store are injected through the
 graph's runtime context, its ``context_schema`` ``SynthesisRuntime``
@@ -132,7 +133,7 @@ def fan_out(state: SynthesisState) -> list[Send] | str:
         )
         for item in state["flagged"]
     ]
-    return sends or "dedup"
+    return sends or "frontier"
 
 
 def _reject(
@@ -261,6 +262,54 @@ async def _verdict(rt: SynthesisRuntime, candidate: CandidateTask) -> Verdict:
         return Verdict(success=False, reason=f"judge failed: {type(err).__name__}: {err}")
 
 
+def _as_tasks(
+    rt: SynthesisRuntime, state: SynthesisState, judged: Sequence[JudgedCandidate]
+) -> list[Task]:
+    """The accepted candidates as the tasks the pool would hold (provenance filled in)."""
+    parents = {task.id: task for task in state.get("parents", [])}
+    env = rt.make_env()
+    structure_key = env.structure_key if isinstance(env, SupportsVariants) else None
+    tasks = []
+    for one in judged:
+        candidate = one.candidate
+        if candidate.signal is None and one.signal is not None:
+            candidate = candidate.model_copy(update={"signal": one.signal})
+        parent = parents[one.parent_id]
+        tasks.append(candidate_to_task(candidate, parent, state.get("cycle", 0), structure_key))
+    return tasks
+
+
+async def frontier(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> SynthesisState:
+    """The frontier check (``synthesis.frontier_samples``): the current policy plays every
+    accepted candidate, all in one batch; one it already solves in more than
+    ``frontier_max_solved`` of its episodes is rejected. Without the check, nothing."""
+    rt = runtime.context
+    judged = state.get("judged", [])
+    if rt.student_success is None:
+        return {}
+    tasks = _as_tasks(rt, state, judged)
+    solved = await rt.student_success(tasks) if tasks else []
+    kept, rejections = [], []
+    for one, share in zip(judged, solved, strict=True):
+        if share <= rt.frontier_max_solved:
+            kept.append(one)
+            continue
+        reason = f"the student already solves it ({share:.0%} of its frontier episodes)"
+        rejections.append(
+            Rejection(
+                stage="frontier",
+                trajectory_id=one.trajectory_id,
+                candidate=one.candidate.query,
+                reason=reason,
+            )
+        )
+    return {
+        "judged_at_frontier": kept,
+        "counts": {"at_frontier": len(kept)},
+        "rejections": rejections,
+    }
+
+
 async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> SynthesisState:
     """Store the novel accepted candidates; duplicates of the store or the batch are dropped.
 
@@ -277,20 +326,13 @@ async def dedup(state: SynthesisState, runtime: Runtime[SynthesisRuntime]) -> Sy
         )
     rt = runtime.context
     removed = await _remove_cycle(rt, state.get("cycle", 0))
-    parents = {task.id: task for task in state.get("parents", [])}
-    env = rt.make_env()
-    structure_key = env.structure_key if isinstance(env, SupportsVariants) else None
-    tasks = []
+    judged = state.get("judged", [])
+    if rt.student_success is not None:
+        judged = state.get("judged_at_frontier", [])
+    tasks = _as_tasks(rt, state, judged)
     came_from: dict[str, str | None] = {}  # task id -> the flagged trajectory behind it
-    for judged in state.get("judged", []):
-        candidate = judged.candidate
-        if candidate.signal is None and judged.signal is not None:
-            candidate = candidate.model_copy(update={"signal": judged.signal})
-        task = candidate_to_task(
-            candidate, parents[judged.parent_id], state.get("cycle", 0), structure_key
-        )
-        tasks.append(task)
-        came_from.setdefault(task.id, judged.trajectory_id)
+    for task, one in zip(tasks, judged, strict=True):
+        came_from.setdefault(task.id, one.trajectory_id)
     if not tasks:
         return {"accepted": [], "counts": {"duplicates": 0, "accepted": 0, "removed": removed}}
     result = await asyncio.to_thread(_add_novel, rt.store, tasks, rt.max_accepted, rt.dedup_where)
@@ -349,10 +391,12 @@ builder = StateGraph(
 )
 builder.add_node("prepare", prepare)
 builder.add_node("branch", branch)
+builder.add_node("frontier", frontier)
 builder.add_node("dedup", dedup)
 builder.add_edge(START, "prepare")
-builder.add_conditional_edges("prepare", fan_out, ["branch", "dedup"])
-builder.add_edge("branch", "dedup")
+builder.add_conditional_edges("prepare", fan_out, ["branch", "frontier"])
+builder.add_edge("branch", "frontier")
+builder.add_edge("frontier", "dedup")
 builder.add_edge("dedup", END)
 graph = builder.compile()
 

@@ -64,6 +64,7 @@ class SynthesisState(TypedDict, total=False):
     roles: dict[str, str]
     neighbours: dict[str, list[Neighbour]]  # parent task id -> nearest stored tasks
     judged: Annotated[list[JudgedCandidate], operator.add]
+    judged_at_frontier: list[JudgedCandidate]  # those the frontier check kept
     counts: Annotated[dict[str, int], add_counts]
     rejections: Annotated[list[Rejection], operator.add]
     accepted: list[Task]
@@ -107,6 +108,8 @@ class SynthesisResult(BaseModel):
         counts.update(
             {key: n for key, n in found.items() if key.startswith(("kind:", REPLY_ERRORS))}
         )
+        if "at_frontier" in found:  # only a pass with the frontier check has the stage
+            counts["at_frontier"] = found["at_frontier"]
         return cls(
             accepted=out.get("accepted") or [],
             counts=counts,

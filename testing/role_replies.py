@@ -21,6 +21,7 @@ from ..agents.prompts import (
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
+    TEACHER_PROMPT,
     WRITER_PROMPT,
 )
 from .openai_server import Reply
@@ -100,3 +101,23 @@ def writer_reply(body: dict[str, Any]) -> Reply | None:
     if not clauses:
         return Reply.text("I cannot tell.")
     return Reply.text(f"Request: Please {'; then '.join(clauses)}.\nAnswer: -")
+
+
+def teacher_reply(body: dict[str, Any]) -> Reply | None:
+    """A sane teacher's reply (agents/teacher.py): it lists the contacts, writes a request
+    for the first one's number as it looks it up, then gives the number; None for any
+    other request."""
+    messages = body.get("messages") or []
+    if not messages or messages[0].get("content") != TEACHER_PROMPT:
+        return None
+    results = [m["content"] for m in messages if m.get("role") == "tool"]
+    if not results:
+        return Reply.tool_calls([("list_contacts", {})])
+    seen = _CONTACT.search(results[0])
+    if seen is None:
+        return Reply.text("I found no contact.")
+    name, phone = seen.groups()
+    if len(results) == 1:
+        request = f"REQUEST: What is {name}'s phone number?"
+        return Reply.tool_calls([("find_contact", {"name": name})], content=request)
+    return Reply.text(f"ANSWER: {phone}")

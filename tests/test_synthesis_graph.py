@@ -49,13 +49,15 @@ def test_graph_exposes_builder_and_compiled_graph():
     from langgraph.checkpoint.memory import InMemorySaver
 
     drawn = synthesis.graph.get_graph()
-    assert set(drawn.nodes) == {"__start__", "prepare", "branch", "dedup", "__end__"}
-    # prepare fans out one branch per flagged item (Send), or goes straight to dedup.
+    assert set(drawn.nodes) == {"__start__", "prepare", "branch", "frontier", "dedup", "__end__"}
+    # prepare fans out one branch per flagged item (Send), or goes straight to the frontier
+    # check (which passes everything on when it is off).
     assert {(e.source, e.target) for e in drawn.edges} == {
         ("__start__", "prepare"),
         ("prepare", "branch"),
-        ("prepare", "dedup"),
-        ("branch", "dedup"),
+        ("prepare", "frontier"),
+        ("branch", "frontier"),
+        ("frontier", "dedup"),
         ("dedup", "__end__"),
     }
     own = synthesis.builder.compile(checkpointer=InMemorySaver())  # tests bring their own

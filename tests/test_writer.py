@@ -35,7 +35,7 @@ from coevolve.synthesis.context import SynthesisRuntime
 from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy, reference_replies
-from coevolve.testing.role_replies import writer_reply
+from coevolve.testing.role_replies import teacher_reply, writer_reply
 from coevolve.training.writer.build import writer_example
 
 TRAIN = load_split("train")
@@ -192,13 +192,22 @@ def _called_from_evaluation() -> bool:
     return any(frame.function == "evaluation_tasks" for frame in inspect.stack())
 
 
+# The two synthesizers a user has: the task writer relabelling what the policy explored,
+# and the teacher (a larger model writing and doing tasks), with the frontier check on.
+NO_ORACLE_ROLES = {
+    "writer": {"writer": "writer", "explorer_rounds": 1, "explorer_policy_rounds": 1},
+    "teacher": {"teacher": "writer", "explorer_rounds": 1},
+}
+
+
 @pytest.mark.slow
-def test_the_writer_loop_calls_no_task_generator_and_reads_no_evaluation_task_outside_evaluation(
-    tmp_path, tiny_build, scripted_server, monkeypatch
+@pytest.mark.parametrize("synthesizer", sorted(NO_ORACLE_ROLES))
+def test_the_llm_loop_calls_no_task_generator_and_reads_no_evaluation_task_outside_evaluation(
+    tmp_path, tiny_build, scripted_server, monkeypatch, synthesizer
 ):
-    """A whole run with the writer as the abstractor and the policy as the explorer, on an
-    environment whose task generator raises and whose validation and held-out splits can be
-    read only by the evaluation's loader."""
+    """A whole run with the writer as the abstractor and the policy as the explorer, or with
+    the teacher, on an environment whose task generator raises and whose validation and
+    held-out splits can be read only by the evaluation's loader."""
     from coevolve.envs.world import env as world_env
     from coevolve.envs.world import splits
     from coevolve.runner import run
@@ -227,7 +236,7 @@ def test_the_writer_loop_calls_no_task_generator_and_reads_no_evaluation_task_ou
 
     train = load_split("train")
     policy = reference_replies(train, wrong=lambda task_id: task_id[-1] in "02468")
-    server = scripted_server(lambda body: writer_reply(body) or policy(body))
+    server = scripted_server(lambda body: teacher_reply(body) or writer_reply(body) or policy(body))
     config = endpoint_run(
         tmp_path / "run",
         server.base_url,
@@ -240,7 +249,8 @@ def test_the_writer_loop_calls_no_task_generator_and_reads_no_evaluation_task_ou
             "max_concurrency": 1,
             # the scripted writer's requests all read "Please <calls>": alike, not the same
             "dedup_threshold": 0.995,
-            "roles": {"writer": "writer", "explorer_rounds": 1, "explorer_policy_rounds": 1},
+            "roles": NO_ORACLE_ROLES[synthesizer],
+            "frontier_samples": 1 if synthesizer == "teacher" else 0,
         },
     )
     try:
@@ -252,6 +262,8 @@ def test_the_writer_loop_calls_no_task_generator_and_reads_no_evaluation_task_ou
     assert first.synthesize is not None and first.synthesize.accepted >= 1
     rows = [json.loads(line) for line in Path(result.run_dir, "synthesized_tasks.jsonl").open()]
     assert rows and all(row["source"] == "synthesized" for row in rows)
+    if synthesizer == "teacher":  # the scripted policy cannot do a new task: all at the frontier
+        assert first.synthesize.at_frontier == first.synthesize.judged_ok >= 1
 
 
 # --------------------------------------------------------------------------- training
