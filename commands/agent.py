@@ -11,7 +11,6 @@ from rich.table import Table
 
 from .common import (
     ENV_HELP,
-    SPLIT_HELP,
     CacheDirOption,
     DebugOption,
     console,
@@ -23,6 +22,7 @@ from .common import (
     load_policy,
     note_skipped_lines,
     run_of_policy,
+    split_help,
 )
 
 
@@ -103,11 +103,11 @@ def bootstrap_command(
 def eval_command(
     env: Annotated[
         str | None,
-        typer.Option("--env", help=f"{ENV_HELP} Default: the run's, else world."),
+        typer.Option("--env", help=f"{ENV_HELP} (default: the run's, else world)."),
     ] = None,
     split: Annotated[
         str | None,
-        typer.Option(help=f"{SPLIT_HELP} (default: the run's evaluation.split, else heldout)."),
+        typer.Option(help=split_help("the run's evaluation.split, else heldout")),
     ] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     policy: Annotated[

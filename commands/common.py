@@ -106,10 +106,13 @@ def env_scopes(
 
 
 ENV_HELP = (
-    "Environment: world, bfcl, or yours: an import path (examples.support_desk.env:make_env), "
-    "a coevolve.environments entry point, or a module of tool functions with --tasks."
+    "Environment: world, bfcl, or yours by import path (examples.support_desk.env:make_env) "
+    "or coevolve.environments entry point"
 )
-SPLIT_HELP = "Split: train, validation or heldout (BFCL has --category instead)"
+
+
+def split_help(default: str) -> str:
+    return f"Split (default: {default}): train, validation or heldout; BFCL has --category."
 
 
 def load_env_tasks(env: str, scope: str) -> tuple[Callable[[], Environment], list[Task]]:

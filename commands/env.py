@@ -10,13 +10,13 @@ from rich.table import Table
 
 from .common import (
     ENV_HELP,
-    SPLIT_HELP,
     console,
     env_scopes,
     env_spec,
     fail,
     load_env_tasks,
     note_skipped_lines,
+    split_help,
     task_progress,
 )
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 env_app = typer.Typer(help="Inspect and check environments.", no_args_is_help=True)
 
+# env's commands also take a module of tool functions, whose task file --tasks names.
+ENV_ARGUMENT_HELP = f"{ENV_HELP}, or a module of tool functions with --tasks."
 TasksOption = Annotated[
     str | None,
     typer.Option(
@@ -38,7 +40,9 @@ TasksOption = Annotated[
 def env_list(
     env: Annotated[
         str | None,
-        typer.Argument(help="Show this environment's task sets, families and tools. " + ENV_HELP),
+        typer.Argument(
+            help="Show this environment's task sets, families and tools. " + ENV_ARGUMENT_HELP
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     tasks_file: TasksOption = None,
@@ -105,10 +109,11 @@ def _show_inventory(env: str, as_json: bool) -> None:
         print(json.dumps(row, indent=2))
         note_skipped_lines(env)
         return
-    console.print(f"[bold]{escape(spec.title)}[/bold] ({escape(env)}): {escape(spec.description)}")
+    title = f"[bold]{escape(spec.title)}[/bold] ({escape(env)}): {escape(spec.description)}"
+    console.print(title, soft_wrap=True)
     console.print(f"  {escape(str(inventory['status']))}", soft_wrap=True)
     sets = ", ".join(f"{name} {size}" for name, size in inventory["task_sets"].items())
-    console.print(f"  task sets (--{spec.task_set_option}): {sets}")
+    console.print(f"  task sets (--{spec.task_set_option}): {sets}", soft_wrap=True)
     if families:
         table = Table(title=f"{len(families)} families")
         table.add_column(spec.family_label)
@@ -164,8 +169,8 @@ def _register_tasks(env: str, tasks: str | None) -> None:
 
 @env_app.command("check")
 def env_check(
-    env: Annotated[str, typer.Argument(help=ENV_HELP)],
-    split: Annotated[str | None, typer.Option(help=f"{SPLIT_HELP} (default: all).")] = None,
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    split: Annotated[str | None, typer.Option(help=split_help("all"))] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     show_failures: Annotated[int, typer.Option(help="Failures to print per task set.")] = 5,
@@ -224,10 +229,8 @@ def env_check(
 
 @env_app.command("show")
 def env_show(
-    env: Annotated[str, typer.Argument(help=ENV_HELP)],
-    split: Annotated[
-        str | None, typer.Option(help=f"{SPLIT_HELP} (default: the first, train).")
-    ] = None,
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    split: Annotated[str | None, typer.Option(help=split_help("train"))] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category.")] = None,
     index: Annotated[int, typer.Option(help="Which task of the set.")] = 0,
     tasks_file: TasksOption = None,
