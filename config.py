@@ -33,7 +33,8 @@ from .agents.config import (
 from .agents.roles import ENDPOINT_ROLES, OFFLINE
 from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
-from .envs.registry import get_environment
+from .envs.registry import ENVIRONMENTS, get_environment
+from .envs.user_env import find_user_environment
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig
@@ -165,6 +166,23 @@ class CoevolveConfig(Section):
                 "loop trains on: train on one split and evaluate on another (env.split: train, "
                 "evaluation.split: heldout)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _task_sets_hold_tasks(self) -> CoevolveConfig:
+        # A user's task file may leave a split empty; a run on it would train or report
+        # on nothing ("held-out success 0.0% (0/0)"). The built-in environments never do.
+        if self.env.name in ENVIRONMENTS:
+            return self
+        user = find_user_environment(self.env.name)
+        if user is None:
+            return self
+        splits = [self.env.split, self.evaluation.split]
+        if self.signals.selection == "oracle":
+            splits.append("validation")
+        empty = user.empty_splits(list(dict.fromkeys(splits)), self.env.seed)
+        if empty is not None:
+            raise ValueError(empty)
         return self
 
     @model_validator(mode="after")

@@ -145,6 +145,15 @@ class RunFiles:
         """The LoRA adapter trained in cycle ``cycle``."""
         return self.run_dir / ADAPTERS_FOLDER / f"cycle-{cycle}"
 
+    def adapters(self) -> list[Path]:
+        """The cycles' adapter folders there are (``adapters/cycle-N``), in cycle order;
+        finished or not (``training.adapters.is_adapter_complete`` tells)."""
+        folder = self.run_dir / ADAPTERS_FOLDER
+        found = folder.glob("cycle-*") if folder.is_dir() else []
+        numbered = {path: path.name.removeprefix("cycle-") for path in found}
+        cycles = {path: int(n) for path, n in numbered.items() if n.isdigit()}
+        return sorted(cycles, key=cycles.__getitem__)
+
     def failure_adapter(self, cycle: int) -> Path:
         """Hard negatives: the failure agent's adapter after cycle ``cycle``."""
         return self.run_dir / ADAPTERS_FOLDER / f"failure-cycle-{cycle}"

@@ -24,7 +24,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..common.errors import PROGRAMMING_ERRORS
-from ..envs.base import Environment, answer_matches, replay_reference
+from ..envs.base import Environment, answer_in_observations, replay_reference, unsupported_answer
 from ..envs.parsing import render_call
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
@@ -174,12 +174,9 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
         else:
             execution.flow_problems.append(where)
 
-    if candidate.reference_answer is not None:
-        texts = [s.observation.text for s in execution.steps if not s.observation.error]
-        if not any(answer_matches(text, candidate.reference_answer) for text in texts):
-            execution.result_problems.append(
-                f"the expected answer {candidate.reference_answer!r} appears in no observation"
-            )
+    answer = candidate.reference_answer
+    if answer is not None and not answer_in_observations(execution.steps, answer):
+        execution.result_problems.append(unsupported_answer(answer))
     if not is_success(execution.score):
         execution.result_problems.append(
             f"the verifier scores the replay {execution.score:.2f}, not 1.00"

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from .common import (
+    ENV_HELP,
     CacheDirOption,
     DebugOption,
     console,
@@ -19,6 +20,9 @@ from .common import (
     fail,
     load_env_tasks,
     load_policy,
+    note_skipped_lines,
+    run_of_policy,
+    split_help,
 )
 
 
@@ -97,20 +101,31 @@ def bootstrap_command(
 
 
 def eval_command(
-    env: Annotated[str, typer.Option("--env", help="Environment: world or bfcl.")] = "world",
-    split: Annotated[str | None, typer.Option(help="World split (default: heldout).")] = None,
+    env: Annotated[
+        str | None,
+        typer.Option("--env", help=f"{ENV_HELP} (default: the run's, else world)."),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(help=split_help("the run's evaluation.split, else heldout")),
+    ] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     policy: Annotated[
         str,
         typer.Option(
-            help="oracle, bootstrap, a model directory, or a YAML config with a policy section."
+            help="oracle, bootstrap, a model directory, a YAML config with a policy section, "
+            "or a run's adapter: RUN_DIR/adapters/cycle-N, or RUN_DIR for its last one (with "
+            "the run's bootstrap agent, environment, evaluation split and tasks per family)."
         ),
     ] = "bootstrap",
     k: Annotated[int, typer.Option(help="Episodes per task.")] = 1,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
     max_tool_calls: Annotated[
         int | None,
-        typer.Option(help="Tool-calling replies per user turn (world 12, bfcl 20 as BFCL)."),
+        typer.Option(
+            help="Tool-calling replies per user turn (world 12, bfcl 20 as BFCL, yours twice "
+            "its longest reference turn; a run's adapter: the run's rollout.max_tool_calls)."
+        ),
     ] = None,
     max_steps: Annotated[
         int | None, typer.Option("--max-steps", hidden=True, help="Old name of --max-tool-calls.")
@@ -137,15 +152,40 @@ def eval_command(
     if max_steps is not None:
         err_console.print("--max-steps is now --max-tool-calls (the old name goes in a release)")
         max_tool_calls = max_tool_calls or max_steps
+    # A run's adapter is measured as the run measures it (loop.compose.evaluation_tasks:
+    # its environment, evaluation split, env.seed's cut and tasks per family, and its
+    # tool-call bound), unless --env, --split, --category or --limit say otherwise.
+    run = run_of_policy(policy)
+    if run is not None:
+        err_console.print(
+            f"{run.policy.adapter}: on the run's bootstrap agent, environment and evaluation",
+            soft_wrap=True,
+        )
+        env = env or run.env.name
+        max_tool_calls = max_tool_calls or run.rollout.max_tool_calls
+    env = env or "world"
     spec = env_spec(env)
-    scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
-    tasks = []
-    env_class: Any = None
-    for scope in scopes:
-        env_class, scope_tasks = load_env_tasks(env, scope)
-        tasks += scope_tasks[:limit]
+    if (
+        run is not None
+        and env == run.env.name
+        and split in (None, run.evaluation.split)
+        and (category, limit) == (None, None)
+    ):
+        from ..loop.compose import evaluation_tasks
+
+        scopes, key = [run.evaluation.split], "split"
+        env_class: Any = spec.environment
+        tasks = evaluation_tasks(run)
+    else:
+        scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
+        tasks = []
+        env_class = None
+        for scope in scopes:
+            env_class, scope_tasks = load_env_tasks(env, scope)
+            tasks += scope_tasks[:limit]
+    note_skipped_lines(env)
     try:
-        agent = load_policy(policy)
+        agent = load_policy(run or policy)
     except (ConfigError, PolicyError, FileNotFoundError, OSError) as err:
         raise fail(str(err)) from None
     try:

@@ -30,7 +30,8 @@ SetOption = Annotated[
         "--set",
         metavar="KEY=VALUE",
         help="Override one config value, e.g. --set training.max_steps=10 --set rollout.k=8 "
-        "(repeatable; the value is YAML: 10, 0.5, true, [tensorboard]).",
+        # Typer renders help with rich, which would read a bare [tensorboard] as a style tag.
+        "(repeatable; the value is YAML: 10, 0.5, true, \\[tensorboard]).",
     ),
 ]
 
@@ -104,14 +105,53 @@ def env_scopes(
     return [chosen], option
 
 
+ENV_HELP = (
+    "Environment: world, bfcl, or yours by import path (examples.support_desk.env:make_env) "
+    "or coevolve.environments entry point"
+)
+
+
+def split_help(default: str) -> str:
+    return f"Split (default: {default}): train, validation or heldout; BFCL has --category."
+
+
 def load_env_tasks(env: str, scope: str) -> tuple[Callable[[], Environment], list[Task]]:
-    """The environment class and the tasks of one of its task sets (a world split, a BFCL
-    category), or the error exit (e.g. bfcl-eval missing)."""
+    """The environment class and the tasks of one of its task sets (a split, a BFCL
+    category), or the error exit (e.g. bfcl-eval missing, a user's split with no task)."""
+    from ..config import ConfigError
+
     spec = env_spec(env)
     try:
         return spec.environment, spec.load_task_set(scope)
-    except RuntimeError as err:
+    except (RuntimeError, ConfigError) as err:
         raise fail(str(err)) from None
+
+
+SKIPPED_SHOWN = 3  # of a task file's skipped lines, how many a command names
+
+
+def note_skipped_lines(env: str) -> None:
+    """On stderr: how many lines of a user's task file this command leaves out, and why
+    (the first few, then a count). ``env check`` lists them all."""
+    from rich.markup import escape
+
+    from ..envs.registry import ENVIRONMENTS
+    from ..envs.user_env import find_user_environment
+
+    user = None if env in ENVIRONMENTS else find_user_environment(env)
+    if user is None or not user.problems:
+        return
+    lines = len(user.task_file.tasks) + len(user.task_file.problems)
+    err_console.print(
+        f"[yellow]skipped {len(user.problems)} of the {lines} task lines of "
+        f"{escape(str(user.tasks_path))}:[/yellow]",
+        soft_wrap=True,
+    )
+    for problem in user.problems[:SKIPPED_SHOWN]:
+        err_console.print(f"  {escape(str(problem))}", soft_wrap=True)
+    rest = len(user.problems) - SKIPPED_SHOWN
+    more = f"and {rest} more; " if rest > 0 else ""
+    err_console.print(f"  {more}coevolve env check {escape(env)} lists them all", soft_wrap=True)
 
 
 def task_progress(description: str, enabled: bool):
@@ -125,8 +165,46 @@ def task_progress(description: str, enabled: bool):
     return wrap
 
 
-def load_policy(spec: str) -> Any:
-    """A policy from --policy: 'oracle', 'bootstrap', a model directory, or a YAML config."""
+def run_of_policy(spec: str) -> CoevolveConfig | None:
+    """The saved config of the run whose adapter --policy names, its ``policy.adapter`` set
+    to that adapter: ``RUN_DIR/adapters/cycle-N``, or ``RUN_DIR`` for its last finished one.
+    None when ``spec`` is neither; the error exit when the run has no such adapter."""
+    from ..run_files import ADAPTERS_FOLDER, RunFiles
+    from ..training.adapters import is_adapter_complete
+
+    path = Path(spec)
+    if RunFiles(path).config.is_file():
+        run = RunFiles(path)
+        finished = [adapter for adapter in run.adapters() if is_adapter_complete(adapter)]
+        if not finished:
+            raise fail(
+                f"--policy {spec}: that run has no finished adapter yet ({ADAPTERS_FOLDER}/"
+                f"cycle-N); --policy {run.config} evaluates the agent it starts from"
+            )
+        adapter = finished[-1]
+    elif path.parent.name == ADAPTERS_FOLDER and RunFiles(path.parent.parent).config.is_file():
+        run, adapter = RunFiles(path.parent.parent), path
+        if not is_adapter_complete(adapter):
+            raise fail(
+                f"--policy {spec} is not a finished adapter (its cycle has not finished "
+                f"training); the run's finished ones: "
+                + (", ".join(a.name for a in run.adapters() if is_adapter_complete(a)) or "none")
+            )
+    else:
+        return None
+    config = load_config_or_fail(run.config)
+    if config.policy.kind != "local":
+        raise fail(
+            f"--policy {spec}: that run's policy is an endpoint, and an adapter runs on a local "
+            "model: serve the adapter there and give --policy a YAML config naming the endpoint"
+        )
+    policy = config.policy.model_copy(update={"adapter": str(adapter)})
+    return config.model_copy(update={"policy": policy})
+
+
+def load_policy(spec: str | CoevolveConfig) -> Any:
+    """A policy from --policy: 'oracle', 'bootstrap', a model directory, a YAML config, or
+    a run's config from ``run_of_policy``."""
     from ..config import CoevolveConfig, load_config
 
     if spec == "oracle":
@@ -134,12 +212,15 @@ def load_policy(spec: str) -> Any:
 
         return OraclePolicy()
     config = CoevolveConfig()
-    if spec.endswith((".yaml", ".yml")):
+    if isinstance(spec, CoevolveConfig):
+        config = spec
+    elif spec.endswith((".yaml", ".yml")):
         config = load_config(spec)
     elif spec != "bootstrap":
         if not Path(spec).is_dir():
             raise fail(
-                f"--policy {spec!r} is not 'oracle', 'bootstrap', a model directory or a YAML config"
+                f"--policy {spec!r} is not 'oracle', 'bootstrap', a model directory, a YAML "
+                "config, or a run's directory or adapter (RUN_DIR/adapters/cycle-N)"
             )
         config = config.model_copy(
             update={"policy": config.policy.model_copy(update={"model": spec})}

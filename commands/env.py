@@ -8,19 +8,54 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, env_scopes, env_spec, fail, load_env_tasks, task_progress
+from .common import (
+    ENV_HELP,
+    console,
+    env_scopes,
+    env_spec,
+    fail,
+    load_env_tasks,
+    note_skipped_lines,
+    split_help,
+    task_progress,
+)
 
 if TYPE_CHECKING:
     from ..envs.base import CheckReport
 
 env_app = typer.Typer(help="Inspect and check environments.", no_args_is_help=True)
 
+# env's commands also take a module of tool functions, whose task file --tasks names.
+ENV_ARGUMENT_HELP = f"{ENV_HELP}, or a module of tool functions with --tasks."
+TasksOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tasks",
+        help="A user's environment: its task file (env.tasks), e.g. for a module of tool functions.",
+    ),
+]
+
 
 @env_app.command("list")
-def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """List the environments and their task sets."""
+def env_list(
+    env: Annotated[
+        str | None,
+        typer.Argument(
+            help="Show this environment's task sets, families and tools. " + ENV_ARGUMENT_HELP
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    tasks_file: TasksOption = None,
+) -> None:
+    """List the environments and their task sets, or show one environment's inventory."""
     from ..envs.registry import ENVIRONMENTS
 
+    if env is not None:
+        _register_tasks(env, tasks_file)
+        _show_inventory(env, as_json)
+        return
+    if tasks_file is not None:
+        raise fail("--tasks goes with an environment: coevolve env list mytools.tools --tasks FILE")
     rows: list[dict[str, Any]] = [
         {"env": spec.name, "description": spec.description, **spec.inventory()}
         for spec in ENVIRONMENTS.values()
@@ -36,6 +71,67 @@ def env_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
         sets = "\n".join(f"{name} ({size})" for name, size in row["task_sets"].items())
         table.add_row(row["env"], row["description"], sets, row["status"])
     console.print(table)
+    # An environment named by import path exists once it is named, so no list can hold it.
+    console.print(
+        "Show one, yours too: coevolve env list ENV, e.g. coevolve env list "
+        "examples.support_desk.env:make_env (an import path module:make_env, an entry point, "
+        "or a module of tool functions with --tasks FILE).",
+        soft_wrap=True,
+    )
+
+
+def _show_inventory(env: str, as_json: bool) -> None:
+    """One environment's inventory: its task sets, its families in each, and its tools."""
+    from rich.markup import escape
+
+    from ..envs.base import TASK_ERRORS
+    from ..envs.registry import ENVIRONMENTS
+    from ..envs.user_env import find_user_environment
+
+    spec = env_spec(env)
+    user = None if env in ENVIRONMENTS else find_user_environment(env)
+    try:
+        schemas = spec.environment().tools()
+    except TASK_ERRORS:  # BFCL's tools come with a task
+        schemas = []
+    tools = {
+        schema["function"]["name"]: schema["function"].get("description", "").split("\n")[0]
+        for schema in schemas
+    }
+    families: dict[str, dict[str, int]] = {}
+    for task in user.tasks("all") if user is not None else []:
+        sizes = families.setdefault(task.family, dict.fromkeys(spec.task_sets, 0))
+        sizes[task.split] += 1
+    inventory = spec.inventory()
+    if as_json:
+        row = {"env": env, "title": spec.title, "description": spec.description, **inventory}
+        row |= {"tool_descriptions": tools, "families_by_split": families}
+        print(json.dumps(row, indent=2))
+        note_skipped_lines(env)
+        return
+    title = f"[bold]{escape(spec.title)}[/bold] ({escape(env)}): {escape(spec.description)}"
+    console.print(title, soft_wrap=True)
+    console.print(f"  {escape(str(inventory['status']))}", soft_wrap=True)
+    sets = ", ".join(f"{name} {size}" for name, size in inventory["task_sets"].items())
+    console.print(f"  task sets (--{spec.task_set_option}): {sets}", soft_wrap=True)
+    if families:
+        table = Table(title=f"{len(families)} families")
+        table.add_column(spec.family_label)
+        for name in spec.task_sets:
+            table.add_column(name, justify="right")
+        for family, sizes in sorted(families.items()):
+            table.add_row(family, *(str(sizes[name]) for name in spec.task_sets))
+        console.print(table)
+    elif "families" in inventory:
+        console.print(f"  families: {inventory['families']}")
+    if tools:
+        table = Table(title=f"{len(tools)} tools")
+        table.add_column("tool", no_wrap=True)
+        table.add_column("description")
+        for name, description in tools.items():
+            table.add_row(name, description)
+        console.print(table)
+    note_skipped_lines(env)
 
 
 def _entry_point_rows() -> list[dict[str, Any]]:
@@ -56,16 +152,6 @@ def _entry_point_rows() -> list[dict[str, Any]]:
     return rows
 
 
-ENV_HELP = "Environment: world, bfcl, or a user's (import path module:make_env, or entry point)."
-TasksOption = Annotated[
-    str | None,
-    typer.Option(
-        "--tasks",
-        help="A user's environment: its task file (env.tasks), e.g. for a module of tool functions.",
-    ),
-]
-
-
 def _register_tasks(env: str, tasks: str | None) -> None:
     """Pair ``env`` with the task file --tasks names, as a config's env.tasks does."""
     if tasks is None:
@@ -83,8 +169,8 @@ def _register_tasks(env: str, tasks: str | None) -> None:
 
 @env_app.command("check")
 def env_check(
-    env: Annotated[str, typer.Argument(help=ENV_HELP)],
-    split: Annotated[str | None, typer.Option(help="World split (default: all).")] = None,
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    split: Annotated[str | None, typer.Option(help=split_help("all"))] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category (default: all four).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     show_failures: Annotated[int, typer.Option(help="Failures to print per task set.")] = 5,
@@ -102,15 +188,18 @@ def env_check(
     # A user's task file: its bad lines and broken references, each on one line with its
     # task id and line number (the splits below replay only the tasks that can be used).
     user = None if env in ENVIRONMENTS else find_user_environment(env)
-    problems = user.problems if user is not None else []
-    for problem in problems:
+    problems = [str(problem) for problem in user.problems] if user is not None else []
+    empty = user.empty_splits(scopes) if user is not None else None
+    for problem in [*problems, empty] if empty is not None else problems:
         if as_json:
-            print(json.dumps({"env": env, "problem": str(problem)}), flush=True)
+            print(json.dumps({"env": env, "problem": problem}), flush=True)
         else:
-            console.print(f"[red]problem[/red] {escape(str(problem))}", soft_wrap=True)
+            console.print(f"[red]problem[/red] {escape(problem)}", soft_wrap=True)
 
-    all_verified = True
+    all_verified = empty is None
     for scope in scopes:
+        if user is not None and not user.tasks(scope):
+            continue  # an empty split: the problem above names it
         env_class, tasks = load_env_tasks(env, scope)
         report: CheckReport = check_references(
             env_class,
@@ -140,8 +229,8 @@ def env_check(
 
 @env_app.command("show")
 def env_show(
-    env: Annotated[str, typer.Argument(help=ENV_HELP)],
-    split: Annotated[str | None, typer.Option(help="World split.")] = None,
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    split: Annotated[str | None, typer.Option(help=split_help("train"))] = None,
     category: Annotated[str | None, typer.Option(help="BFCL category.")] = None,
     index: Annotated[int, typer.Option(help="Which task of the set.")] = 0,
     tasks_file: TasksOption = None,
@@ -153,6 +242,7 @@ def env_show(
     scopes, _ = env_scopes(env, split, category, default=env_spec(env).task_sets[:1])
     scope = scopes[0]
     env_class, tasks = load_env_tasks(env, scope)
+    note_skipped_lines(env)
     if not 0 <= index < len(tasks):
         raise fail(f"--index must be in 0..{len(tasks) - 1}")
     task = tasks[index]

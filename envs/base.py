@@ -250,6 +250,25 @@ def answer_matches(answer: str | None, expected: str) -> bool:
     return any(tokens[i : i + len(wanted)] == wanted for i in range(len(tokens) - len(wanted) + 1))
 
 
+def answer_in_observations(steps: Sequence[Step], expected: str) -> bool:
+    """The expected answer appears in the observation of a call that succeeded: an answer
+    the agent can read off its tools, not one it would have to make up. The judge asks it
+    of a synthesized task, the task file of a reference answer, ``env check`` of both."""
+    return any(
+        answer_matches(step.observation.text, expected)
+        for step in steps
+        if not step.observation.error
+    )
+
+
+def unsupported_answer(expected: str) -> str:
+    """Why a task whose answer ``answer_in_observations`` does not find is refused."""
+    return (
+        f"the expected answer {expected!r} appears in no observation of the reference "
+        "replay, so an agent could only make it up"
+    )
+
+
 def _is_number(token: str) -> bool:
     try:
         float(token)
@@ -314,7 +333,8 @@ def check_references(
     scope: dict[str, str],
     progress: Callable[[Iterable[Task]], Iterable[Task]] | None = None,
 ) -> CheckReport:
-    """Replay each task's reference in a fresh environment; full score counts as verified."""
+    """Replay each task's reference in a fresh environment; full score, with the expected
+    answer (if any) found in an observation, counts as verified."""
     report = CheckReport(env=env_name, scope=scope)
     items = progress(tasks) if progress else tasks
     for task in items:
@@ -324,7 +344,12 @@ def check_references(
         except TASK_ERRORS as err:  # a task the environment cannot run is reported, not fatal
             report.failures.append({"task": task.id, "error": f"{type(err).__name__}: {err}"})
             continue
-        if is_success(score):
+        answer = task.reference_answer
+        if is_success(score) and answer is not None and not answer_in_observations(steps, answer):
+            report.failures.append(
+                {"task": task.id, "score": score, "errors": [unsupported_answer(answer)]}
+            )
+        elif is_success(score):
             report.verified += 1
         else:
             errors = [s.observation.text for s in steps if s.observation.error]

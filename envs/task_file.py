@@ -18,11 +18,13 @@ A line::
 - ``answer`` (optional): text the agent's final answer must contain.
 
 Reading never stops at a bad line: every problem is collected with its line number and
-task id (``TaskProblem``), and the other lines load.
+task id (``TaskProblem``), and the other lines load. Of two lines with the same id the
+first loads and the second is a problem.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 import re
@@ -115,11 +117,56 @@ class TaskFile:
 _ID_IN_TEXT = re.compile(r'"id"\s*:\s*"([^"]+)"')
 
 
-def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "the line"
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+# The fields a line, a turn and a call may have, for naming an unknown one's likely spelling.
+_LINE_FIELDS = ("id", "family", "split", "state", "turns", "user", "calls", "answer")
+_FIELDS_AT = {"turns": ("user", "calls"), "calls": ("name", "arguments", "id")}
+
+
+def _where(loc: Sequence[str | int], shorthand: bool) -> list[str]:
+    """A location as the line wrote it: ``turns[0]`` is the top level of a line that wrote
+    ``user`` and ``calls`` there."""
+    parts = [str(part) for part in loc]
+    if shorthand and parts[:2] == ["turns", "0"]:
+        parts = parts[2:]
+    return parts
+
+
+def _spelled(parts: Sequence[str]) -> str:
+    return "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in parts).lstrip(".")
+
+
+def _validation_message(err: ValidationError, shorthand: bool) -> str:
+    """Every unknown field by name, with its likely spelling (``unknown field 'famliy'
+    (did you mean 'family'?)``), then the first other error and how many more follow."""
+    errors = err.errors()
+    unknown: list[str] = []
+    suggested: set[tuple[str, ...]] = set()
+    for error in sorted(
+        (e for e in errors if e["type"] == "extra_forbidden"), key=lambda e: len(e["loc"])
+    ):
+        *parents, key = _where(error["loc"], shorthand)
+        names = [part for part in parents if not part.isdigit()]
+        known = _FIELDS_AT.get(names[-1], ()) if names else _LINE_FIELDS
+        hint = difflib.get_close_matches(key, known, n=1)
+        suggested |= {(*parents, hint[0])} if hint else set()
+        where = f" in {_spelled(parents)}" if parents else ""
+        guess = f"did you mean {hint[0]!r}?" if hint else f"known: {', '.join(known)}"
+        unknown.append(f"unknown field {key!r}{where} ({guess})")
+    # A field reported missing because it was misspelt is already named above.
+    others = [
+        e
+        for e in errors
+        if e["type"] != "extra_forbidden"
+        and not (e["type"] == "missing" and tuple(_where(e["loc"], shorthand)) in suggested)
+    ]
+    parts = list(unknown)
+    if others:
+        first = others[0]
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        parts.append(
+            f"{_spelled(_where(first['loc'], shorthand)) or 'the line'}: {first['msg']}{more}"
+        )
+    return "; ".join(parts)
 
 
 def read_task_file(path: str | Path, env: str) -> TaskFile:
@@ -144,10 +191,16 @@ def read_task_file(path: str | Path, env: str) -> TaskFile:
         try:
             task_line = TaskLine.model_validate(data)
         except ValidationError as err:
-            result.problems.append(TaskProblem(path, number, task_id, _first_error(err)))
+            shorthand = isinstance(data, dict) and "turns" not in data
+            message = _validation_message(err, shorthand)
+            result.problems.append(TaskProblem(path, number, task_id, message))
             continue
         if task_line.id in result.lines:
-            message = f"duplicate id (first on line {result.lines[task_line.id]})"
+            first = result.lines[task_line.id]
+            message = (
+                f"duplicate id: lines {first} and {number} both have it; line {first}'s task "
+                "is used, give this one an id of its own"
+            )
             result.problems.append(TaskProblem(path, number, task_line.id, message))
             continue
         result.lines[task_line.id] = number

@@ -17,8 +17,8 @@ From the tools and the task file everything the registry's ``EnvironmentSpec`` h
 derived (``UserEnvironment.spec``): the splits (``task_file.assign_splits``), the loaders,
 the diagnosis and failure grade (a replay of the reference next to the episode's calls),
 the inventory. Before a run loads its tasks every reference solution is replayed
-(``check``); problems of the task file or of the replay refuse the run, naming each
-task's id and line.
+(``refuse_if_broken``); problems of the task file or of the replay refuse the run, naming each
+task's id and line, and so does a split with no task (``empty_splits``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ from typing import Any
 
 from ..common.config_base import ConfigError
 from ..records import Task, ToolCall, Trajectory, is_success
-from .base import TASK_ERRORS, Environment, replay_reference
+from .base import (
+    TASK_ERRORS,
+    Environment,
+    answer_in_observations,
+    replay_reference,
+    unsupported_answer,
+)
 from .diagnosis import (
     PASS,
     STATE_MISMATCH,
@@ -96,13 +102,47 @@ class UserEnvironment:
 
     @cached_property
     def good_tasks(self) -> list[Task]:
-        bad = {problem.task_id for problem in self.problems}
-        return [task for task in self.task_file.tasks if task.id not in bad]
+        # By line, not by id: of two lines with one id, the second is the problem.
+        bad = {problem.line for problem in self.problems}
+        return [task for task in self.task_file.tasks if self.task_file.lines[task.id] not in bad]
 
     def tasks(self, split: str, seed: int = 0) -> list[Task]:
         """The usable tasks of a split, the unnamed splits cut with ``seed``."""
         cut = assign_splits(self.good_tasks, self.task_file.named_splits, seed)
         return [task for task in cut if split == "all" or task.split == split]
+
+    def task_set(self, split: str, seed: int = 0) -> list[Task]:
+        """``tasks``, or a ConfigError when the split has none: nothing runs on zero tasks."""
+        empty = self.empty_splits([split], seed)
+        if empty is not None:
+            raise ConfigError(empty)
+        return self.tasks(split, seed)
+
+    def empty_splits(self, splits: Sequence[str], seed: int = 0) -> str | None:
+        """One line naming the file and those of ``splits`` that hold no usable task, and
+        why (None when each holds one)."""
+        cut = self.tasks("all", seed)
+        sizes = {split: sum(task.split == split for task in cut) for split in SPLITS}
+        empty = [split for split in splits if (len(cut) if split == "all" else sizes[split]) == 0]
+        if not empty:
+            return None
+        which = f"split {empty[0]} has" if len(empty) == 1 else f"splits {', '.join(empty)} have"
+        if not self.task_file.tasks and not self.task_file.problems:
+            why = "the file holds no task (a task is one JSON object a line)"
+        elif not cut:
+            why = (
+                f"none of its {len(self.problems)} task lines can be used "
+                f"(coevolve env check {self.name} says why)"
+            )
+        else:
+            held = [f"{split} ({count})" for split, count in sizes.items() if count]
+            where = f"all in {held[0]}" if len(held) == 1 else f"in {', '.join(held)}"
+            why = (
+                f"its {len(cut)} usable tasks are {where}. A family whose lines name no split "
+                "gets a heldout task from 3 tasks and a validation task from 4; or name the "
+                'split on a line ("split": "heldout")'
+            )
+        return f"environment {self.name}: {which} no task in {self.tasks_path}: {why}"
 
     def refuse_if_broken(self) -> None:
         """Raise a ConfigError naming every problem (what ``coevolve run`` stops on)."""
@@ -128,7 +168,7 @@ class UserEnvironment:
             task_sets=SPLITS,
             max_tool_calls=self._max_tool_calls(),
             load_tasks=self._load_tasks,
-            load_task_set=self.tasks,
+            load_task_set=self.task_set,
             seed_tasks=self._seed_tasks,
             diagnose=self._diagnose,
             failure_grade=self._failure_grade,
@@ -148,7 +188,7 @@ class UserEnvironment:
 
     def _load_tasks(self, split: str, category: str, seed: int) -> list[Task]:
         self.refuse_if_broken()  # a run never trains on an environment it cannot verify
-        return self.tasks(split, seed)
+        return self.task_set(split, seed)
 
     def _seed_tasks(self, ids: Iterable[str]) -> dict[str, Task]:
         wanted = set(ids)
@@ -195,6 +235,11 @@ def reference_problem(make_env: Callable[[], Environment], task: Task) -> str | 
             )
     if not is_success(score):
         return f"the reference does not replay to success (verifier score {score:.2f})"
+    # The judge's rule for synthesized tasks: an answer no tool shows teaches making one up.
+    if task.reference_answer is not None and not answer_in_observations(
+        steps, task.reference_answer
+    ):
+        return unsupported_answer(task.reference_answer)
     return None
 
 

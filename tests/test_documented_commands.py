@@ -138,6 +138,9 @@ def test_documented_command_parses(command):
 # A string instead of arguments says why the line cannot run on a CPU without servers.
 TOUR: dict[str, list[str] | str] = {
     "coevolve env list": ["env", "list"],
+    "coevolve env list examples.support_desk.env:make_env": [
+        "env", "list", "examples.support_desk.env:make_env",
+    ],
     "coevolve env show world --split heldout --index 3": [
         "env", "show", "world", "--split", "heldout", "--index", "3",
     ],
@@ -166,6 +169,10 @@ TOUR: dict[str, list[str] | str] = {
         "eval", "--env", "world", "--split", "train", "--k", "2", "--temperature", "0.9",
         "--limit", "6", "--policy", "{model}", "--save", "{tmp}/runs/demo/rollouts.jsonl",
     ],
+    "coevolve eval --policy runs/support-desk/adapters/cycle-3": (
+        "a finished run of the example (make example): tests/test_user_env.py evaluates the "
+        "tiny model's run's adapter this way"
+    ),
     "coevolve synthesize runs/demo/rollouts.jsonl": [
         "synthesize", "{tmp}/runs/demo/rollouts.jsonl", "--store", "{tmp}/store",
     ],

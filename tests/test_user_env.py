@@ -276,7 +276,7 @@ def test_each_bad_line_gets_one_line_and_the_rest_load(tmp_path, monkeypatch):
     (tmp_path / "bank.jsonl").write_text("\n".join(lines) + "\n")
     name = f"{write_module(tmp_path, monkeypatch, BANK)}:make_env"
     spec = get_environment(name)
-    assert [t.id for t in spec.load_task_set("train") + spec.load_task_set("heldout")] != []
+    assert [t.id for t in spec.load_task_set("train")] != []
     from coevolve.envs.user_env import find_user_environment
 
     found = find_user_environment(name)
@@ -303,6 +303,141 @@ def test_each_bad_line_gets_one_line_and_the_rest_load(tmp_path, monkeypatch):
         ConfigError, match=r"5 of the tasks in .* cannot be used: bank.jsonl line 2"
     ):
         load_config({"env": {"name": name}})
+
+
+def bank_env(tmp_path: Path, monkeypatch, lines: list[str]) -> str:
+    """The BANK tools with these task lines as their file; the environment's import path."""
+    (tmp_path / "bank.jsonl").write_text("\n".join(lines) + "\n")
+    return f"{write_module(tmp_path, monkeypatch, BANK)}:make_env"
+
+
+def test_a_duplicate_id_is_one_problem_naming_both_lines_and_the_first_task_stays(
+    tmp_path, monkeypatch
+):
+    from coevolve.envs.user_env import find_user_environment
+
+    first = bank_line("pay", [GOOD_CALL])
+    second = bank_line("pay", [{"name": "balance", "arguments": {"account": "a"}}])
+    name = bank_env(tmp_path, monkeypatch, [first, bank_line("other", [GOOD_CALL]), second])
+    found = find_user_environment(name)
+    assert found is not None
+    assert [str(problem) for problem in found.problems] == [
+        "bank.jsonl line 3 (task pay): duplicate id: lines 1 and 3 both have it; line 1's "
+        "task is used, give this one an id of its own"
+    ]
+    [kept] = [task for task in found.good_tasks if task.id == "pay"]
+    assert kept.reference_calls[0].name == "transfer"  # line 1's, not line 3's
+    assert {task.id for task in found.good_tasks} == {"pay", "other"}
+
+
+def test_an_empty_task_file_or_split_stops_every_command(tmp_path, monkeypatch):
+    """Nothing runs on zero tasks: env check, eval, run and the Python API refuse a file
+    with no task (blank lines only) and a split with none, in one line naming both."""
+    import coevolve
+
+    name = bank_env(tmp_path, monkeypatch, ["", "   ", ""])
+    result = CliRunner().invoke(app, ["env", "check", name])
+    assert result.exit_code == 1
+    assert (
+        f"problem environment {name}: splits train, validation, heldout have no task in "
+        f"{tmp_path}/bank.jsonl: the file holds no task (a task is one JSON object a line)\n"
+    ) in result.output
+    result = CliRunner().invoke(app, ["eval", "--env", name, "--policy", "oracle"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: environment {name}: split heldout has no task in")
+    assert result.stderr.count("\n") == 1
+    with pytest.raises(ConfigError, match=r"splits train, heldout have no task in .*bank\.jsonl"):
+        coevolve.run({"env": {"name": name}, "run_dir": str(tmp_path / "run")})
+    config = tmp_path / "run.yaml"
+    config.write_text(f"env: {{name: '{name}'}}\nrun_dir: {tmp_path / 'run'}\n")
+    result = CliRunner().invoke(app, ["run", str(config)])
+    assert result.exit_code != 0 and not (tmp_path / "run").exists()
+    assert f"splits train, heldout have no task in {tmp_path}/bank.jsonl" in result.output
+
+    # Two tasks of one family: all train, so the held-out split a run evaluates is empty.
+    (tmp_path / "two").mkdir()
+    lines = [bank_line(f"t{i}", [GOOD_CALL]) for i in range(2)]
+    two = bank_env(tmp_path / "two", monkeypatch, lines)
+    message = (
+        f"environment {two}: split heldout has no task in {tmp_path}/two/bank.jsonl: its 2 usable "
+        "tasks are all in train (2). A family whose lines name no split gets a heldout task "
+        'from 3 tasks and a validation task from 4; or name the split on a line ("split": '
+        '"heldout")'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config({"env": {"name": two}})
+    assert str(caught.value) == f"config: {message}"
+    result = CliRunner().invoke(app, ["eval", "--env", two, "--policy", "oracle"])
+    assert result.exit_code == 2 and result.stderr == f"error: {message}\n"
+    result = CliRunner().invoke(app, ["env", "check", two, "--split", "train"])
+    assert result.exit_code == 0 and "verified 2/2" in result.output
+
+
+def test_a_reference_answer_no_observation_shows_is_refused(tmp_path, monkeypatch):
+    """The judge's rule for synthesized tasks (agents/judge.py) holds for the task file:
+    an answer the reference replay never shows would teach an agent to make it up."""
+    balance = {"name": "balance", "arguments": {"account": "a"}}
+    name = bank_env(
+        tmp_path,
+        monkeypatch,
+        [
+            bank_line("shown", [balance], answer="50"),
+            bank_line("made-up", [balance], answer="99"),
+        ],
+    )
+    result = CliRunner().invoke(app, ["env", "check", name])
+    assert result.exit_code == 1
+    assert (
+        "problem bank.jsonl line 2 (task made-up): the expected answer '99' appears in no "
+        "observation of the reference replay, so an agent could only make it up\n"
+    ) in result.output
+    with pytest.raises(ConfigError, match=r"line 2 \(task made-up\): the expected answer"):
+        load_config({"env": {"name": name}})
+    # The example (its plan_lookup and order_status tasks ask questions) loads whole.
+    from coevolve.envs.user_env import find_user_environment
+
+    example = find_user_environment(EXAMPLE)
+    assert example is not None and not example.problems
+    assert sum(task.reference_answer is not None for task in example.good_tasks) == 16
+
+
+def test_unknown_fields_are_named_at_once_with_the_nearest_known_field():
+    lines = [
+        json.dumps({"id": "typos", "famliy": "transfer", "state": STATE, "user": "Pay b.",
+                    "calls": [{"nme": "transfer", "arguments": GOOD_CALL["arguments"]}],
+                    "anwser": "moved"}),
+        json.dumps({"id": "turns-typo", "state": STATE,
+                    "tunrs": [{"user": "Pay b.", "calls": [GOOD_CALL]}], "colour": "red"}),
+    ]  # fmt: skip
+    problems = [str(problem) for problem in read_task_file_from_lines(lines).problems]
+    assert [problem.split(": ", 1)[1] for problem in problems] == [
+        "unknown field 'famliy' (did you mean 'family'?); unknown field 'anwser' (did you "
+        "mean 'answer'?); unknown field 'nme' in calls[0] (did you mean 'name'?)",
+        "unknown field 'tunrs' (did you mean 'turns'?); unknown field 'colour' (known: id, "
+        "family, split, state, turns, user, calls, answer)",
+    ]
+
+
+def test_commands_that_load_tasks_say_on_stderr_what_they_skipped(tmp_path, monkeypatch):
+    bad = [bank_line(f"crash-{i}", [{"name": "transfer", "arguments": {**GOOD_CALL["arguments"], "target": "zz"}}]) for i in range(5)]  # fmt: skip
+    good = [bank_line(f"good-{i}", [GOOD_CALL]) for i in range(8)]
+    name = bank_env(tmp_path, monkeypatch, [*good, *bad])
+    for command in (
+        ["env", "show", name],
+        ["eval", "--env", name, "--policy", "oracle"],
+        ["env", "list", name],
+    ):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, (command, result.output)
+        lines = result.stderr.splitlines()
+        assert lines[0] == f"skipped 5 of the 13 task lines of {tmp_path}/bank.jsonl:", command
+        assert lines[1].startswith("  bank.jsonl line 9 (task crash-0): reference call 1")
+        assert [line.split(" (task")[0] for line in lines[2:4]] == [
+            "  bank.jsonl line 10",
+            "  bank.jsonl line 11",
+        ]
+        assert lines[4:] == [f"  and 2 more; coevolve env check {name} lists them all"]
+        assert "crash" not in result.stdout
 
 
 def test_an_import_path_that_does_not_resolve_is_one_line(tmp_path, monkeypatch):
@@ -357,6 +492,42 @@ def test_an_entry_point_names_an_environment(monkeypatch):
     result = CliRunner().invoke(app, ["env", "list", "--json"])
     assert result.exit_code == 0
     assert "desk-ep" in [row["env"] for row in json.loads(result.output)]
+
+
+def test_env_list_shows_an_environment_named_by_import_path():
+    result = CliRunner().invoke(app, ["env", "list", EXAMPLE])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.startswith(f"support desk ({EXAMPLE}): ")
+    assert (
+        "56 tasks from" in out and "task sets (--split): train 28, validation 14, heldout 14" in out
+    )
+    assert "7 families" in out and re.search(r"plan_lookup\s+│\s+4\s+│\s+2\s+│\s+2", out)
+    assert "7 tools" in out and re.search(r"find_customer\s+│ Find a customer by email", out)
+    row = json.loads(CliRunner().invoke(app, ["env", "list", EXAMPLE, "--json"]).stdout)
+    assert row["task_sets"] == {"train": 28, "validation": 14, "heldout": 14}
+    assert list(row["tool_descriptions"])[:2] == ["find_customer", "list_orders"]
+    assert row["families_by_split"]["refund"] == {"train": 4, "validation": 2, "heldout": 2}
+    world = CliRunner().invoke(app, ["env", "list", "world"])
+    assert world.exit_code == 0 and "send_message" in world.stdout  # a tool of the world
+    listed = CliRunner().invoke(app, ["env", "list"]).stdout
+    assert "coevolve env list examples.support_desk.env:make_env" in " ".join(listed.split())
+
+
+def test_help_names_user_environments_and_is_whole():
+    """Help is rendered by rich: a bracketed word would vanish as a style tag."""
+
+    def help_of(*command: str) -> str:
+        result = CliRunner().invoke(app, [*command, "--help"], terminal_width=400)
+        assert result.exit_code == 0
+        return " ".join(result.output.replace("│", " ").split())
+
+    for command in (["eval"], ["env", "check"], ["env", "show"], ["env", "list"]):
+        text = help_of(*command)
+        assert "World split" not in text and "world or bfcl" not in text, command
+        assert "examples.support_desk.env:make_env" in text, command
+    assert "RUN_DIR/adapters/cycle-N" in help_of("eval")
+    assert "the value is YAML: 10, 0.5, true, [tensorboard])" in help_of("run")
 
 
 def test_splits_named_in_the_file_are_kept_and_the_rest_cut_per_family(tmp_path):
@@ -453,6 +624,28 @@ def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, t
     ]
     assert {row["env"] for row in trajectories} == {EXAMPLE}
     assert all(row["diagnosis"] for row in trajectories)  # labelled by the derived diagnosis
+
+    # `coevolve eval --policy RUN_DIR/adapters/cycle-N` measures that adapter as the run did:
+    # the run's bootstrap agent and environment, its held-out tasks, one a family.
+    from coevolve.commands.common import run_of_policy
+
+    adapter = Path(result.run_dir) / "adapters" / "cycle-1"
+    assert result.adapter is not None and Path(result.adapter) == adapter
+    run = run_of_policy(result.run_dir)  # a run directory means its last adapter
+    assert run is not None and run.policy.adapter == str(adapter)
+    saved = tmp_path / "eval.jsonl"
+    evaluated = CliRunner().invoke(
+        app, ["eval", "--policy", str(adapter), "--json", "--save", str(saved)]
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    report = json.loads(evaluated.stdout)
+    assert report["env"] == EXAMPLE and report["split"] == "heldout"
+    looped = [
+        json.loads(line) for line in (Path(result.run_dir) / "cycles" / "001" / "eval.jsonl").open()
+    ]
+    episodes = [json.loads(line) for line in saved.open()]
+    assert sorted(row["task_id"] for row in episodes) == sorted(row["task_id"] for row in looped)
+    assert report["overall"]["success_rate"] == first.evaluate.success
 
 
 def test_llm_roles_synthesize_on_the_example(scripted_server):
