@@ -28,7 +28,7 @@ from ..envs.base import Environment, answer_matches, replay_reference
 from ..envs.parsing import render_call
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import JUDGE_PROMPT
+from .prompts import JUDGE_PROMPT, fill_environment
 from .roles import EnvFactory
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class LLMJudge:
     ):
         self.model = model
         self.limiter = limiter
-        self.prompt = prompt
+        self.prompt = fill_environment(prompt, None)  # an open slot never reaches the model
         self.name = f"judge:llm({model_label(model)})"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:
