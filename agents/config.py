@@ -149,7 +149,7 @@ class EndpointConfig(Section):
 
     @model_validator(mode="after")
     def _llama_cpp_only_for_its_server(self) -> EndpointConfig:
-        if "llama_cpp" in self.model_fields_set and self.server != "llama.cpp":
+        if self.server != "llama.cpp" and self.llama_cpp != LlamaCppConfig():
             raise ValueError(
                 f"the llama_cpp section is for server: llama.cpp, and this endpoint's server is "
                 f"{self.server}: set server: llama.cpp, or remove the section"

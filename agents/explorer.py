@@ -32,7 +32,7 @@ from ..records import FlaggedTrajectory, Observation, SynthesisContext, Task, To
 from .conversation import opening_messages
 from .llm import ReplyError, ask, model_label
 from .policy import Message, Policy, PolicyError, parse_assistant_text
-from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT
+from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .replies import raise_unless_one_replied
 from .roles import EnvFactory, ExplorationRound, Interaction, WrittenRequest
 
@@ -374,7 +374,7 @@ class LLMExplorer:
         self.limiter = limiter
         self.rounds = rounds
         self.steps = steps
-        self.prompt = prompt
+        self.prompt = fill_environment(prompt, None)  # an open slot never reaches the model
         self.name = f"explorer:llm({model_label(model)})"
 
     async def explore(

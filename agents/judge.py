@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +25,17 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..common.errors import PROGRAMMING_ERRORS
-from ..envs.base import Environment, answer_in_observations, replay_reference, unsupported_answer
+from ..envs.base import (
+    Environment,
+    answer_in_observations,
+    answer_matches,
+    replay_reference,
+    unsupported_answer,
+)
 from ..envs.parsing import render_call
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import JUDGE_PROMPT
+from .prompts import JUDGE_PROMPT, fill_environment
 from .roles import EnvFactory
 
 log = logging.getLogger(__name__)
@@ -141,6 +148,53 @@ def _replay(env: Environment, task: Task, calls: bool = True) -> tuple[float, li
     return score, steps, ""
 
 
+SELF_REFERENTIAL = "self-referential"
+# Questions whose answer is a count or an amount: "How many copies are left?" -> "2".
+_ASKS_FOR_A_NUMBER = re.compile(r"\bhow (?:many|much)\b", re.IGNORECASE)
+_NUMBER = re.compile(r"\d")
+
+
+def self_reference(candidate: CandidateTask) -> str | None:
+    """Why a question task is self-referential, or None: a rule of curation.
+
+    A question's answer must be a value the calls read, answering what the request asks.
+    Three ways a written task fails that (the task writer wrote all three):
+
+    - the answer is a value the request itself gives: read back, not looked up;
+    - the request names one of its calls' argument values twice, as the value it gives
+      and as what it asks about ("I'm Cleo.Park@mail.com. How many copies of
+      Cleo.Park@mail.com are available?" for find_member(email=...), answer "0"): the
+      one value it has is both the key and the question;
+    - "how many" or "how much" answered by no number.
+
+    "What is Ana's phone number?" -> find_contact(name="Ana") -> "555-0101" is none of
+    these: the answer is a new value an observation shows."""
+    answer, query = candidate.reference_answer, candidate.query
+    if answer is None:
+        return None
+    if answer_matches(query, answer):
+        return f"{SELF_REFERENTIAL}: the answer {answer!r} is a value the request itself gives"
+    values = {
+        str(value).strip()
+        for call in candidate.minimal_actions
+        for value in call.arguments.values()
+        if isinstance(value, str) and len(value.strip()) > 1
+    }
+    for value in sorted(values):
+        said = re.findall(rf"(?<![\w-]){re.escape(value)}(?![\w-])", query, re.IGNORECASE)
+        if len(said) > 1:
+            return (
+                f"{SELF_REFERENTIAL}: the request names {value!r} twice, as the value it gives "
+                "and as what it asks about"
+            )
+    if _ASKS_FOR_A_NUMBER.search(query) and not _NUMBER.search(answer):
+        return (
+            f"{SELF_REFERENTIAL}: the answer {answer!r} does not answer the request, which "
+            "asks how many or how much"
+        )
+    return None
+
+
 def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Execution:
     """Replay the minimal actions in a fresh environment and check what happened.
 
@@ -177,6 +231,9 @@ def execute_candidate(candidate: CandidateTask, make_env: EnvFactory) -> Executi
     answer = candidate.reference_answer
     if answer is not None and not answer_in_observations(execution.steps, answer):
         execution.result_problems.append(unsupported_answer(answer))
+    referential = self_reference(candidate)
+    if referential is not None:
+        execution.result_problems.append(referential)
     if not is_success(execution.score):
         execution.result_problems.append(
             f"the verifier scores the replay {execution.score:.2f}, not 1.00"
@@ -247,7 +304,7 @@ class LLMJudge:
     ):
         self.model = model
         self.limiter = limiter
-        self.prompt = prompt
+        self.prompt = fill_environment(prompt, None)  # an open slot never reaches the model
         self.name = f"judge:llm({model_label(model)})"
 
     async def judge(self, candidate: CandidateTask, make_env: EnvFactory) -> Verdict:

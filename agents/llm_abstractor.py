@@ -20,7 +20,7 @@ from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ..records import CandidateTask, ToolCall
 from .abstractor import actions_key, normalise, repeats
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import ABSTRACTOR_PROMPT
+from .prompts import ABSTRACTOR_PROMPT, fill_environment
 from .roles import (
     Abstraction,
     AbstractionInput,
@@ -119,7 +119,7 @@ class LLMAbstractor:
             raise ValueError("max_candidates must be >= 1")
         self.model = model
         self.limiter = limiter
-        self.prompt = prompt
+        self.prompt = fill_environment(prompt, None)  # an open slot never reaches the model
         self.max_candidates = max_candidates
         self.name = f"abstractor:llm({model_label(model)})"
 

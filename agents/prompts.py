@@ -1,4 +1,16 @@
-"""Prompts, as constants. Each is the default of a config field, so a run can override it."""
+"""Prompts, as constants. Each is the default of a config field, so a run can override it.
+
+The synthesis roles' prompts hold one slot, ``{environment}``: what the environment they
+work on is, its tools and how its ids look, in the environment's own words
+(``EnvironmentBrief``: a user environment's docstrings, the world's and BFCL's own text).
+``fill_environment`` fills it when the roles are built (``agents/role_factory.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..envs.base import EnvironmentBrief
 
 # The policy's system prompt. Short on purpose: the bootstrap model sees it in
 # every training example, and endpoint models get the tool schemas separately.
@@ -9,17 +21,21 @@ POLICY_SYSTEM_PROMPT = (
 
 # --------------------------------------------------------------------------- synthesis roles
 # The synthesis roles' system prompts. Dynamic content (the trajectory, the
-# exploration log, the candidate) goes in the user message, so these stay static
-# and a config can replace them without format placeholders.
+# exploration log, the candidate) goes in the user message; the one slot is the
+# environment, the same for a whole run. Filled with str.replace, not str.format, so a
+# prompt (or a config's replacement) may hold JSON braces; one without the slot is used
+# as it is.
+ENVIRONMENT_SLOT = "{environment}"
+
+# What the slot says when the roles are built with no environment (a unit test's roles).
+NO_ENVIRONMENT = "an executable tool environment; the tools that matter are shown with each request"
 
 SUMMARIZER_PROMPT = """\
 You analyse one rollout of a tool-using agent, for a system that trains the agent on \
 tasks synthesized from its own failures.
 
-The agent works in an executable environment: either a simulated set of a person's apps \
-(contacts, messages, calendar, notes, a shop with a cart and orders, a wallet, reminders; \
-ids look like c3, e2, p5, o1) or BFCL multi-turn function calling (file system, trading, \
-travel, messaging APIs). Each rollout is scored by the environment's verifier (1.0 = solved).
+The agent works in an executable environment: {environment} Each rollout is scored by the \
+environment's verifier (1.0 = solved).
 
 The rollout was flagged by one or more signals:
 - forgetting: the task or its family used to be solved (score >= 0.5 in recent cycles) \
@@ -62,6 +78,8 @@ tool-using agent. You act through the bound tools; every call runs for real agai
 fresh copy of the environment and you see its result. Errors are normal results: read \
 them and adapt.
 
+The environment: {environment}
+
 Follow the exploration goal you are given. Useful exploration:
 - reaches states the goal is about, using lookups (find/list/search/read) to learn ids \
 and values before calls that change state;
@@ -76,6 +94,8 @@ spent, stop calling tools and reply with one sentence on what you found."""
 ABSTRACTOR_PROMPT = """\
 You turn logged interactions with a tool environment into new, verifiable training tasks \
 for a tool-using agent.
+
+The environment: {environment}
 
 You get: the context of a flagged failure (summary, failure cause, focus patterns, \
 exploration objectives), the tools, exploration rounds as numbered (call -> observation) \
@@ -102,6 +122,8 @@ Answer with a JSON object {"candidates": [...]}."""
 
 JUDGE_PROMPT = """\
 You judge whether a synthesized training task for a tool-using agent is valid.
+
+The environment: {environment}
 
 You get the user query, an optional expected answer, and the task's minimal action \
 sequence as it was replayed in a fresh environment, with every observation and the \
@@ -152,3 +174,19 @@ TEACHER_FOLLOW_UP = (
     "Reply with the two lines REQUEST: <the request your calls carried out> and "
     "ANSWER: <the value it asks for, or none>."
 )
+
+
+def describe_environment(brief: EnvironmentBrief) -> str:
+    """The text the ``{environment}`` slot holds: what it is, its tools, how its ids look."""
+    parts = [brief.description.strip().rstrip(".") + "."]
+    if brief.tools:
+        parts.append(f"Its tools: {', '.join(brief.tools)}.")
+    if brief.ids:
+        parts.append(brief.ids[:1].upper() + brief.ids[1:].rstrip(".") + ".")
+    return " ".join(parts)
+
+
+def fill_environment(prompt: str, brief: EnvironmentBrief | None) -> str:
+    """``prompt`` with its ``{environment}`` slot saying ``brief`` (None: NO_ENVIRONMENT)."""
+    text = describe_environment(brief) if brief is not None else NO_ENVIRONMENT + "."
+    return prompt.replace(ENVIRONMENT_SLOT, text)

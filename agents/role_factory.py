@@ -12,12 +12,23 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..envs.base import environment_brief
 from .abstractor import OfflineAbstractor
 from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
-from .roles import OFFLINE, ROLE_NAMES, Abstractor, Explorer, Judge, Roles, RolesConfig, Summarizer
+from .roles import (
+    OFFLINE,
+    ROLE_NAMES,
+    Abstractor,
+    EnvFactory,
+    Explorer,
+    Judge,
+    Roles,
+    RolesConfig,
+    Summarizer,
+)
 from .summarizer import LLMSummarizer, OfflineSummarizer
 from .teacher import TeacherAbstractor, TeacherExplorer
 from .writer import TaskWriter
@@ -32,14 +43,16 @@ def build_roles(
     config: RolesConfig,
     endpoints: Mapping[str, EndpointConfig],
     policy: Policy | None = None,
+    make_env: EnvFactory | None = None,
     seed_tasks: Sequence[Task] = (),
 ) -> Roles:
     """Build the roles: LLM ones on their endpoints, offline ones elsewhere.
 
     One semaphore bounds the LLM requests of all roles together. ``policy`` (the
     current policy) drives some offline exploration rounds; ``seed_tasks`` are the
-    teacher's worked examples. An endpoint name not in ``endpoints`` is a ValueError
-    naming the known ones.
+    teacher's worked examples. The LLM roles' prompts say what ``make_env``'s
+    environment is (its ``EnvironmentBrief``). An endpoint name not in ``endpoints``
+    is a ValueError naming the known ones.
     """
     chosen: dict[str, str | None] = {}
     for role in ROLE_NAMES:
@@ -53,6 +66,7 @@ def build_roles(
             )
         chosen[role] = name
     limiter = asyncio.Semaphore(config.llm_concurrency) if any(chosen.values()) else None
+    brief = environment_brief(make_env()) if make_env is not None and any(chosen.values()) else None
 
     def model(role: str) -> Any:
         name = chosen[role]
@@ -61,7 +75,7 @@ def build_roles(
 
     rounds, steps = config.explorer_rounds, config.explorer_steps
     summarizer: Summarizer = (
-        LLMSummarizer(model("summarizer"), limiter, prompt=config.summarizer_prompt)
+        LLMSummarizer(model("summarizer"), limiter, prompt=config.prompt_for("summarizer", brief))
         if chosen["summarizer"]
         else OfflineSummarizer()
     )
@@ -71,7 +85,7 @@ def build_roles(
             limiter,
             rounds=rounds or 2,
             steps=steps or 5,
-            prompt=config.explorer_prompt,
+            prompt=config.prompt_for("explorer", brief),
         )
         if chosen["explorer"]
         else OfflineExplorer(
@@ -117,14 +131,14 @@ def build_roles(
         else LLMAbstractor(
             model("abstractor"),
             limiter,
-            prompt=config.abstractor_prompt,
+            prompt=config.prompt_for("abstractor", brief),
             max_candidates=config.max_candidates,
         )
         if chosen["abstractor"]
         else OfflineAbstractor(max_candidates=config.max_candidates, steer=config.steer)
     )
     judge: Judge = (
-        LLMJudge(model("judge"), limiter, prompt=config.judge_prompt)
+        LLMJudge(model("judge"), limiter, prompt=config.prompt_for("judge", brief))
         if chosen["judge"]
         else ExecutableJudge()
     )

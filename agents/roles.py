@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.base import Environment
+from ..envs.base import Environment, EnvironmentBrief
 from ..records import (
     CandidateTask,
     FlaggedTrajectory,
@@ -39,6 +39,7 @@ from .prompts import (
     SUMMARIZER_PROMPT,
     TEACHER_PROMPT,
     WRITER_PROMPT,
+    fill_environment,
 )
 
 
@@ -296,15 +297,25 @@ class RolesConfig(BaseModel):
         default=0.0, ge=0.0, le=2.0, description="LLM judge temperature (None: endpoint's)."
     )
     summarizer_prompt: str = Field(
-        default=SUMMARIZER_PROMPT, description="System prompt of the LLM summarizer."
+        default=SUMMARIZER_PROMPT,
+        description="System prompt of the LLM summarizer; its {environment} slot, where it has "
+        "one, says what the run's environment is (docs/environments.md).",
     )
     explorer_prompt: str = Field(
-        default=EXPLORER_PROMPT, description="System prompt of the LLM explorer."
+        default=EXPLORER_PROMPT,
+        description="System prompt of the LLM explorer; its {environment} slot, where it has "
+        "one, says what the run's environment is (docs/environments.md).",
     )
     abstractor_prompt: str = Field(
-        default=ABSTRACTOR_PROMPT, description="System prompt of the LLM task-abstractor."
+        default=ABSTRACTOR_PROMPT,
+        description="System prompt of the LLM task-abstractor; its {environment} slot, where it has "
+        "one, says what the run's environment is (docs/environments.md).",
     )
-    judge_prompt: str = Field(default=JUDGE_PROMPT, description="System prompt of the LLM judge.")
+    judge_prompt: str = Field(
+        default=JUDGE_PROMPT,
+        description="System prompt of the LLM judge; its {environment} slot, where it has one, "
+        "says what the run's environment is (docs/environments.md).",
+    )
     writer: str | None = Field(
         default=None,
         description="Task writer: an endpoint name whose model writes the request of calls that "
@@ -349,6 +360,10 @@ class RolesConfig(BaseModel):
         default=0.7, ge=0.0, le=2.0, description="Teacher temperature (None: endpoint's)."
     )
     teacher_prompt: str = Field(default=TEACHER_PROMPT, description="System prompt of the teacher.")
+
+    def prompt_for(self, role: str, brief: EnvironmentBrief | None) -> str:
+        """A role's system prompt (``<role>_prompt``) saying what the environment is."""
+        return fill_environment(getattr(self, f"{role}_prompt"), brief)
 
     def endpoint_for(self, role: str) -> str | None:
         """The endpoint name a role uses, or None when it runs offline."""

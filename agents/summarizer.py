@@ -29,7 +29,7 @@ from ..records import (
     is_success,
 )
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import SUMMARIZER_PROMPT
+from .prompts import SUMMARIZER_PROMPT, fill_environment
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ class LLMSummarizer:
     ):
         self.model = model
         self.limiter = limiter
-        self.prompt = prompt
+        self.prompt = fill_environment(prompt, None)  # an open slot never reaches the model
         self.name = f"summarizer:llm({model_label(model)})"
 
     async def summarize(self, item: FlaggedTrajectory, task: Task) -> SynthesisContext:

@@ -136,7 +136,7 @@ def bench_graph(server_kind: str = "asyncio") -> float:
 
         def runtime() -> SynthesisRuntime:
             return SynthesisRuntime(
-                roles=build_roles(config, {"bench": endpoint}),
+                roles=build_roles(config, {"bench": endpoint}, make_env=WorldEnvironment),
                 make_env=WorldEnvironment,
                 store=store,
             )

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..common.files import read_jsonl
 from ..records import Observation, Step, Task, ToolCall, Trajectory, Turn
-from .base import ToolEnvironment, ToolError
+from .base import EnvironmentBrief, ToolEnvironment, ToolError
 from .bfcl_checking import (
     BFCL_VERSION,
     INSTALL_COMMAND,
@@ -266,6 +266,14 @@ class BfclEnvironment(ToolEnvironment):
         self._current_calls: list[str] = []
         self._closed_turns: list[list[str]] = []
         self._steps: list[Step] = []  # this episode's steps, for diagnose() and progress()
+
+    def brief(self) -> EnvironmentBrief:
+        """What the synthesis roles' prompts say of BFCL (each task brings its tool classes)."""
+        return EnvironmentBrief(
+            description="BFCL multi-turn function calling (file system, trading, travel, "
+            "messaging APIs); each task brings the API classes it involves, so the tools "
+            "differ from task to task"
+        )
 
     # -- protocol
 

@@ -48,7 +48,14 @@ import orjson
 from pydantic import TypeAdapter
 
 from ..records import Task, ToolCall
-from .base import ToolEnvironment, ToolError, answer_matches, tool_schema
+from .base import (
+    EnvironmentBrief,
+    ToolEnvironment,
+    ToolError,
+    answer_matches,
+    schema_brief,
+    tool_schema,
+)
 
 # The error kind of a tool that raised something other than a ToolError.
 TOOL_FAILED = "tool_failed"
@@ -299,6 +306,19 @@ class FunctionEnvironment(ToolEnvironment):
         if self.task is None:
             raise RuntimeError("score() before reset()")
         return verify(self, self.task, self.current_state(), self.answer)
+
+    def brief(self) -> EnvironmentBrief:
+        """What the synthesis roles' prompts say of it: the first paragraph of the state
+        class's docstring (or of the tools' module's), else ``description``; the tools and
+        their id arguments from the docstrings."""
+        owner = self.state_class or next(iter(self.functions.values()))
+        module = inspect.getmodule(owner)
+        # Their own docstrings (``__doc__``): inspect.getdoc would give a pydantic model's.
+        documented = [getattr(self.state_class, "__doc__", None), getattr(module, "__doc__", None)]
+        about = next(
+            (inspect.cleandoc(doc).split("\n\n")[0] for doc in documented if doc), self.description
+        )
+        return schema_brief(" ".join(about.split()), self._schemas)
 
     # ------------------------------------------------------------ offline synthesis
 

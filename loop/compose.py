@@ -163,17 +163,18 @@ def build_runtime(
     files = RunFiles(run_dir)
     if store.count() == 0:
         store.add(seeds)  # synthesized tasks are compared with the seed pool too
+    make_env = get_environment(config.env.name).environment
     return CycleRuntime(
         config=config,
         run_dir=run_dir,
         policy=policy,
-        make_env=get_environment(config.env.name).environment,
+        make_env=make_env,
         pool=TaskPool(seeds, files.synthesized_tasks),
         history=OutcomeHistory(files.history),
         patterns=PatternCounts(files.patterns),
         store=store,
         roles=build_roles(
-            config.synthesis.roles, config.endpoints, policy=policy, seed_tasks=seeds
+            config.synthesis.roles, config.endpoints, policy, make_env, seed_tasks=seeds
         ),
         eval_tasks=evaluation_tasks(config),
         model_dir=model_dir,
@@ -190,9 +191,15 @@ def build_synthesis_runtime(
     from ..agents.role_factory import build_roles
     from ..envs.registry import get_environment
 
+    make_env = get_environment(env_name or config.env.name).environment
     return SynthesisRuntime(
-        roles=build_roles(config.synthesis.roles, config.endpoints, seed_tasks=seed_tasks(config)),
-        make_env=get_environment(env_name or config.env.name).environment,
+        roles=build_roles(
+            config.synthesis.roles,
+            config.endpoints,
+            make_env=make_env,
+            seed_tasks=seed_tasks(config),
+        ),
+        make_env=make_env,
         store=build_store(config, store_path),
         neighbours=config.synthesis.neighbours,
     )
@@ -214,8 +221,9 @@ def spec_synthesis_runtime(
     from ..memory.store import TaskStore
 
     named = {name: EndpointConfig.model_validate(e) for name, e in (endpoints or {}).items()}
+    make_env = get_environment(env).environment
     return SynthesisRuntime(
-        roles=build_roles(RolesConfig.model_validate(roles or {}), named),
-        make_env=get_environment(env).environment,
+        roles=build_roles(RolesConfig.model_validate(roles or {}), named, make_env=make_env),
+        make_env=make_env,
         store=TaskStore(store_path, threshold=threshold),
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..agents.prompts import (
     ABSTRACTOR_PROMPT,
+    ENVIRONMENT_SLOT,
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
@@ -38,8 +39,12 @@ def role_of(body: dict[str, Any]) -> str | None:
     """Which role sent a request ("summarizer", ...), or None for any other request."""
     messages = body.get("messages") or []
     system = messages[0].get("content") if messages and isinstance(messages[0], dict) else None
+    if not isinstance(system, str):
+        return None
     for name, prompt in zip(ROLE_NAMES, ROLE_PROMPTS, strict=True):
-        if system == prompt:
+        # The default prompt around its environment slot, whatever environment fills it.
+        before, _, after = prompt.partition(ENVIRONMENT_SLOT)
+        if system.startswith(before) and system.endswith(after):
             return name
     return None
 

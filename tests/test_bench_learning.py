@@ -25,7 +25,7 @@ from coevolve.bench.learning import (
     summarize,
     unit_still_counts,
 )
-from coevolve.config import ConfigError, load_config
+from coevolve.config import ConfigError, EndpointConfig, load_config
 from coevolve.training.grpo.config import GrpoConfig
 
 
@@ -870,3 +870,21 @@ def test_quick_bench_runs_every_default_arm(tmp_path):
     assert [run["arm"] for run in report["runs"]] == arms  # the LLM arms need a writer server
     for run in report["runs"]:
         assert len(run["success_by_cycle"]) == 2
+
+
+def test_a_prompt_of_a_role_that_ran_offline_does_not_make_a_unit_stale():
+    """The synthesis roles' prompts now say the run's environment: a unit whose roles ran
+    offline read none of them, so a changed default prompt keeps it; an LLM role's does not."""
+    root = Path(__file__).parents[1]
+    offline = load_config(root / "configs" / "bench-quickstart.yaml")
+    roles = offline.synthesis.roles
+    reworded = offline.model_copy(deep=True)
+    reworded.synthesis.roles.summarizer_prompt = "Another summarizer prompt."
+    assert roles.endpoint_for("summarizer") is None
+    assert unit_still_counts(offline.model_dump_json(), reworded.model_dump_json())
+    served = offline.model_copy(deep=True)
+    served.endpoints = {"big": EndpointConfig(base_url="http://127.0.0.1:9/v1", model="big")}
+    served.synthesis.roles.summarizer = "big"
+    reworded_served = served.model_copy(deep=True)
+    reworded_served.synthesis.roles.summarizer_prompt = "Another summarizer prompt."
+    assert not unit_still_counts(served.model_dump_json(), reworded_served.model_dump_json())

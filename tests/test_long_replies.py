@@ -23,6 +23,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
+from coevolve.agents import prompts
 from coevolve.agents.explorer import LLMExplorer
 from coevolve.agents.judge import LLMJudge
 from coevolve.agents.llm import (
@@ -33,7 +34,6 @@ from coevolve.agents.llm import (
     structured_call,
 )
 from coevolve.agents.llm_abstractor import LLMAbstractor
-from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, SUMMARIZER_PROMPT
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import AbstractionInput, RolesConfig
 from coevolve.agents.rollout import run_rollouts
@@ -56,6 +56,12 @@ REPEATED = ('{"summary": "s", "failure_cause": "c"}\n' * (LONG // 38 + 1))[:LONG
 WITHIN_S = 5.0  # "within a second", with room for a loaded machine (see the module doc)
 
 TASKS = load_split("validation", size=18)
+
+# What the LLM roles send when built with no environment (the slot's generic text).
+SUMMARIZER_PROMPT, EXPLORER_PROMPT, ABSTRACTOR_PROMPT = (
+    prompts.fill_environment(prompt, None)
+    for prompt in (prompts.SUMMARIZER_PROMPT, prompts.EXPLORER_PROMPT, prompts.ABSTRACTOR_PROMPT)
+)
 
 
 class Pair(BaseModel):

@@ -13,18 +13,14 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel
 
+from coevolve.agents import prompts
 from coevolve.agents.abstractor import OfflineAbstractor, text_similarity
 from coevolve.agents.explorer import LLMExplorer, OfflineExplorer
 from coevolve.agents.judge import ExecutableJudge, LLMJudge
 from coevolve.agents.llm import ReplyError, StructuredOutputError, chat_model, structured_call
 from coevolve.agents.llm_abstractor import LLMAbstractor
 from coevolve.agents.policy import AssistantMessage
-from coevolve.agents.prompts import (
-    ABSTRACTOR_PROMPT,
-    EXPLORER_PROMPT,
-    JUDGE_PROMPT,
-    SUMMARIZER_PROMPT,
-)
+from coevolve.agents.prompts import fill_environment
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import (
     AbstractionInput,
@@ -53,6 +49,18 @@ from coevolve.testing.openai_server import Reply
 
 FAMILIES = ["send_message", "buy_item", "update_phone", "cancel_event", "phone_lookup"]
 TASKS = {family: make_task("train", 900 + i, family) for i, family in enumerate(FAMILIES)}
+
+# What the LLM roles send when built with no environment: their prompts, the environment
+# slot saying the generic text.
+SUMMARIZER_PROMPT, EXPLORER_PROMPT, ABSTRACTOR_PROMPT, JUDGE_PROMPT = (
+    fill_environment(prompt, None)
+    for prompt in (
+        prompts.SUMMARIZER_PROMPT,
+        prompts.EXPLORER_PROMPT,
+        prompts.ABSTRACTOR_PROMPT,
+        prompts.JUDGE_PROMPT,
+    )
+)
 
 
 class SlipPolicy:
@@ -389,7 +397,7 @@ def test_build_roles_unknown_endpoint_names_the_known_ones(scripted_server):
     with pytest.raises(ValueError, match="extra"):
         RolesConfig(summariser="offline")
     assert all(field.description for field in RolesConfig.model_fields.values())
-    assert RolesConfig().judge_prompt == JUDGE_PROMPT
+    assert RolesConfig().judge_prompt == prompts.JUDGE_PROMPT
 
 
 # --------------------------------------------------------------------------- LLM roles

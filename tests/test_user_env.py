@@ -653,11 +653,10 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     in the desk, the abstractor's task is replayed there and verified by its verifier."""
     import asyncio
 
-    from coevolve.agents.prompts import ABSTRACTOR_PROMPT, EXPLORER_PROMPT, JUDGE_PROMPT
     from coevolve.agents.role_factory import build_roles
     from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_to_task
     from coevolve.config import EndpointConfig
-    from coevolve.envs.base import replay_reference
+    from coevolve.envs.base import environment_brief, replay_reference
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
     from coevolve.testing.openai_server import Reply
@@ -665,6 +664,11 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     spec = get_environment(EXAMPLE)
     task = next(t for t in spec.load_tasks("train", "", 0) if t.family == "change_plan")
     email = task.reference_calls[0].arguments["email"]
+    config = RolesConfig(default_endpoint="main")
+    brief = environment_brief(spec.environment())
+    EXPLORER_PROMPT, ABSTRACTOR_PROMPT, JUDGE_PROMPT = (  # the desk's, as the roles send them
+        config.prompt_for(role, brief) for role in ("explorer", "abstractor", "judge")
+    )
 
     def script(body):
         messages = body["messages"]
@@ -699,7 +703,7 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     main = EndpointConfig(
         base_url=server.base_url, model=server.model, timeout_s=5.0, max_retries=0
     )
-    roles = build_roles(RolesConfig(default_endpoint="main"), {"main": main})
+    roles = build_roles(config, {"main": main}, make_env=spec.environment)
     trajectory = Trajectory(id="x", task_id=task.id, env=EXAMPLE, family=task.family, score=0.0)
     signal = Signal(kind="unsolved", trajectory_id="x", task_id=task.id, family=task.family)
     item = FlaggedTrajectory(trajectory=trajectory, signals=[signal])

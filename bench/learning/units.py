@@ -72,10 +72,12 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     copied to another ``--out`` still count there; nor do the GRPO settings of a
     unit that did not train with GRPO (the quickstart carries its tuned GRPO recipe),
     nor endpoints that nothing in the unit's config names (the writer's endpoint,
-    given to a bench of the LLM arms, changes nothing for static's units).
+    given to a bench of the LLM arms, changes nothing for static's units), nor the
+    prompts of synthesis roles that ran offline (no model read them).
     """
     from pydantic import ValidationError
 
+    from ...agents.roles import ROLE_NAMES
     from ...config import CoevolveConfig
 
     if saved_config is None:
@@ -99,6 +101,10 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
         plain["endpoints"] = {
             name: value for name, value in plain.get("endpoints", {}).items() if name in named
         }
+        roles = plain.get("synthesis", {}).get("roles", {})
+        for role in ROLE_NAMES:
+            if config.synthesis.roles.endpoint_for(role) is None:
+                roles.pop(f"{role}_prompt", None)
         compared.append(plain)
     return compared[0] == compared[1]
 

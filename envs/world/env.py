@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...records import Observation, Task, ToolCall, Trajectory
-from ..base import ToolEnvironment, ToolError
+from ..base import EnvironmentBrief, ToolEnvironment, ToolError
 from .app_state import State
 from .apps import MUTATING_TOOLS, TOOL_NAMES, World, tool_schemas
 from .states import clock, date, phone, pools_for
@@ -42,6 +42,15 @@ class WorldEnvironment(ToolEnvironment):
 
     def tools(self) -> list[dict[str, Any]]:
         return tool_schemas()
+
+    def brief(self) -> EnvironmentBrief:
+        """What the synthesis roles' prompts say of the world."""
+        return EnvironmentBrief(
+            description="a simulated set of a person's apps (contacts, messages, calendar, "
+            "notes, a shop with a cart and orders, a wallet, reminders)",
+            tools=list(TOOL_NAMES),
+            ids="ids look like c3, e2, p5, o1",
+        )
 
     def reset(self, task: Task) -> str:
         if "state" not in task.setup:
