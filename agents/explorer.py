@@ -398,7 +398,7 @@ class LLMExplorer:
         env = make_env()
         env.reset(task)
         objective = objective_for(context, index)
-        bound = self.model.bind_tools(env.tools())
+        bound = self.bind(env)
         messages = self.opening(item, task, context, objective, index, make_env)
         interactions = await self._converse(bound, env, messages, task, index)
         return ExplorationRound(
@@ -407,6 +407,10 @@ class LLMExplorer:
             interactions=interactions,
             written=await self.written(bound, messages, interactions),
         )
+
+    def bind(self, env: Environment) -> Any:
+        """The model the round asks: with the environment's tools bound."""
+        return self.model.bind_tools(env.tools())
 
     def opening(
         self,

@@ -155,20 +155,17 @@ WRITER_PROMPT = (
 )
 
 TEACHER_PROMPT = """\
-You write new training tasks for a smaller tool-using agent by doing them yourself. You \
-act through the bound tools; every call runs for real against a fresh copy of the \
-environment and you see its result. Errors are normal results: read them and adapt.
+You write new training tasks for a smaller tool-using agent by doing them yourself, in \
+{environment} Every call you write runs for real against a fresh copy of the environment, \
+and you are told its real result. Errors are normal results: read them and adapt.
 
-You are shown worked examples: requests a user made, the calls that carried them out \
-with their real results, and the answer. Write ONE new request of the same kind, about \
-other people, items, events or values that exist in your environment (look them up; \
-never guess an id), then carry it out completely, one tool call at a time, passing \
-values from results into later calls exactly as they appear.
-
-Begin your first reply with the line
-REQUEST: <the new request, as the user would write it, naming every value it needs>
-When the request is done, stop calling tools and reply with the line
-ANSWER: <the value the request asks for, or none>"""
+You are shown the tools and worked examples: requests a user made, the calls that carried \
+them out with their real results, and the answer. Write ONE new request of the same kind \
+about other people, items, events or values, then carry it out completely:
+- first reply: the line REQUEST: <the request, as the user would write it, naming every \
+value it needs>, then the first call as a numbered line, e.g. 1. find_contact(name="Ana");
+- then one numbered call a reply, using the values the results show (never guess an id);
+- when the request is done: the line ANSWER: <the value the request asks for, or none>."""
 
 TEACHER_FOLLOW_UP = (
     "Reply with the two lines REQUEST: <the request your calls carried out> and "

@@ -6,8 +6,14 @@ endpoint (on a CPU, Qwen2.5-Coder-1.5B-Instruct on llama.cpp: `make teacher`) an
 the explorer: each round it is shown worked examples, the seed tasks of the flagged
 task's family with their calls replayed for real results, then a fresh environment
 in the flagged task's state, and asked to write one new request of the same kind for
-the entities there and to carry it out with the tools. It says what it did in a
-``REQUEST:`` and an ``ANSWER:`` line (``ExplorationRound.written``).
+the entities there and to carry it out. It says what it did in a ``REQUEST:`` and an
+``ANSWER:`` line (``ExplorationRound.written``).
+
+The teacher writes its calls as the examples show them, numbered call lines
+(``2. add_contact(name="Tom", phone="555-7890")``), one a reply, and is told each real
+result in the same form. Offered the tools as bound schemas instead, Qwen2.5-Coder-1.5B
+wrote a whole task with made-up results in one reply and no call a server read. A reply
+stops at ``->``, where a made-up result would begin: on a CPU decoding is the cost.
 
 ``TeacherAbstractor`` turns such a round into a candidate: the request as written, the
 calls that succeeded as its minimal actions, in order; value grounding (the request
@@ -23,16 +29,20 @@ other than the seed tasks it is given.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from ..envs.base import Environment
 from ..envs.parsing import render_call
-from ..records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task
+from ..records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
 from .abstractor import normalise, repeats
 from .explorer import LLMExplorer
 from .llm import ReplyError, ask
+from .policy import parse_assistant_text
 from .prompts import TEACHER_FOLLOW_UP, TEACHER_PROMPT
 from .roles import (
     Abstraction,
@@ -52,6 +62,8 @@ from .writer import (
     ungrounded_values,
 )
 
+log = logging.getLogger(__name__)
+
 
 def _result(text: str) -> str:
     text = " ".join(text.split())
@@ -68,6 +80,46 @@ def worked_example(task: Task, make_env: EnvFactory, number: int) -> str:
         lines.append(f"{step}. {render_call(call)} -> {_result(env.step(call).text)}")
     lines.append(f"Answer: {task.reference_answer or 'none'}")
     return "\n".join(lines)
+
+
+def tool_lines(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The tools as the teacher reads them: one line each, its signature and description."""
+    lines = []
+    for schema in schemas:
+        function = schema.get("function", schema)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        required = set((function.get("parameters") or {}).get("required") or [])
+        arguments = ", ".join(
+            f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
+            for name, spec in properties.items()
+        )
+        about = " ".join(str(function.get("description") or "").split()).split(". ")[0]
+        lines.append(f"{function['name']}({arguments})" + (f" - {about}" if about else ""))
+    return "\n".join(lines)
+
+
+# A numbered call line, "3. send_message(...)", and what a reply may add after it.
+_NUMBERED = re.compile(r"^\s*\d+\s*[.)]\s*(?=[A-Za-z_])")
+_RESULT = re.compile(r"\s*->.*$")
+
+
+def first_call(text: str, call_id: str) -> tuple[ToolCall | None, str | None]:
+    """The first call a teacher's reply writes, in any form the policy reads or as a
+    numbered line with a made-up result after it; (None, why) when it writes a call that
+    cannot be read, (None, None) when it writes none."""
+    for line in text.splitlines():
+        candidate = _RESULT.sub("", _NUMBERED.sub("", line)).strip()
+        if candidate.upper().startswith(("REQUEST", "ANSWER", "CALLS")) or not candidate:
+            continue
+        _, calls, invalid = parse_assistant_text(candidate, call_id_prefix=call_id)
+        if calls:
+            return calls[0], None
+        if invalid and _NUMBERED.match(line):
+            return None, invalid[0].message
+    _, calls, invalid = parse_assistant_text(text, call_id_prefix=call_id)
+    if calls:
+        return calls[0], None
+    return None, (invalid[0].message if invalid else None)
 
 
 class TeacherExplorer(LLMExplorer):
@@ -103,6 +155,10 @@ class TeacherExplorer(LLMExplorer):
             chosen.append(task)
         return chosen
 
+    def bind(self, env: Environment) -> Any:
+        # No schemas sent: the tools are lines of the opening, as the examples' calls are.
+        return self.model.bind(stop=["->"])
+
     def opening(
         self,
         item: FlaggedTrajectory,
@@ -117,12 +173,61 @@ class TeacherExplorer(LLMExplorer):
             for number, example in enumerate(self.examples_for(task), 1)
         ]
         brief = [
+            "Tools:\n" + tool_lines(make_env().tools()),
             "Worked examples (each ran in its own copy of the environment):",
             *examples,
             "Your environment is a fresh copy in another state. Write one new request of "
-            f"the same kind, then carry it out with at most {self.steps} tool calls.",
+            f"the same kind and carry it out with at most {self.steps} calls. Reply with the "
+            "REQUEST line and the first call.",
         ]
         return [SystemMessage(self.prompt), HumanMessage("\n\n".join(brief))]
+
+    async def _converse(
+        self,
+        bound: Any,
+        env: Environment,
+        messages: list[BaseMessage],
+        task: Task,
+        index: int,
+    ) -> list[Interaction]:
+        """One numbered call a reply, run for real and answered with its real result, until
+        the teacher writes its ANSWER line, stops writing calls, or the calls are spent."""
+        interactions: list[Interaction] = []
+        made = 0
+        while made < self.steps:
+            try:
+                reply = await ask(bound, messages, self.limiter, model=self.model)
+            except ReplyError as err:
+                if not interactions:
+                    raise
+                log.warning("teacher round %d of %s: %s; keeps what it did", index, task.id, err)
+                break
+            text = reply.content if isinstance(reply.content, str) else ""
+            messages.append(AIMessage(content=text))
+            call, problem = first_call(text, f"call_{made}")
+            if call is None:
+                if problem is None or parse_answer(text) is not None:
+                    break  # the answer, or no call at all: the round is over
+                result = (
+                    f"error: {problem}. Write the call as {made + 1}. tool_name(argument=value)"
+                )
+            else:
+                observation = env.step(call)
+                interactions.append(
+                    Interaction(
+                        call=ToolCall(name=call.name, arguments=call.arguments),
+                        observation=observation,
+                    )
+                )
+                result = f"{made + 1}. {render_call(call)} -> {_result(observation.text)}"
+            made += 1
+            messages.append(
+                HumanMessage(
+                    f"{result}\nWrite the next call as {made + 1}. tool_name(...), or the "
+                    "line ANSWER: <the value the request asks for, or none> if it is done."
+                )
+            )
+        return interactions
 
     async def written(
         self, bound: Any, messages: list[BaseMessage], interactions: list[Interaction]
@@ -134,7 +239,7 @@ class TeacherExplorer(LLMExplorer):
             return found
         follow_up = [*messages, HumanMessage(TEACHER_FOLLOW_UP)]
         try:
-            reply = await ask(bound, follow_up, self.limiter, model=self.model)
+            reply = await ask(self.model, follow_up, self.limiter, model=self.model)
         except ReplyError:
             return None
         return _written([*messages, reply])
