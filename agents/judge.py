@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import Environment, answer_matches, replay_reference
-from ..envs.parsing import render_call
+from ..envs.parsing import UNREADABLE_CALL, render_call
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT
@@ -34,7 +34,7 @@ from .roles import EnvFactory
 log = logging.getLogger(__name__)
 
 API_ERRORS = frozenset({"unknown_tool"})
-PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error"})
+PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error", UNREADABLE_CALL})
 
 
 def probe_task(candidate: CandidateTask, env_name: str) -> Task:

@@ -194,6 +194,10 @@ def eval_command(
             str(stats.cut_off),
         )
     console.print(table)
+    console.print(_calls_by_form_table(spec.family_label, rows))
+    if report.overall.call_errors:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in report.overall.call_errors.items())
+        err_console.print(f"[yellow]failed tool calls by kind: {kinds}[/yellow]")
     if report.overall.left_out:
         # The rates above are over the episodes that ran; say what they leave out.
         err_console.print(
@@ -204,3 +208,29 @@ def eval_command(
         err_console.print(
             f"[yellow]{report.overall.errors} episodes ended on a policy error; see --save[/yellow]"
         )
+
+
+# The columns of the calls-by-form table: how the model wrote the calls that were read.
+_FORM_COLUMNS = {
+    "tool_calls_field": "tool_calls field",
+    "tool_call_tag": "<tool_call> tag",
+    "bare_json": "bare JSON",
+    "fenced_json": "fenced JSON",
+    "call_line": "call line",
+}
+
+
+def _calls_by_form_table(family_label: str, rows: list[tuple[str, Any]]) -> Table:
+    """How the calls read were written, per family, and the replies that looked like a
+    call and could not be read (unreadable_call)."""
+    table = Table(title="tool calls by form")
+    table.add_column(family_label, no_wrap=True)
+    for column in [*_FORM_COLUMNS.values(), "unreadable"]:
+        table.add_column(column, justify="right", no_wrap=True)
+    for name, stats in rows:
+        table.add_row(
+            f"[bold]{name}[/bold]" if name == "overall" else name,
+            *(str(stats.calls_by_form.get(form, 0)) for form in _FORM_COLUMNS),
+            str(stats.unreadable_calls),
+        )
+    return table
