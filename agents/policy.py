@@ -192,8 +192,9 @@ def parse_assistant_text(
     not hide the good ones.
 
     Text that looks like a call but is in none of these forms (JSON naming a tool that
-    does not parse, a call object in prose, or a JSON call with ``read_json_calls`` off)
-    is an ``unreadable_call``: a failed call the episode counts, never the answer.
+    does not parse, an unclosed ``<tool_call>`` whose body does not parse, a call
+    object in prose, or a JSON call with ``read_json_calls`` off) is an
+    ``unreadable_call``: a failed call the episode counts, never the answer.
     """
     if _TOOL_CALL_BLOCK.search(text):
         blocks = [
