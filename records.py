@@ -23,6 +23,18 @@ SignalKind = Literal["forgetting", "boundary", "rare", "unsolved", "random", "or
 SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare", "unsolved")
 PAPER_SIGNAL_KINDS: tuple[SignalKind, ...] = ("forgetting", "boundary", "rare")
 
+# How a model wrote a tool call the policy read: the server's ``tool_calls`` field, a
+# ``<tool_call>`` tag in the text, a JSON object ``{"name", "arguments"}`` alone or in a
+# fenced block, or a line of call syntax (``find_contact(name="Ana")``).
+CallForm = Literal["tool_calls_field", "tool_call_tag", "bare_json", "fenced_json", "call_line"]
+CALL_FORMS: tuple[CallForm, ...] = (
+    "tool_calls_field",
+    "tool_call_tag",
+    "bare_json",
+    "fenced_json",
+    "call_line",
+)
+
 # A score this high is a success (the paper's reward 1); the margin absorbs float
 # rounding in verifiers that add up fractions.
 SUCCESS_SCORE = 1.0 - 1e-9
@@ -106,6 +118,11 @@ class Step(Record):
         default=None, description="None when the model's text did not parse."
     )
     raw: str | None = Field(default=None, description="Model text the call was parsed from.")
+    call_form: CallForm | None = Field(
+        default=None,
+        description="How the model wrote the call (CALL_FORMS); None for a call that did not "
+        "parse, or one no reply was read for (the oracle, a replay).",
+    )
     observation: Observation
 
 

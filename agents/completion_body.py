@@ -57,7 +57,10 @@ def completion_problem(body: Any) -> str | None:
     return None
 
 
-def message_from_completion(body: dict[str, Any]) -> AssistantMessage:
+def message_from_completion(body: dict[str, Any], *, read_json_calls: bool) -> AssistantMessage:
+    """The assistant message of a chat completion: the server's ``tool_calls``, or, when
+    it gave none, the calls written in the text (``parse_assistant_text``; JSON call
+    objects only with ``read_json_calls``)."""
     choice = body["choices"][0]
     message = choice["message"]
     text: str = message.get("content") or ""
@@ -76,11 +79,17 @@ def message_from_completion(body: dict[str, Any]) -> AssistantMessage:
     if not structured and text:
         # A server without a tool-call parser for this model (transformers serve, vLLM
         # without --tool-call-parser) hands back the raw text: <tool_call> blocks, or
-        # the plain call lines the bootstrap agent writes. Text with no call is the answer.
-        content, calls, invalid = parse_assistant_text(text)
-        if calls or invalid:
+        # the plain call lines the bootstrap agent writes, or JSON (llama-server's Qwen2.5
+        # Coder writes a fenced ```json call). Text with no call is the answer.
+        parsed = parse_assistant_text(text, read_json_calls=read_json_calls)
+        if parsed.tool_calls or parsed.invalid_tool_calls:
             return AssistantMessage(
-                content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text, **common
+                content=parsed.content,
+                tool_calls=parsed.tool_calls,
+                invalid_tool_calls=parsed.invalid_tool_calls,
+                raw=text,
+                call_form=parsed.form,
+                **common,
             )
 
     calls = []
@@ -110,7 +119,12 @@ def message_from_completion(body: dict[str, Any]) -> AssistantMessage:
     # then replays ``raw`` as text, so keep the attempted call in it.
     raw_text = "\n".join([text, *unnamed_raw]).strip() if unnamed_raw else (text or None)
     return AssistantMessage(
-        content=text, tool_calls=calls, invalid_tool_calls=invalid, raw=raw_text, **common
+        content=text,
+        tool_calls=calls,
+        invalid_tool_calls=invalid,
+        raw=raw_text,
+        call_form="tool_calls_field" if structured else None,
+        **common,
     )
 
 

@@ -222,6 +222,20 @@ class PolicyConfig(Section):
         "request's `tools`, rendered by the server's chat template), a local model does not "
         "(the bootstrap agent learned the tools from demonstrations).",
     )
+    read_json_calls: bool = Field(
+        default=False,
+        description="Read a tool call the model writes in its reply's text as a JSON object "
+        '{"name": ..., "arguments": {...}} (or a list of them), alone or in a fenced block '
+        "(```json or ```), besides the server's tool_calls field, <tool_call> tags and call "
+        "lines, in the cycle's rollouts, evaluation and the explorer's policy rounds (not yet "
+        "in GRPO's multi-turn training episodes, which keep tags and call lines). Turn it on "
+        "for a model that writes its calls so, e.g. Qwen2.5-Coder behind llama-server. Off by "
+        "default: the trained SmolLM2 agent is taught to write call lines, so off it acts "
+        "only on the forms it was trained on, as before (nothing yet measures whether "
+        "reading JSON from it changes its episodes). On or off, text that looks like a call in no form read (a JSON call while this is off, "
+        "JSON naming a tool that does not parse, a call inside prose) is a failed call of "
+        "kind unreadable_call, never the final answer.",
+    )
     hot_load: Literal["required", "best_effort", "off"] = Field(
         default="required",
         description="endpoint: how each cycle's adapter reaches the server. required: vLLM's "

@@ -69,7 +69,9 @@ class EndpointPolicy:
     started without a tool-call parser (vLLM refuses tools then); such a model
     writes ``<tool_call>`` blocks in its text, which are parsed from the content.
     ``retry_base_s`` and ``retry_max_s`` shape the backoff between attempts (None:
-    the endpoint's).
+    the endpoint's). ``read_json_calls`` reads a call the model wrote in its text as a
+    JSON object (alone or in a fenced block), as llama-server's Qwen2.5 Coder does
+    (``policy.read_json_calls``); off, such a call is an ``unreadable_call``.
     """
 
     # generate() takes on_reply: the rollout engine steps each episode as its reply
@@ -84,8 +86,10 @@ class EndpointPolicy:
         version: str | None = None,
         retry_base_s: float | None = None,
         retry_max_s: float | None = None,
+        read_json_calls: bool = False,
     ):
         self.endpoint = endpoint
+        self.read_json_calls = read_json_calls
         self._base_endpoint = endpoint  # what the server serves without a loaded adapter
         self.tools_in_request = tools_in_request
         self.version = version or endpoint.model
@@ -200,6 +204,7 @@ class EndpointPolicy:
             tools_in_request=self.tools_in_request,
             retry_base_s=self.retry_base_s,
             retry_max_s=self.retry_max_s,
+            read_json_calls=self.read_json_calls,
         )
 
     async def _lora_request(
@@ -300,7 +305,7 @@ class EndpointPolicy:
         async with semaphore:
             body = await self._post(payload)
         try:
-            return message_from_completion(body)
+            return message_from_completion(body, read_json_calls=self.read_json_calls)
         except ValidationError as err:  # a field of a type the shape check let through
             where = ".".join(str(part) for part in err.errors()[0]["loc"])
             raise _Transient(f"malformed response ({where}: {err.errors()[0]['msg']})") from None

@@ -4,7 +4,12 @@ Whole-episode success on a few hundred tasks is noisy and dominated by small
 copy errors, so the report also gives tool-sequence accuracy (the right tools
 in the right order) and per-call accuracy (reference calls matched exactly,
 position by position). Episodes the endpoint gave no reply for are counted apart
-(``left_out``) and in no rate.
+(``left_out``) and in no rate. Beside them: how the calls that were read were written
+(``calls_by_form``: the server's tool_calls field, <tool_call> tags, bare or fenced JSON,
+call lines), how many replies looked like a call and could not be read
+(``unreadable_calls``), and every failed call by its error kind (``call_errors``), so a
+model whose calls go unread shows it, instead of ending every episode on a "final
+answer".
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..records import Task, Trajectory, is_success, split_transport_failures
+from ..envs.parsing import UNREADABLE_CALL
+from ..records import CALL_FORMS, Task, Trajectory, is_success, split_transport_failures
 from .policy import EndpointUnreachable
 
 
@@ -32,6 +38,21 @@ class GroupStats(BaseModel):
         default=0,
         description="Episodes the endpoint gave no usable reply for (connection, timeout, "
         "5xx or unreadable body after every retry): not in ``episodes`` nor any rate.",
+    )
+    calls_by_form: dict[str, int] = Field(
+        default_factory=lambda: dict.fromkeys(CALL_FORMS, 0),
+        description="Calls read, by how the model wrote them (records.CALL_FORMS); calls "
+        "handed over without a reply to read (the oracle's) are in none.",
+    )
+    unreadable_calls: int = Field(
+        default=0,
+        description="Replies (or parts of one) that looked like a tool call in no form the "
+        "policy reads (error kind unreadable_call): failed calls, not answers.",
+    )
+    call_errors: dict[str, int] = Field(
+        default_factory=dict,
+        description="Failed calls by error kind (unknown_tool, bad_arguments, "
+        "unreadable_call, not_found, ...), most frequent first.",
     )
 
     @property
@@ -97,7 +118,13 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
         return stats
     sequence_hits = call_hits = call_total = 0
     stats.mean_score = sum(t.score for t in trajectories) / len(trajectories)
+    errors: Counter[str] = Counter()
     for trajectory in trajectories:
+        for step in trajectory.steps:
+            if step.call is not None and step.call_form is not None:
+                stats.calls_by_form[step.call_form] += 1
+            if step.observation.error is not None:
+                errors[step.observation.error] += 1
         stats.successes += is_success(trajectory.score)
         stats.errors += trajectory.error is not None
         stats.cut_off += not trajectory.finished and trajectory.error is None
@@ -109,6 +136,8 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
             m.name == r.name and m.arguments == r.arguments
             for m, r in zip(made, reference, strict=False)
         )
+    stats.unreadable_calls = errors[UNREADABLE_CALL]
+    stats.call_errors = dict(sorted(errors.items(), key=lambda item: (-item[1], item[0])))
     stats.tool_sequence_accuracy = sequence_hits / len(trajectories)
     stats.call_accuracy = call_hits / call_total if call_total else 0.0
     return stats

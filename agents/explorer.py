@@ -324,14 +324,19 @@ def with_text_calls(reply: AIMessage, made: int) -> AIMessage:
     """The reply with the calls a server left in its text read as tool calls.
 
     A server without a tool-call parser (transformers serve; vLLM without
-    --enable-auto-tool-choice) returns the model's ``<tool_call>`` blocks or call
-    lines as content, as the endpoint policy sees them. They are parsed as the policy
-    parses them, and the reply is sent back with structured calls, so the tool results
-    that follow answer calls the next request names.
+    --enable-auto-tool-choice; llama-server's Qwen2.5 Coder) returns the model's
+    ``<tool_call>`` blocks, call lines or JSON call objects (alone or fenced) as content.
+    They are parsed as the policy parses them, JSON always (a synthesis role is a
+    larger model, whatever format it writes), and the reply is sent back with
+    structured calls, so the tool results that follow answer calls the next request
+    names. Text that looks like a call and cannot be read is an invalid call (an error
+    the model sees), not the end of the round.
     """
     if reply.tool_calls or reply.invalid_tool_calls or not isinstance(reply.content, str):
         return reply
-    content, calls, invalid = parse_assistant_text(reply.content, call_id_prefix=f"call_{made}")
+    content, calls, invalid, _form = parse_assistant_text(
+        reply.content, call_id_prefix=f"call_{made}", read_json_calls=True
+    )
     if not calls and not invalid:
         return reply
     return AIMessage(
@@ -459,18 +464,26 @@ class LLMExplorer:
             reply = with_text_calls(reply, made)
             messages.append(reply)
             attempts = [
-                (tc.get("id") or f"call_{made}_{n}", tc.get("name"), tc.get("args"))
+                (
+                    tc.get("id") or f"call_{made}_{n}",
+                    tc.get("name"),
+                    tc.get("args"),
+                    tc.get("error"),
+                )
                 for n, tc in enumerate([*reply.tool_calls, *reply.invalid_tool_calls])
             ]
             if not attempts:
                 break
-            for call_id, name, arguments in attempts:
+            for call_id, name, arguments, error in attempts:
                 if made >= self.steps:
                     text = "error: the call budget of this round is spent"
                     messages.append(ToolMessage(content=text, tool_call_id=call_id))
                     continue
-                observation = self._run(env, name, arguments, interactions)
-                messages.append(ToolMessage(content=observation.text, tool_call_id=call_id))
+                if name is None and error:  # text that looked like a call: say why it was not read
+                    text = f"error: {error}"
+                else:
+                    text = self._run(env, name, arguments, interactions).text
+                messages.append(ToolMessage(content=text, tool_call_id=call_id))
                 made += 1
         return interactions
 

@@ -32,7 +32,7 @@ from ..envs.base import (
     replay_reference,
     unsupported_answer,
 )
-from ..envs.parsing import render_call
+from ..envs.parsing import UNREADABLE_CALL, render_call
 from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
 from .llm import StructuredOutputError, model_label, structured_call
 from .prompts import JUDGE_PROMPT, fill_environment
@@ -41,7 +41,7 @@ from .roles import EnvFactory
 log = logging.getLogger(__name__)
 
 API_ERRORS = frozenset({"unknown_tool"})
-PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error"})
+PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error", UNREADABLE_CALL})
 
 
 def probe_task(candidate: CandidateTask, env_name: str) -> Task:

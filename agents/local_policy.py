@@ -6,7 +6,7 @@ between its steps (``agents/kv_reuse.py``), so a step encodes only its new
 tokens; without it, one padded ``model.generate`` call re-encodes every
 prompt. A LoRA adapter is merged into the weights while it serves. Replies are
 parsed by ``parse_assistant_text``: Qwen2.5 ``<tool_call>`` blocks or plain call
-lines. The bootstrap agent (``coevolve.training.bootstrap``: SmolLM2 with the
+lines, and JSON call objects with ``read_json_calls``. The bootstrap agent (``coevolve.training.bootstrap``: SmolLM2 with the
 plain-calls template) is the usual model; any local causal LM whose chat
 template speaks one of the two formats works too.
 """
@@ -37,7 +37,8 @@ class LocalPolicy:
     ``temperature`` is the default for ``generate`` (0: greedy). With
     ``tools_in_prompt`` the tool schemas are rendered into the prompt by the chat
     template; the bootstrap model is trained without them (it learned the tools
-    from demonstrations), so the default is off.
+    from demonstrations), so the default is off. ``read_json_calls`` also reads a call
+    written as a JSON object, alone or in a fenced block (``policy.read_json_calls``).
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class LocalPolicy:
         kv_reuse: bool = True,
         merge_adapter: bool = True,
         max_live_episodes: int | None = None,
+        read_json_calls: bool = False,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -76,6 +78,7 @@ class LocalPolicy:
         # Read by the rollout engine (agents/rollout.py): episodes it keeps going at once.
         self.max_live_episodes = max_live_episodes
         self.tools_in_prompt = tools_in_prompt
+        self.read_json_calls = read_json_calls
         self.kv_reuse = kv_reuse
         self.merge_adapter = merge_adapter
         self._fixed_version = version
@@ -359,12 +362,13 @@ class LocalPolicy:
             end = len(tokens)
             finish_reason, completion_tokens = "length", len(tokens)
         text = self._decode(tokens[:end])
-        content, calls, invalid = parse_assistant_text(text)
+        parsed = parse_assistant_text(text, read_json_calls=self.read_json_calls)
         return AssistantMessage(
-            content=content,
-            tool_calls=calls,
-            invalid_tool_calls=invalid,
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            invalid_tool_calls=parsed.invalid_tool_calls,
             raw=text,
+            call_form=parsed.form,
             prompt_tokens=len(prompt),
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,

@@ -122,7 +122,7 @@ def act(env: Environment, reply: AssistantMessage, turn: int) -> tuple[list[Step
     results: list[Message] = []
     for call in reply.tool_calls:
         observation = env.step(call)
-        steps.append(Step(turn=turn, call=call, observation=observation))
+        steps.append(Step(turn=turn, call=call, call_form=reply.call_form, observation=observation))
         results.append(
             {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
         )

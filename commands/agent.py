@@ -234,6 +234,12 @@ def eval_command(
             str(stats.cut_off),
         )
     console.print(table)
+    if report.overall.unreadable_calls or any(report.overall.calls_by_form.values()):
+        # The oracle hands its calls over unwritten: no form to show.
+        console.print(_calls_by_form_table(spec.family_label, rows))
+    if report.overall.call_errors:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in report.overall.call_errors.items())
+        err_console.print(f"[yellow]failed tool calls by kind: {kinds}[/yellow]")
     if report.overall.left_out:
         # The rates above are over the episodes that ran; say what they leave out.
         err_console.print(
@@ -244,3 +250,31 @@ def eval_command(
         err_console.print(
             f"[yellow]{report.overall.errors} episodes ended on a policy error; see --save[/yellow]"
         )
+
+
+# The column of each form (records.CALL_FORMS) in the calls-by-form table.
+_FORM_LABELS = {
+    "tool_calls_field": "tool_calls field",
+    "tool_call_tag": "<tool_call> tag",
+    "bare_json": "bare JSON",
+    "fenced_json": "fenced JSON",
+    "call_line": "call line",
+}
+
+
+def _calls_by_form_table(family_label: str, rows: list[tuple[str, Any]]) -> Table:
+    """How the calls read were written, per family, and the replies that looked like a
+    call and could not be read (unreadable_call)."""
+    from ..records import CALL_FORMS
+
+    table = Table(title="tool calls by form")
+    table.add_column(family_label, no_wrap=True)
+    for column in [*(_FORM_LABELS[form] for form in CALL_FORMS), "unreadable"]:
+        table.add_column(column, justify="right", no_wrap=True)
+    for name, stats in rows:
+        table.add_row(
+            f"[bold]{name}[/bold]" if name == "overall" else name,
+            *(str(stats.calls_by_form.get(form, 0)) for form in CALL_FORMS),
+            str(stats.unreadable_calls),
+        )
+    return table

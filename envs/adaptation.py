@@ -39,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..records import Observation, Step, Task, ToolCall
+from .parsing import UNREADABLE_CALL
 
 Mode = Literal["train", "validation", "eval", "test"]
 TRAINING_MODES = frozenset({"train"})
@@ -207,10 +208,15 @@ _BFCL_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
         "vs int vs list).",
     ),
 )
+_WELL_FORMED_CALL_HINT = (
+    "Each tool call must be one well-formed call of a tool from the schema with its "
+    "arguments; available tools start with: {tools}. If no tool fits, reply in plain text."
+)
 # The world's (and the dispatcher's) error kinds.
 _KIND_HINTS: dict[str, str] = {
-    "parse_error": "Each tool call must be one well-formed call of a tool from the schema with its "
-    "arguments; available tools start with: {tools}. If no tool fits, reply in plain text.",
+    "parse_error": _WELL_FORMED_CALL_HINT,
+    # Text that looked like a call in no form the policy reads: the same advice.
+    UNREADABLE_CALL: _WELL_FORMED_CALL_HINT,
     "unknown_tool": _BFCL_HINTS[5][1],
     "bad_arguments": "`{tool}` takes these arguments: {parameters} (required: {required}). "
     "Re-emit the call with exactly these keys and the types the schema gives.",

@@ -54,15 +54,15 @@ from .diagnosis import (
     step_error_label,
 )
 from .function_tools import TOOL_FAILED, FunctionEnvironment
-from .parsing import render_call
+from .parsing import UNREADABLE_CALL, render_call
 from .spec import EnvironmentSpec
 from .task_file import SPLITS, TaskFile, TaskProblem, assign_splits, read_task_file
 
 ENTRY_POINT_GROUP = "coevolve.environments"
 
 # Error kinds of a call the dispatcher refuses before any tool runs.
-_REFUSED = frozenset({"parse_error", "bad_json", "unknown_tool", "bad_arguments"})
-_INVALID = frozenset({"parse_error", "bad_json", "unknown_tool", "episode_over"})
+_REFUSED = frozenset({"parse_error", "bad_json", UNREADABLE_CALL, "unknown_tool", "bad_arguments"})
+_INVALID = frozenset({"parse_error", "bad_json", UNREADABLE_CALL, "unknown_tool", "episode_over"})
 
 
 @dataclass

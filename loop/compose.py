@@ -61,7 +61,9 @@ def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Polic
 
         assert policy.endpoint is not None  # the config validator guarantees it
         return EndpointPolicy(
-            config.endpoint(policy.endpoint), tools_in_request=policy.renders_tools
+            config.endpoint(policy.endpoint),
+            tools_in_request=policy.renders_tools,
+            read_json_calls=policy.read_json_calls,
         )
     from ..agents.local_policy import LocalPolicy
 
@@ -75,6 +77,7 @@ def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Polic
         batch_size=policy.batch_size,
         tools_in_prompt=policy.renders_tools,
         max_live_episodes=policy.max_live_episodes,
+        read_json_calls=policy.read_json_calls,
     )
 
 

@@ -4,23 +4,44 @@
 reference call of the task whose user message it recognises (by the text of
 the latest user turn), then the task's answer; unknown requests get "Done.".
 ``wrong(task_id)`` picks tasks whose last call gets a corrupted argument, so a
-run has failures too. The answers depend only on the conversation, so runs
+run has failures too; ``call_form`` is how it writes its calls (``call_reply``:
+the server's tool_calls field, or in the text as a model without the server's
+tool parser writes them). The answers depend only on the conversation, so runs
 against it are reproducible: a stand-in for a model behind an endpoint when
 testing the endpoint path end to end (HTTP, tool calling, scoring).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..agents.policy import AssistantMessage
-from ..records import Task
+from ..envs.parsing import render_call
+from ..records import CallForm, Task, ToolCall
 from .openai_server import Reply
 
 
+def call_reply(call: ToolCall, form: CallForm = "tool_calls_field") -> Reply:
+    """A reply making ``call``, written in ``form``: the server's tool_calls field, a
+    ``<tool_call>`` tag, a JSON object alone or in a ```json fence, or a call line."""
+    if form == "tool_calls_field":
+        return Reply.tool_calls([(call.name, call.arguments)])
+    if form == "call_line":
+        return Reply.text(render_call(call))
+    written = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    if form == "tool_call_tag":
+        return Reply.text(f"<tool_call>\n{written}\n</tool_call>")
+    if form == "fenced_json":
+        return Reply.text(f"```json\n{written}\n```")
+    return Reply.text(written)
+
+
 def reference_replies(
-    tasks: Sequence[Task], wrong: Callable[[str], bool] = lambda task_id: False
+    tasks: Sequence[Task],
+    wrong: Callable[[str], bool] = lambda task_id: False,
+    call_form: CallForm = "tool_calls_field",
 ) -> Callable[[dict[str, Any]], Reply]:
     by_query = {turn.query: (task, i) for task in tasks for i, turn in enumerate(task.turns)}
 
@@ -43,7 +64,7 @@ def reference_replies(
                 key = next((k for k, v in arguments.items() if isinstance(v, str)), None)
                 if key is not None:
                     arguments[key] = arguments[key] + "x"
-            return Reply.tool_calls([(call.name, arguments)])
+            return call_reply(ToolCall(name=call.name, arguments=arguments), call_form)
         last = turn == len(task.turns) - 1
         return Reply.text(task.reference_answer if last and task.reference_answer else "Done.")
 

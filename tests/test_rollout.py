@@ -129,7 +129,7 @@ def test_unreadable_and_unknown_calls_are_steps_with_errors():
     def reply(i, conversation):
         if len(conversation) > 2:
             return AssistantMessage(content="giving up")
-        content, calls, invalid = parse_assistant_text(text)
+        content, calls, invalid, _form = parse_assistant_text(text, read_json_calls=False)
         return AssistantMessage(
             content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text
         )
@@ -226,6 +226,6 @@ def _step(call):
     ],
 )
 def test_parse_assistant_text(text, content, names, bad):
-    parsed_content, calls, invalid = parse_assistant_text(text)
+    parsed_content, calls, invalid, _form = parse_assistant_text(text, read_json_calls=False)
     assert parsed_content == content and [c.name for c in calls] == names and len(invalid) == bad
     assert all(isinstance(b, InvalidToolCall) for b in invalid)

@@ -151,8 +151,10 @@ class GeneratedIdsPolicy:
         tools_in_prompt: bool,
         max_completion_tokens: int,
         max_reply_tokens: int,
+        read_json_calls: bool = False,
     ) -> None:
         self.replies = replies
+        self.read_json_calls = read_json_calls
         self.tokenizer = tokenizer
         self.tools_in_prompt = tools_in_prompt
         self.max_completion_tokens = max_completion_tokens
@@ -234,9 +236,13 @@ class GeneratedIdsPolicy:
             text = self.tokenizer.decode(
                 [t for t in reply if t not in self.drop], skip_special_tokens=False
             )
-            content, calls, invalid = parse_assistant_text(text)
+            parsed = parse_assistant_text(text, read_json_calls=self.read_json_calls)
             message = AssistantMessage(
-                content=content, tool_calls=calls, invalid_tool_calls=invalid, raw=text
+                content=parsed.content,
+                tool_calls=parsed.tool_calls,
+                invalid_tool_calls=parsed.invalid_tool_calls,
+                raw=text,
+                call_form=parsed.form,
             )
         message.prompt_token_ids = prompt
         message.completion_token_ids = list(reply)
