@@ -165,7 +165,8 @@ about other people, items, events or values, then carry it out completely:
 - first reply: the line REQUEST: <the request, as the user would write it, naming every \
 value it needs>, then the first call as a numbered line, e.g. 1. find_contact(name="Ana");
 - then one numbered call a reply, using the values the results show (never guess an id);
-- when the request is done: the line ANSWER: <the value the request asks for, or none>."""
+- make only the calls the request needs, as the examples do; as soon as it is done, reply \
+with the line ANSWER: <the value the request asks for, or none>."""
 
 TEACHER_FOLLOW_UP = (
     "Reply with the two lines REQUEST: <the request your calls carried out> and "

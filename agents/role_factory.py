@@ -66,7 +66,8 @@ def build_roles(
             )
         chosen[role] = name
     limiter = asyncio.Semaphore(config.llm_concurrency) if any(chosen.values()) else None
-    brief = environment_brief(make_env()) if make_env is not None and any(chosen.values()) else None
+    speaks = any(chosen.values()) or config.teacher not in (None, OFFLINE)
+    brief = environment_brief(make_env()) if make_env is not None and speaks else None
 
     def model(role: str) -> Any:
         name = chosen[role]
@@ -112,7 +113,7 @@ def build_roles(
             rounds=rounds or 2,
             steps=steps or 8,
             max_examples=config.teacher_examples,
-            prompt=config.teacher_prompt,
+            prompt=config.prompt_for("teacher", brief),
         )
     abstractor: Abstractor = (
         TaskWriter(

@@ -111,15 +111,15 @@ def first_call(text: str, call_id: str) -> tuple[ToolCall | None, str | None]:
         candidate = _RESULT.sub("", _NUMBERED.sub("", line)).strip()
         if candidate.upper().startswith(("REQUEST", "ANSWER", "CALLS")) or not candidate:
             continue
-        _, calls, invalid = parse_assistant_text(candidate, call_id_prefix=call_id)
-        if calls:
-            return calls[0], None
-        if invalid and _NUMBERED.match(line):
-            return None, invalid[0].message
-    _, calls, invalid = parse_assistant_text(text, call_id_prefix=call_id)
-    if calls:
-        return calls[0], None
-    return None, (invalid[0].message if invalid else None)
+        parsed = parse_assistant_text(candidate, call_id, read_json_calls=True)
+        if parsed.tool_calls:
+            return parsed.tool_calls[0], None
+        if parsed.invalid_tool_calls and _NUMBERED.match(line):
+            return None, parsed.invalid_tool_calls[0].message
+    parsed = parse_assistant_text(text, call_id, read_json_calls=True)
+    if parsed.tool_calls:
+        return parsed.tool_calls[0], None
+    return None, (parsed.invalid_tool_calls[0].message if parsed.invalid_tool_calls else None)
 
 
 class TeacherExplorer(LLMExplorer):
@@ -194,7 +194,11 @@ class TeacherExplorer(LLMExplorer):
         the teacher writes its ANSWER line, stops writing calls, or the calls are spent."""
         interactions: list[Interaction] = []
         made = 0
-        while made < self.steps:
+        # A task of the family needs about as many calls as its examples: one more at most,
+        # so a teacher that runs on past its request cannot add calls the request never asked.
+        shown = [len(example.reference_calls) for example in self.examples_for(task)]
+        budget = min(self.steps, max(shown) + 1) if shown else self.steps
+        while made < budget:
             try:
                 reply = await ask(bound, messages, self.limiter, model=self.model)
             except ReplyError as err:
