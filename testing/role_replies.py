@@ -42,11 +42,15 @@ def role_of(body: dict[str, Any]) -> str | None:
     if not isinstance(system, str):
         return None
     for name, prompt in zip(ROLE_NAMES, ROLE_PROMPTS, strict=True):
-        # The default prompt around its environment slot, whatever environment fills it.
-        before, _, after = prompt.partition(ENVIRONMENT_SLOT)
-        if system.startswith(before) and system.endswith(after):
+        if _same_prompt(system, prompt):
             return name
     return None
+
+
+def _same_prompt(system: str, prompt: str) -> bool:
+    """Whether ``system`` is the default ``prompt``, whatever environment fills its slot."""
+    before, _, after = prompt.partition(ENVIRONMENT_SLOT)
+    return system.startswith(before) and system.endswith(after)
 
 
 def role_reply(body: dict[str, Any]) -> Reply | None:
@@ -109,20 +113,22 @@ def writer_reply(body: dict[str, Any]) -> Reply | None:
 
 
 def teacher_reply(body: dict[str, Any]) -> Reply | None:
-    """A sane teacher's reply (agents/teacher.py): it lists the contacts, writes a request
-    for the first one's number as it looks it up, then gives the number; None for any
-    other request."""
+    """A sane teacher's reply (agents/teacher.py), numbered call lines as Qwen2.5-Coder
+    writes them: it lists the contacts, writes a request for the first one's number as it
+    looks it up (with a made-up result the teacher cuts off), then gives the number; None
+    for any other request."""
     messages = body.get("messages") or []
-    if not messages or messages[0].get("content") != TEACHER_PROMPT:
+    system = messages[0].get("content") if messages else None
+    if not isinstance(system, str) or not _same_prompt(system, TEACHER_PROMPT):
         return None
-    results = [m["content"] for m in messages if m.get("role") == "tool"]
+    results = [m["content"] for m in messages[2:] if m.get("role") == "user"]
     if not results:
-        return Reply.tool_calls([("list_contacts", {})])
+        return Reply.text("1. list_contacts()")
     seen = _CONTACT.search(results[0])
     if seen is None:
         return Reply.text("I found no contact.")
     name, phone = seen.groups()
     if len(results) == 1:
         request = f"REQUEST: What is {name}'s phone number?"
-        return Reply.tool_calls([("find_contact", {"name": name})], content=request)
+        return Reply.text(f'{request}\n2. find_contact(name="{name}") -> id=c9 name={name}')
     return Reply.text(f"ANSWER: {phone}")
