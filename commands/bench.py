@@ -35,8 +35,9 @@ def bench_learning(
             "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, "
             "grpo-demonstrations, grpo-reference, seal, "
             "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
-            "coevolve-llm, random-llm (the task writer at the config's endpoint 'writer'; in "
-            "the default only when the config has one). "
+            "coevolve-llm, random-llm (the task writer at the config's endpoint 'writer'), "
+            "coevolve-teacher, random-teacher (the larger model at the endpoint 'teacher'); "
+            "a model arm is in the default only when the config has its endpoint. "
             "Finished (arm, seed) units are skipped on a rerun."
         ),
     ] = None,

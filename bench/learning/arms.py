@@ -81,7 +81,31 @@ ARMS["random-llm"] = {
     "synthesis": _WRITER_SYNTHESIS,
     "pool": _WRITER_POOL,
 }
-LLM_ARMS = ("coevolve-llm", "random-llm")
+
+# The larger model (issue 70): the teacher at the base config's endpoint named "teacher"
+# (`make teacher`, then `coevolve serve ... --endpoint teacher`: llama-server) writes and
+# carries out tasks of the flagged families, shown their seed tasks; it judges them too
+# (synthesis.roles.judge), and the frontier check drops those the agent already solves.
+TEACHER_ENDPOINT = "teacher"
+_TEACHER_SYNTHESIS = {
+    "roles": {"teacher": TEACHER_ENDPOINT, "judge": TEACHER_ENDPOINT, "explorer_rounds": 2},
+    "frontier_samples": 2,
+}
+ARMS["coevolve-teacher"] = {"synthesis": _TEACHER_SYNTHESIS, "pool": _WRITER_POOL}
+ARMS["random-teacher"] = {
+    "signals": {"selection": "random"},
+    "synthesis": _TEACHER_SYNTHESIS,
+    "pool": _WRITER_POOL,
+}
+
+# The endpoint each synthesizing model arm needs in the base config.
+ARM_ENDPOINTS = {
+    "coevolve-llm": WRITER_ENDPOINT,
+    "random-llm": WRITER_ENDPOINT,
+    "coevolve-teacher": TEACHER_ENDPOINT,
+    "random-teacher": TEACHER_ENDPOINT,
+}
+LLM_ARMS = tuple(ARM_ENDPOINTS)
 
 
 # Arms renamed since units were saved under their old name: old -> today's. A unit or report
@@ -118,10 +142,10 @@ def check_arms(arms: list[str]) -> None:
 
 
 def default_arms(base: dict[str, Any]) -> list[str]:
-    """The arms a bench runs when none are named: every arm, less the LLM arms when the
-    base config has no endpoint for the writer to be served at."""
-    served = WRITER_ENDPOINT in (base.get("endpoints") or {})
-    return [arm for arm in ARMS if served or arm not in LLM_ARMS]
+    """The arms a bench runs when none are named: every arm, less the model arms whose
+    endpoint (the writer's, the teacher's) the base config does not have."""
+    served = set(base.get("endpoints") or {})
+    return [arm for arm in ARMS if arm not in ARM_ENDPOINTS or ARM_ENDPOINTS[arm] in served]
 
 
 # What a seed varies besides training (arm_config's seed_sets).
