@@ -184,6 +184,9 @@ TOUR: dict[str, list[str] | str] = {
     "coevolve serve configs/writer.yaml --endpoint writer --dry-run": [
         "serve", "configs/writer.yaml", "--endpoint", "writer", "--dry-run",
     ],
+    "coevolve serve configs/teacher.yaml --endpoint teacher --dry-run": [
+        "serve", "configs/teacher.yaml", "--endpoint", "teacher", "--dry-run",
+    ],
     "coevolve bench learning --seeds 3": [
         "bench", "learning", "--quick", "--seeds", "1", "--arms", "static",
         "--out", "{tmp}/bench",
