@@ -103,7 +103,7 @@ def message_from_completion(body: dict[str, Any], *, read_json_calls: bool) -> A
         arguments = function.get("arguments", "")
         raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
         try:
-            parsed = parse_tool_calls({"function": function})
+            read = parse_tool_calls({"function": function})
         except ToolCallParseError as err:
             if not name:
                 raw = json.dumps({**function, "arguments": _decoded(arguments)}, ensure_ascii=False)
@@ -114,7 +114,7 @@ def message_from_completion(body: dict[str, Any], *, read_json_calls: bool) -> A
                 )
             )
             continue
-        calls += [call.model_copy(update={"id": call_id}) for call in parsed]
+        calls += [call.model_copy(update={"id": call_id}) for call in read]
     # A call without a name cannot be sent back as a tool call; AssistantMessage
     # then replays ``raw`` as text, so keep the attempted call in it.
     raw_text = "\n".join([text, *unnamed_raw]).strip() if unnamed_raw else (text or None)

@@ -40,7 +40,7 @@ class GroupStats(BaseModel):
         "5xx or unreadable body after every retry): not in ``episodes`` nor any rate.",
     )
     calls_by_form: dict[str, int] = Field(
-        default_factory=lambda: dict.fromkeys(CALL_FORMS, 0),
+        default_factory=lambda: {str(form): 0 for form in CALL_FORMS},
         description="Calls read, by how the model wrote them (records.CALL_FORMS); calls "
         "handed over without a reply to read (the oracle's) are in none.",
     )

@@ -52,8 +52,11 @@ def curate(candidate: CandidateTask, env: str) -> tuple[bool, list[str]]:
     """(accepted without the rule, the rule's reasons): grounding, then the judge's replay."""
     make_env = get_environment(env).environment
     execution = execute_candidate(candidate, make_env)
-    steps = [s for s in execution.steps if s.call is not None and not s.observation.error]
-    interactions = [Interaction(call=s.call, observation=s.observation) for s in steps]
+    interactions = [
+        Interaction(call=s.call, observation=s.observation)
+        for s in execution.steps
+        if s.call is not None and not s.observation.error
+    ]
     grounded = not ungrounded_values(candidate.query, interactions)
     rule = [p for p in execution.problems if p.startswith(SELF_REFERENTIAL)]
     others = [p for p in execution.problems if not p.startswith(SELF_REFERENTIAL)]

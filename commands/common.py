@@ -192,7 +192,7 @@ def run_of_policy(spec: str) -> CoevolveConfig | None:
             )
     else:
         return None
-    config = load_config_or_fail(run.config)
+    config = load_config_or_fail(str(run.config))
     if config.policy.kind != "local":
         raise fail(
             f"--policy {spec}: that run's policy is an endpoint, and an adapter runs on a local "
