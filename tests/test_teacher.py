@@ -143,3 +143,31 @@ def test_the_frontier_check_rejects_what_the_student_already_solves(flagged, scr
     assert rejected.candidate == candidates[0]
     assert rejected.reason == "the student already solves it (100% of its frontier episodes)"
     assert candidates[0] not in [task.instruction for task in result.accepted]
+
+
+@pytest.mark.parametrize(
+    "reply, call, problem",
+    [
+        (
+            'REQUEST: Text Tom: hi.\nCalls:\n1. find_contact(name="Tom") ',
+            ("find_contact", {"name": "Tom"}),
+            None,
+        ),
+        (
+            '2. add_contact(name="Tom", phone="555-7890") -> saved id=c6',
+            ("add_contact", {"name": "Tom", "phone": "555-7890"}),
+            None,
+        ),
+        ('```json\n{"name": "list_contacts", "arguments": {}}\n```', ("list_contacts", {}), None),
+        ("ANSWER: none", None, None),
+        ('3. send_message(contact_id=c7, text="hi"', None, "not a tool call"),
+    ],
+)
+def test_the_first_call_of_a_reply_is_read_in_any_form_and_a_made_up_result_is_cut(
+    reply, call, problem
+):
+    from coevolve.agents.teacher import first_call
+
+    found, why = first_call(reply, "call")
+    assert (None if found is None else (found.name, found.arguments)) == call
+    assert (why is None) if problem is None else why.startswith(problem)
