@@ -16,6 +16,7 @@ from coevolve.bench.learning import (
     REFERENCE_EFFECT,
     AblationReport,
     ArmRun,
+    CodeAcceptance,
     arm_config,
     default_arms,
     family_pairs,
@@ -640,9 +641,17 @@ def test_the_llm_verdict_pairs_the_writer_arm_with_static_random_llm_and_the_ora
 def test_reference_units_still_count_in_a_bench_that_serves_the_writer():
     """The LLM arms' bench gives the base config the writer's endpoint: static's and
     coevolve-oracle's committed N = 100 units, which name no endpoint, still count there
-    (the verdict pairs them); a unit whose writer was another endpoint does not."""
+    (the verdict pairs them); a unit whose writer was another endpoint does not. They were
+    evaluated every 2 cycles, the config's setting then; today's evaluates every cycle."""
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
+    assert base["evaluation"]["every"] == 1  # issue 71: the verdict's units, every cycle
+    saved = json.loads(
+        (root / "docs/figures/bench-lowresource-n100-heldout/units/static-seed0.json").read_text()
+    )["config"]
+    today = load_config(arm_config(base, "static", 0, Path("runs/bench-llm-n100")))
+    assert not unit_still_counts(saved, today.model_dump_json())
+    base["evaluation"]["every"] = 2
     writer = {"base_url": "http://127.0.0.1:8011/v1", "model": "runs/writer-n100"}
     served = {**base, "endpoints": {"writer": writer}}
     units = root / "docs" / "figures" / "bench-lowresource-n100-heldout" / "units"
@@ -729,6 +738,7 @@ def test_units_and_reports_of_the_old_arm_name_count_as_coevolve_oracle(tmp_path
             out_dir=tmp_path,
             config_name="test",
             run_missing=False,
+            accept_code=CodeAcceptance(any_code=True),  # it predates code fingerprints
         )
     assert [(run.arm, run.seed) for run in report.runs] == [("coevolve-oracle", 0)]
 
