@@ -185,12 +185,14 @@ def bench_by_seed_tasks(
     """coevolve-oracle − static and coevolve-oracle − random against the number of seed
     tasks, one finished bench report per N: the low-resource verdict in one figure and one
     table."""
+    from collections import Counter
     from pathlib import Path
 
     from pydantic import ValidationError
     from rich.table import Table
 
     from ..bench.learning import AblationReport
+    from ..bench.learning.code import code_label
     from ..bench.learning.figures import VERDICT_PAIRS, plot_by_seed_tasks
     from ..bench.learning.report import points_text
 
@@ -225,5 +227,13 @@ def bench_by_seed_tasks(
             cells.append(f"{text} (n={value.n})")
         table.add_row(str(size), *cells)
     console.print(table)
+    # Which code each report's units ran at: a verdict across N compares them too.
+    for size in sorted(by_size):
+        report = by_size[size]
+        codes = report.codes or Counter(code_label(run.code_fingerprint) for run in report.runs)
+        console.print(
+            f"N = {size}: units by the code that ran them: "
+            + ", ".join(f"{label} ({count})" for label, count in codes.items())
+        )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     console.print(f"figure: {plot_by_seed_tasks(by_size, Path(out))}")

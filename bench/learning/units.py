@@ -62,7 +62,7 @@ class AcceptedTask(BaseModel):
             signal=task.signal,
             parent_task_id=task.parent_task_id,
             requests=[turn.query for turn in task.turns],
-            calls=[call.model_dump(mode="json") for call in calls],
+            calls=[call.model_dump(mode="json", exclude={"id"}) for call in calls],
             call_count=len(calls),
         )
 
