@@ -422,6 +422,12 @@ class TrainResult(Record):
         description="training.checkpoint_every: the step of the checkpoint a killed step "
         "continued from; None when it ran from step 0.",
     )
+    rows_by_source: dict[str, int] = Field(
+        default_factory=dict,
+        description="The rows of the cycle's train_data.jsonl by their source (TRAINING_SOURCES: "
+        "seed and synthesized tasks' reference demonstrations, or GRPO prompts of them; rollout "
+        "successes and preference pairs); empty for hard negatives and steps recorded before.",
+    )
 
 
 class AgentShare(TypedDict):

@@ -71,6 +71,24 @@ def bench_learning(
             "in pieces, read between them).",
         ),
     ] = False,
+    accept_code: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--accept-code",
+            metavar="FINGERPRINT",
+            help="Also count finished units that ran at this code fingerprint (the report "
+            "and the skipped units name theirs; repeat it, or comma-separate). By default a "
+            "unit counts only at today's code: one verdict, one code.",
+        ),
+    ] = None,
+    any_code: Annotated[
+        bool,
+        typer.Option(
+            "--any-code",
+            help="Count finished units whatever code ran them, units that record none "
+            "(saved before fingerprints were kept) included; the report warns when they mix.",
+        ),
+    ] = False,
     overrides: SetOption = None,
     debug: DebugOption = False,
 ) -> None:
@@ -79,7 +97,14 @@ def bench_learning(
 
     import yaml
 
-    from ..bench.learning import check_arms, default_arms, print_report, run_ablation
+    from ..bench.learning import (
+        CodeAcceptance,
+        check_arms,
+        default_arms,
+        print_report,
+        run_ablation,
+    )
+    from ..bench.learning.code import parse_fingerprints
     from ..config import ConfigError
     from .common import load_config_or_fail
 
@@ -112,6 +137,10 @@ def bench_learning(
         raise fail(f"--seed-list takes seeds like 1,3; got {seed_list!r}") from None
     if any(seed < 0 for seed in chosen_seeds):
         raise fail(f"--seed-list takes seeds from 0; got {seed_list!r}")
+    try:
+        accepted = parse_fingerprints(accept_code or [])
+    except ValueError as err:
+        raise fail(f"--accept-code: {err}") from None
     out_dir = Path(out or ("runs/bench-learning-quick" if quick else "runs/bench-learning"))
     if report_only and not any((out_dir / "units").glob("*.json")):
         raise fail(f"--report-only: no finished units in {out_dir / 'units'}")
@@ -130,6 +159,7 @@ def bench_learning(
             # --quick trains a step or two a cycle: the arms' own step counts shrink with it.
             scale_arm_steps=quick,
             seed_sets=seed_sets,
+            accept_code=CodeAcceptance(fingerprints=accepted, any_code=any_code),
         )
     except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None
@@ -156,12 +186,14 @@ def bench_by_seed_tasks(
     """coevolve-oracle − static and coevolve-oracle − random against the number of seed
     tasks, one finished bench report per N: the low-resource verdict in one figure and one
     table."""
+    from collections import Counter
     from pathlib import Path
 
     from pydantic import ValidationError
     from rich.table import Table
 
     from ..bench.learning import AblationReport
+    from ..bench.learning.code import code_label
     from ..bench.learning.figures import VERDICT_PAIRS, plot_by_seed_tasks
     from ..bench.learning.report import points_text
 
@@ -196,5 +228,13 @@ def bench_by_seed_tasks(
             cells.append(f"{text} (n={value.n})")
         table.add_row(str(size), *cells)
     console.print(table)
+    # Which code each report's units ran at: a verdict across N compares them too.
+    for size in sorted(by_size):
+        report = by_size[size]
+        codes = report.codes or Counter(code_label(run.code_fingerprint) for run in report.runs)
+        console.print(
+            f"N = {size}: units by the code that ran them: "
+            + ", ".join(f"{label} ({count})" for label, count in codes.items())
+        )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     console.print(f"figure: {plot_by_seed_tasks(by_size, Path(out))}")

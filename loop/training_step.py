@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -144,7 +145,10 @@ async def train_cycle(
     if files.train_record.exists():  # trained before a kill; the adapter is complete
         result = TrainResult.model_validate_json(files.train_record.read_text())
     elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
-        result = load_train_result(output_dir)
+        # train_data.jsonl was written before the step: its rows say what the step learned from
+        result = load_train_result(output_dir).model_copy(
+            update={"rows_by_source": rows_by_source(files.train_data())}
+        )
         files.write_train_record(result)
     else:
         if rt.model_dir is None:
@@ -163,6 +167,7 @@ async def train_cycle(
                 messages=json_arguments(t.messages),
                 tools=tools_of(t.task_id),
                 model_turns=t.model_turns if training.sft.token_ids else [],
+                source="rollout",
             )
             for t in successful_trajectories(
                 trajectories,
@@ -176,7 +181,7 @@ async def train_cycle(
             demonstrations: Iterable[tuple[Task, list[Message]]],
         ) -> list[TrainingConversation]:
             return [
-                TrainingConversation(messages=messages, tools=tools_of(task.id))
+                TrainingConversation(messages=messages, tools=tools_of(task.id), source=task.source)
                 for task, messages in demonstrations
             ]
 
@@ -215,28 +220,35 @@ async def train_cycle(
             pair.model_copy(update={"tools": tools_of(pair.task_id)})
             for pair in preference_pairs(trajectories, max_per_task=training.dpo.max_pairs_per_task)
         ]
-        # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo: pairs).
+        # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo:
+        # pairs, grpo: prompts), each row with its source (TrainingSource), which the bench's
+        # units count.
+        train_rows: list[dict[str, object]]
         if training.algorithm == "sft":
-            files.write_train_data(
-                [
-                    {"messages": c.messages, "tools": c.tools, "weight": w}
-                    for c, w in zip(
-                        conversations, example_weights or [1.0] * len(conversations), strict=True
-                    )
-                ],
-            )
-        elif training.algorithm == "dpo":
-            files.write_train_data(pairs)
+            train_rows = [
+                {"messages": c.messages, "tools": c.tools, "weight": w, "source": c.source}
+                for c, w in zip(
+                    conversations, example_weights or [1.0] * len(conversations), strict=True
+                )
+            ]
+        elif training.algorithm == "dpo":  # pairs of the cycle's own episodes
+            train_rows = [{**pair.model_dump(mode="json"), "source": "rollout"} for pair in pairs]
         else:  # grpo: the prompts its episodes start from, with each task's tools
             from ..training.grpo.trainer import grpo_rows
 
-            prompt_rows: list[dict[str, object]] = []
+            train_rows = []
             for task in tasks:
                 rows, schemas = grpo_rows([task], rt.make_env, config.policy.system_prompt, 1, True)
-                prompt_rows += [
-                    {"prompt": row["prompt"], "tools": schemas, "task_id": task.id} for row in rows
+                train_rows += [
+                    {
+                        "prompt": row["prompt"],
+                        "tools": schemas,
+                        "task_id": task.id,
+                        "source": task.source,
+                    }
+                    for row in rows
                 ]
-            files.write_train_data(prompt_rows)
+        files.write_train_data(train_rows)
         seed = seed_everything(config.seed, cycle, "train")
         step = TrainStepArguments(
             model_dir=rt.model_dir,
@@ -270,9 +282,17 @@ async def train_cycle(
                 seed=seed,
                 **step,
             )
+        result = result.model_copy(update={"rows_by_source": rows_by_source(train_rows)})
         files.write_train_record(result)
     await use_adapter(rt, result.adapter_dir)
     return result
+
+
+def rows_by_source(rows: Iterable[Mapping[str, object]]) -> dict[str, int]:
+    """How many training rows came from each source (``TrainingSource``; rows written before
+    rows had one count as "unrecorded")."""
+    counts = Counter(str(row.get("source") or "unrecorded") for row in rows)
+    return dict(sorted(counts.items()))
 
 
 def binary_outcomes(trajectories: Sequence[Trajectory]) -> dict[str, list[bool]]:

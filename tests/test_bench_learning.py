@@ -16,6 +16,7 @@ from coevolve.bench.learning import (
     REFERENCE_EFFECT,
     AblationReport,
     ArmRun,
+    CodeAcceptance,
     arm_config,
     default_arms,
     family_pairs,
@@ -382,6 +383,9 @@ def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
 
 @pytest.mark.slow
 def test_quick_bench_runs_end_to_end(tmp_path):
+    from coevolve.bench.learning import accepted_tasks_of, code_fingerprint
+    from coevolve.run_files import CycleFiles
+
     out = quick_bench(tmp_path, "static,random,coevolve-oracle", seeds=2)
     report = json.loads(out.stdout)
     assert [(r["arm"], r["seed"]) for r in report["runs"]] == [
@@ -400,7 +404,24 @@ def test_quick_bench_runs_end_to_end(tmp_path):
             assert run["accepted_by_cycle"][0] <= 2  # synthesis.max_accepted of --quick
         assert sum(run["accepted_by_family"].values()) == sum(run["accepted_by_cycle"])
         assert run["commit"] == package_commit()  # None only outside a git checkout
+        # issue 71: the unit names its code, keeps its accepted tasks and its training rows
+        assert run["code_fingerprint"] == code_fingerprint()
+        unit = tmp_path / "units" / f"{run['arm']}-seed{run['seed']}.json"
+        tasks = accepted_tasks_of(unit)
+        assert len(tasks) == sum(run["accepted_by_cycle"])
+        assert all(t.cycle == 1 and t.call_count == len(t.calls) >= 1 for t in tasks)
+        [trained] = run["training_by_cycle"]
+        assert trained["cycle"] == 1 and trained["steps"] == 2  # --quick's training.max_steps
+        rows = CycleFiles(run["run_dir"], 1).train_data()
+        assert {row["source"] for row in rows} <= {"seed", "synthesized", "rollout"}
+        counted = {s: sum(row["source"] == s for row in rows) for s in {r["source"] for r in rows}}
+        assert trained["rows_by_source"] == counted and sum(counted.values()) == len(rows)
+        if run["arm"] == "static":  # no synthesis: every demonstration is of a seed task
+            assert "synthesized" not in counted and counted["seed"] > 0
     assert "units by the commit that ran them" in out.stderr
+    assert f"units by the code that ran them: code {code_fingerprint()} (6)" in " ".join(
+        out.stderr.split()
+    )
     # the seed set the runs learned from: the first pool.seed_tasks (60) training tasks
     assert sum(report["seed_families"].values()) == 60
     assert set(report["paired"]) == {
@@ -584,13 +605,20 @@ def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(t
 
 def test_committed_bench_units_still_load():
     """The units under docs/figures continue a bench (docs/benchmarks.md): they must parse."""
-    units = sorted((Path(__file__).parents[1] / "docs" / "figures").glob("*-units/*.json"))
+    from coevolve.bench.learning import accepted_tasks_of
+
+    figures = Path(__file__).parents[1] / "docs" / "figures"
+    units = sorted(figures.glob("*-units/*.json")) + sorted(figures.glob("*/units/*.json"))
     assert units
     for unit in units:
         run = ArmRun.model_validate(json.loads(unit.read_text())["run"])
         assert unit.name == f"{run.arm}-seed{run.seed}.json"
         assert len(run.accepted_by_cycle) == len(run.success_by_cycle) - 1
         assert all(len(curve) == len(run.success_by_cycle) for curve in run.family_curves.values())
+        # issue 71: a unit that records its code keeps its accepted tasks, committed beside it
+        if run.code_fingerprint is not None:
+            assert len(accepted_tasks_of(unit)) == sum(run.accepted_by_cycle), unit
+            assert len(run.training_by_cycle) == len(run.accepted_by_cycle), unit
 
 
 def test_committed_signals_units_still_count_under_todays_config():
@@ -646,9 +674,17 @@ def test_the_llm_verdict_pairs_the_writer_arm_with_static_random_llm_and_the_ora
 def test_reference_units_still_count_in_a_bench_that_serves_the_writer():
     """The LLM arms' bench gives the base config the writer's endpoint: static's and
     coevolve-oracle's committed N = 100 units, which name no endpoint, still count there
-    (the verdict pairs them); a unit whose writer was another endpoint does not."""
+    (the verdict pairs them); a unit whose writer was another endpoint does not. They were
+    evaluated every 2 cycles, the config's setting then; today's evaluates every cycle."""
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
+    assert base["evaluation"]["every"] == 1  # issue 71: the verdict's units, every cycle
+    saved = json.loads(
+        (root / "docs/figures/bench-lowresource-n100-heldout/units/static-seed0.json").read_text()
+    )["config"]
+    today = load_config(arm_config(base, "static", 0, Path("runs/bench-llm-n100")))
+    assert not unit_still_counts(saved, today.model_dump_json())
+    base["evaluation"]["every"] = 2
     writer = {"base_url": "http://127.0.0.1:8011/v1", "model": "runs/writer-n100"}
     served = {**base, "endpoints": {"writer": writer}}
     units = root / "docs" / "figures" / "bench-lowresource-n100-heldout" / "units"
@@ -735,6 +771,7 @@ def test_units_and_reports_of_the_old_arm_name_count_as_coevolve_oracle(tmp_path
             out_dir=tmp_path,
             config_name="test",
             run_missing=False,
+            accept_code=CodeAcceptance(any_code=True),  # it predates code fingerprints
         )
     assert [(run.arm, run.seed) for run in report.runs] == [("coevolve-oracle", 0)]
 
@@ -785,6 +822,10 @@ def test_the_verdict_by_seed_tasks_reads_reports_back_and_draws_one_figure(tmp_p
     )
     assert out.returncode == 0, out.stderr
     assert "+9.0 [" in out.stdout and "power" in out.stdout  # N = 100: +8, +9, +10
+    # the units' code, per report (these made-up runs record none)
+    assert "N = 100: units by the code that ran them: no code fingerprint recorded (8)" in (
+        " ".join(out.stdout.split())
+    )
     assert figure.stat().st_size > 10_000
     bad = subprocess.run(
         [sys.executable, "-m", "coevolve", "bench", "by-seed-tasks", "lots=x.json"],
@@ -894,3 +935,305 @@ def test_a_prompt_of_a_role_that_ran_offline_does_not_make_a_unit_stale():
     reworded_served = served.model_copy(deep=True)
     reworded_served.synthesis.roles.summarizer_prompt = "Another summarizer prompt."
     assert not unit_still_counts(served.model_dump_json(), reworded_served.model_dump_json())
+
+
+# ----------------------------------------------------------------- issue 71: auditable units
+
+
+def test_the_code_fingerprint_covers_the_code_a_unit_runs_and_nothing_else(tmp_path):
+    """The fingerprint hashes the package's modules and run data; tests, the report's
+    modules, the command line, scripts run by hand and folders that are no package (a
+    virtual environment, runs/) leave it alone."""
+    from coevolve.bench.learning import code_fingerprint, unit_code_files
+
+    files = {
+        "__init__.py": "",
+        "records.py": "x = 1\n",
+        "loop/__init__.py": "",
+        "loop/stages.py": "def train(): ...\n",
+        "bench/__init__.py": "",
+        "bench/rollout.py": "# a script run by hand\n",
+        "bench/learning/__init__.py": "",
+        "bench/learning/units.py": "# runs the units\n",
+        "bench/learning/report.py": "# reads them\n",
+        "bench/learning/arms.py": "ARMS = {}\n",
+        "commands/__init__.py": "",
+        "commands/bench.py": "# options\n",
+        "envs/__init__.py": "",
+        "envs/data/split.json": "[]\n",
+        "tests/test_x.py": "def test(): ...\n",
+        ".venv/lib/site.py": "# not a package\n",
+        "runs/x/notes.py": "# bench output\n",
+        "loop/__pycache__/stages.cpython-312.pyc": "compiled",
+        "README.md": "docs\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    covered = sorted(path.as_posix() for path in unit_code_files(tmp_path))
+    assert covered == [
+        "__init__.py",
+        "bench/__init__.py",
+        "bench/learning/__init__.py",
+        "bench/learning/units.py",
+        "envs/__init__.py",
+        "envs/data/split.json",
+        "loop/__init__.py",
+        "loop/stages.py",
+        "records.py",
+    ]
+    before = code_fingerprint(tmp_path)
+    assert len(before) == 16 and int(before, 16) >= 0
+    for name in ("tests/test_x.py", "bench/learning/report.py", "bench/learning/arms.py",
+                 "commands/bench.py", "bench/rollout.py", ".venv/lib/site.py", "README.md"):  # fmt: skip
+        (tmp_path / name).write_text("# changed\n")
+    assert code_fingerprint(tmp_path) == before
+    (tmp_path / "loop" / "stages.py").write_text("def train(): return 1\n")
+    changed = code_fingerprint(tmp_path)
+    assert changed != before
+    (tmp_path / "envs" / "data" / "split.json").write_text("[1]\n")
+    assert code_fingerprint(tmp_path) not in (before, changed)
+    (tmp_path / "envs" / "data" / "split.json").write_text("[]\n")
+    (tmp_path / "loop" / "new.py").write_text("")  # an added module is other code too
+    assert code_fingerprint(tmp_path) not in (before, changed)
+    # this checkout's fingerprint is stable between calls
+    assert code_fingerprint() == code_fingerprint()
+
+
+def _committed_unit(arm: str = "coevolve-oracle") -> dict:
+    root = Path(__file__).parents[1]
+    path = root / "docs" / "figures" / "bench-signals-units" / f"{arm}-seed0.json"
+    return json.loads(path.read_text())
+
+
+def _signals_report(out: Path, arms: list[str], **options):
+    root = Path(__file__).parents[1]
+    base = load_config(root / "configs" / "bench-quickstart.yaml").model_dump(mode="json")
+    options = {"run_missing": False, **options}
+    return run_ablation(base, seeds=[0], arms=arms, out_dir=out, config_name="test", **options)
+
+
+def test_a_unit_counts_only_at_todays_code_unless_the_user_accepts_another(tmp_path):
+    """A unit of the right config counts only if its code fingerprint is today's, or one
+    --accept-code names, or --any-code is given; committed units that predate fingerprints
+    read as "no code fingerprint recorded" and count only with --any-code."""
+    from rich.console import Console
+
+    from coevolve.bench.learning import code_fingerprint, print_report
+
+    today = code_fingerprint()
+    (tmp_path / "units").mkdir()
+    unit = tmp_path / "units" / "coevolve-oracle-seed0.json"
+    committed = _committed_unit()
+    assert "code_fingerprint" not in committed["run"]  # saved before fingerprints were kept
+    unit.write_text(json.dumps(committed))
+    console = Console(record=True, width=300)
+    with pytest.raises(ValueError) as err:
+        _signals_report(tmp_path, ["coevolve-oracle"], console=console)
+    message = " ".join(str(err.value).split())
+    assert "1 unit(s) there ran at other code than today's" in message
+    assert "1 record no code fingerprint" in message and "--any-code" in message
+    printed = " ".join(console.export_text().split())
+    assert "coevolve-oracle, seed 0: not run yet (its unit records no code fingerprint" in printed
+    report = _signals_report(
+        tmp_path, ["coevolve-oracle"], accept_code=CodeAcceptance(any_code=True)
+    )
+    assert report.codes == {"no code fingerprint recorded": 1} and report.code_now == today
+    console = Console(record=True, width=300)
+    print_report(console, report)
+    printed = " ".join(console.export_text().split())
+    assert "units by the code that ran them: no code fingerprint recorded (1)" in printed
+    assert "no unit of this report records the code that ran it" in printed
+
+    # At today's fingerprint it counts with no option, and the report names that code alone.
+    committed["run"]["code_fingerprint"] = today
+    unit.write_text(json.dumps(committed))
+    report = _signals_report(tmp_path, ["coevolve-oracle"])
+    assert report.codes == {f"code {today}": 1}
+    console = Console(record=True, width=300)
+    print_report(console, report)
+    assert "warning" not in console.export_text()
+
+    # At another fingerprint it does not, until --accept-code names it.
+    other = "0123456789abcdef"
+    committed["run"]["code_fingerprint"] = other
+    unit.write_text(json.dumps(committed))
+    with pytest.raises(ValueError, match=f"pass --accept-code {other} to count them"):
+        _signals_report(tmp_path, ["coevolve-oracle"])
+    with pytest.raises(ValueError, match="ran at other code"):
+        _signals_report(
+            tmp_path, ["coevolve-oracle"], accept_code=CodeAcceptance(fingerprints={"f" * 16})
+        )
+    accepted = CodeAcceptance(fingerprints={other})
+    assert _signals_report(tmp_path, ["coevolve-oracle"], accept_code=accepted).codes == {
+        f"code {other}": 1
+    }
+
+    # A verdict whose units mix codes says so, beside its pairs.
+    static = _committed_unit("static")
+    static["run"]["code_fingerprint"] = today
+    (tmp_path / "units" / "static-seed0.json").write_text(json.dumps(static))
+    mixed = _signals_report(tmp_path, ["static", "coevolve-oracle"], accept_code=accepted)
+    assert mixed.codes == {f"code {other}": 1, f"code {today}": 1}
+    console = Console(record=True, width=300)
+    print_report(console, mixed)
+    printed = " ".join(console.export_text().split())
+    assert "this report's units ran at 2 codes" in printed
+    assert "a paired difference may be the code's, not the arms'" in printed
+    # Without the option, the unit at other code is left out and static's counts alone.
+    alone = _signals_report(tmp_path, ["static", "coevolve-oracle"])
+    assert [run.arm for run in alone.runs] == ["static"]
+    # The report as written reads back, with its runs' code.
+    again = AblationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert again.runs[0].code_fingerprint == today
+
+
+def test_the_command_line_names_a_stale_units_code_and_checks_accept_code(tmp_path):
+    (tmp_path / "units").mkdir()
+    committed = _committed_unit()
+    committed["run"]["code_fingerprint"] = "0123456789abcdef"
+    (tmp_path / "units" / "coevolve-oracle-seed0.json").write_text(json.dumps(committed))
+
+    def bench(*extra: str):
+        return subprocess.run(
+            [
+                *(sys.executable, "-m", "coevolve", "bench", "learning", "--report-only"),
+                *("--config", "configs/bench-quickstart.yaml", "--seeds", "1"),
+                *("--arms", "coevolve-oracle", "--out", str(tmp_path), *extra),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).parents[1],
+            env={**os.environ, "COLUMNS": "300"},
+        )
+
+    stale = bench()
+    assert stale.returncode == 2 and "Traceback" not in stale.stderr
+    text = " ".join((stale.stdout + stale.stderr).split())
+    assert "its unit ran at other code (code 0123456789abcdef" in text
+    assert "pass --accept-code 0123456789abcdef to count it" in text
+    counted = bench("--accept-code", "0123456789abcdef")
+    assert counted.returncode == 0, counted.stderr[-2000:]
+    printed = " ".join((counted.stdout + counted.stderr).split())
+    assert "at code 0123456789abcdef (--accept-code 0123456789abcdef), skipped" in printed
+    assert "units by the code that ran them: code 0123456789abcdef (1)" in printed
+    bad = bench("--accept-code", "d0953bc")
+    assert bad.returncode == 2
+    assert "--accept-code: a code fingerprint is 16 hex digits" in " ".join(bad.stderr.split())
+
+
+def _fake_run(calls: list[str]):
+    """A stand-in for ``coevolve.runner.run``: writes the run's accepted tasks as the pool
+    does and returns a two-cycle result, as a bench unit sees it, with no model."""
+    from coevolve.outputs.summary import CycleSummary
+    from coevolve.records import Task, ToolCall, Turn
+    from coevolve.run_files import RunFiles
+    from coevolve.runner import RunResult
+
+    def run(config, **kwargs):
+        calls.append(config.run_dir)
+        files = RunFiles(config.run_dir)
+        files.run_dir.mkdir(parents=True, exist_ok=True)
+        accepted = [
+            Task(
+                id=f"syn-{cycle}",
+                env="world",
+                family="buy_two",
+                turns=[
+                    Turn(
+                        query=f"Buy two apples (cycle {cycle}).",
+                        reference_calls=[
+                            ToolCall(name="search", arguments={"q": "apple"}),
+                            ToolCall(name="buy", arguments={"item": "apple", "count": 2}),
+                        ],
+                    )
+                ],
+                source="synthesized",
+                parent_task_id="seed-7",
+                signal="unsolved",
+                cycle=cycle,
+            )
+            for cycle in (1, 2)
+        ]
+        files.synthesized_tasks.write_text("".join(t.model_dump_json() + "\n" for t in accepted))
+        evaluation = {"success": 0.5, "tool_sequence": 0.5, "calls": 0.5, "episodes": 4,
+                      "by_family": {"buy_two": 0.5}, "time_s": 1.0}  # fmt: skip
+        cycles = [CycleSummary(cycle=0, evaluate=evaluation)]
+        for cycle, rows in ((1, {"rollout": 3, "seed": 12, "synthesized": 1}), (2, {"seed": 9})):
+            train = {"algorithm": "sft", "adapter_dir": "a", "steps": 2, "examples": 16,
+                     "rows_by_source": rows, "stage_time_s": 1.0}  # fmt: skip
+            synthesize = {"candidates": 3, "duplicates": 0, "accepted": 1, "time_s": 1.0,
+                          "by_family": {"buy_two": 1}}  # fmt: skip
+            cycles.append(
+                CycleSummary(
+                    cycle=cycle,
+                    synthesize=synthesize,
+                    train=train,
+                    evaluate=evaluation if cycle == 2 else None,
+                )
+            )
+        return RunResult(
+            run_dir=config.run_dir,
+            cycles=cycles,
+            adapter=None,
+            metrics="m",
+            report=None,
+            tasks=str(files.synthesized_tasks),
+            pool={},
+            elapsed_s=1.0,
+        )
+
+    return run
+
+
+def test_a_unit_keeps_its_accepted_tasks_training_rows_and_code(tmp_path, monkeypatch):
+    """A finished unit names the commit and code fingerprint it ran at, keeps its accepted
+    tasks beside it (one line each: request, calls, family, provenance) and, per cycle, its
+    training rows by source and optimiser steps; rerun at other code, it runs again and the
+    old unit is kept in units/replaced/."""
+    from coevolve import runner
+    from coevolve.bench.learning import accepted_tasks_of, code_fingerprint
+    from coevolve.bench.learning import units as bench_units
+
+    calls: list[str] = []
+    monkeypatch.setattr(runner, "run", _fake_run(calls))
+    report = _signals_report(tmp_path, ["coevolve-oracle"], run_missing=True)
+    assert len(calls) == 1
+    unit = tmp_path / "units" / "coevolve-oracle-seed0.json"
+    run = ArmRun.model_validate(json.loads(unit.read_text())["run"])
+    assert run.commit == package_commit() and run.code_fingerprint == code_fingerprint()
+    assert [(c.cycle, c.steps, c.rows_by_source) for c in run.training_by_cycle] == [
+        (1, 2, {"rollout": 3, "seed": 12, "synthesized": 1}),
+        (2, 2, {"seed": 9}),
+    ]
+    assert run.accepted_tasks_file == "coevolve-oracle-seed0.tasks.jsonl"
+    tasks = accepted_tasks_of(unit)
+    assert [(t.id, t.cycle, t.family, t.signal, t.parent_task_id, t.call_count) for t in tasks] == [
+        ("syn-1", 1, "buy_two", "unsolved", "seed-7", 2),
+        ("syn-2", 2, "buy_two", "unsolved", "seed-7", 2),
+    ]
+    assert tasks[0].requests == ["Buy two apples (cycle 1)."]
+    assert tasks[0].calls[1] == {"name": "buy", "arguments": {"item": "apple", "count": 2}}
+    assert len((tmp_path / "units" / run.accepted_tasks_file).read_text().splitlines()) == 2
+    assert report.runs[0].training_by_cycle == run.training_by_cycle  # in report.json too
+    # The units committed before keep none: reading them says so and where they were.
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_committed_unit()))
+    with pytest.raises(FileNotFoundError, match="saved before units kept them"):
+        accepted_tasks_of(old)
+
+    # Rerun at the same code: skipped.
+    _signals_report(tmp_path, ["coevolve-oracle"], run_missing=True)
+    assert len(calls) == 1
+    # At other code: run again, the old unit and its tasks moved aside, not overwritten.
+    before = unit.read_text()
+    monkeypatch.setattr(bench_units, "code_fingerprint", lambda: "fedcba9876543210")
+    _signals_report(tmp_path, ["coevolve-oracle"], run_missing=True)
+    assert len(calls) == 2
+    replaced = tmp_path / "units" / "replaced"
+    kept = replaced / f"coevolve-oracle-seed0.{run.code_fingerprint}.json"
+    assert kept.read_text() == before
+    assert (replaced / f"coevolve-oracle-seed0.{run.code_fingerprint}.tasks.jsonl").exists()
+    rerun = ArmRun.model_validate(json.loads(unit.read_text())["run"])
+    assert rerun.code_fingerprint == "fedcba9876543210"

@@ -12,7 +12,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -75,15 +75,25 @@ def _key(messages: Sequence[Message]) -> str:
     return json.dumps(json_arguments(messages), sort_keys=True, ensure_ascii=False)
 
 
+# Where a training row came from: a seed task's or a synthesized task's reference solution
+# (its demonstration, or for GRPO its prompt), or the cycle's rollouts (a verified success,
+# or a preference pair). A bench unit counts its rows by source: how much of what an arm
+# learned from is the seed set, not what its synthesis added.
+TrainingSource = Literal["seed", "synthesized", "rollout"]
+TRAINING_SOURCES: tuple[TrainingSource, ...] = ("seed", "synthesized", "rollout")
+
+
 class TrainingConversation(BaseModel):
-    """One SFT example: a conversation, the tools its prompt carries, and, when it is a
-    rollout whose policy gave token ids, those ids (trained on instead of a re-tokenisation)."""
+    """One SFT example: a conversation, the tools its prompt carries, where it came from
+    and, when it is a rollout whose policy gave token ids, those ids (trained on instead of
+    a re-tokenisation)."""
 
     model_config = ConfigDict(extra="forbid")
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     model_turns: list[ModelTurn] = []
+    source: TrainingSource | None = None  # None: made outside a cycle's train stage
 
 
 def successful_conversations(

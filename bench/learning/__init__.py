@@ -26,8 +26,10 @@ The arms differ only in where the new data comes from:
   on expert vs failure pairs, with and without the failure agent's negatives.
 
 Every (arm, seed) run is a finished unit: its result is written to
-``<out>/units/<arm>-seed<N>.json`` when it ends, and a rerun with the same
-config skips it, so a long bench can run in pieces. A unit whose run was killed
+``<out>/units/<arm>-seed<N>.json`` when it ends (with its accepted tasks beside it,
+``<arm>-seed<N>.tasks.jsonl``, and per cycle its training rows by source and optimiser
+steps), and a rerun with the same config at the same code (``code.code_fingerprint``)
+skips it, so a long bench can run in pieces. A unit whose run was killed
 before it finished (its run directory holds the same config and a checkpoint)
 continues from that run's last finished stage.
 
@@ -48,6 +50,7 @@ from .arms import (
     check_arms,
     default_arms,
 )
+from .code import CodeAcceptance, code_fingerprint, package_commit, unit_code_files
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     BASELINES,
@@ -56,6 +59,7 @@ from .report import (
     REFERENCE_PAIRS,
     AblationReport,
     ArmRun,
+    CycleTraining,
     Interval,
     Power,
     family_pairs,
@@ -65,7 +69,14 @@ from .report import (
     seed_families,
     summarize,
 )
-from .units import family_curves_of, package_commit, run_ablation, unit_still_counts, was_killed
+from .units import (
+    AcceptedTask,
+    accepted_tasks_of,
+    family_curves_of,
+    run_ablation,
+    unit_still_counts,
+    was_killed,
+)
 
 __all__ = [
     "ARMS",
@@ -77,11 +88,16 @@ __all__ = [
     "REFERENCE_PAIRS",
     "RENAMED_ARMS",
     "AblationReport",
+    "AcceptedTask",
     "ArmRun",
+    "CodeAcceptance",
+    "CycleTraining",
     "Interval",
     "Power",
+    "accepted_tasks_of",
     "arm_config",
     "check_arms",
+    "code_fingerprint",
     "default_arms",
     "family_curves_of",
     "family_pairs",
@@ -95,6 +111,7 @@ __all__ = [
     "run_ablation",
     "seed_families",
     "summarize",
+    "unit_code_files",
     "unit_still_counts",
     "was_killed",
 ]

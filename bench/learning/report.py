@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, field_validator, model_validato
 
 from ...agents.evaluation import split_label
 from .arms import RENAMED_ARMS, renamed_arm
+from .code import UNRECORDED, code_label
 from .stats import MAX_SEEDS, TARGET_POWER, mean_interval, paired_power, sample_sd, seeds_for_power
 
 # Differences a reader asks about first: each arm against static and random,
@@ -59,6 +60,18 @@ MIN_SEEDS_FOR_BAND = 3  # the learning-curve figure shades an arm's CI from this
 MaybeNan = Annotated[float, BeforeValidator(lambda value: math.nan if value is None else value)]
 
 
+class CycleTraining(BaseModel):
+    """What one cycle's training step learned from: its rows by source (the cycle's
+    train_data.jsonl: seed and synthesized tasks' demonstrations, rollout successes; see
+    TrainResult.rows_by_source) and the optimiser steps it took."""
+
+    cycle: int
+    algorithm: str
+    steps: int
+    rows_by_source: dict[str, int] = {}
+    skipped: str | None = None  # why nothing was trained (no data)
+
+
 class ArmRun(BaseModel):
     arm: str
     seed: int
@@ -74,9 +87,17 @@ class ArmRun(BaseModel):
     run_dir: str
     elapsed_s: float  # of the last process only, when the run was resumed
     resumed: bool = False  # continued from a killed run's last finished stage
-    # the git commit of the code that ran it (package_commit; None: not a git checkout, or a
-    # unit saved before it was kept)
+    # the git commit of the code that ran it (package_commit, "+modified" for a dirty tree;
+    # None: not a git checkout, or a unit saved before it was kept)
     commit: str | None = None
+    # the fingerprint of that code (code.code_fingerprint), which decides whether the unit
+    # still counts; None: a unit saved before fingerprints were kept (issue 71)
+    code_fingerprint: str | None = None
+    # per cycle from 1, what its training step learned from (empty in older units)
+    training_by_cycle: list[CycleTraining] = []
+    # the file beside the unit that lists its accepted synthesized tasks, one a line
+    # (units.AcceptedTask; None in older units)
+    accepted_tasks_file: str | None = None
 
     @field_validator("arm", mode="before")
     @classmethod
@@ -142,6 +163,11 @@ class AblationReport(BaseModel):
     # unit gives the figures an uninterrupted one gives (test_a_killed_unit_resumes_to_the_
     # same_figures), and the report says which they were
     resumed: list[str] = []
+    # units by the code that ran them ("code 3f9a0c1d2e4b5a67" or UNRECORDED -> units), and
+    # the fingerprint of the code that wrote the report: one entry, today's, unless the user
+    # accepted other code (--accept-code, --any-code)
+    codes: dict[str, int] = {}
+    code_now: str | None = None
     plot: str | None = None
 
     @model_validator(mode="before")
@@ -290,6 +316,25 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
         paired_by_family=paired_by_family,
         power=power,
         resumed=[f"{run.arm}-seed{run.seed}" for run in runs if run.resumed],
+        codes=dict(sorted(Counter(code_label(run.code_fingerprint) for run in runs).items())),
+    )
+
+
+def mixed_code_warning(report: AblationReport) -> str | None:
+    """A warning when the report's units ran at more than one code (or some recorded none):
+    then a paired difference may be the code's, not the arms' (issue 71). None when they
+    all ran at one fingerprint."""
+    if len(report.codes) <= 1 and UNRECORDED not in report.codes:
+        return None
+    codes = ", ".join(f"{label} ({count})" for label, count in report.codes.items())
+    if len(report.codes) == 1:
+        return (
+            f"warning: no unit of this report records the code that ran it ({codes}): its "
+            "arms may have run at different commits; rerun them at one to draw a verdict"
+        )
+    return (
+        f"warning: this report's units ran at {len(report.codes)} codes ({codes}): a paired "
+        "difference may be the code's, not the arms'; rerun them at one commit to draw a verdict"
     )
 
 
@@ -370,6 +415,14 @@ def print_report(console: Any, report: AblationReport) -> None:
         "units by the commit that ran them: "
         + ", ".join(f"{commit} ({count})" for commit, count in sorted(commits.items()))
     )
+    console.print(
+        "units by the code that ran them: "
+        + ", ".join(f"{label} ({count})" for label, count in report.codes.items())
+        + (f"; today's is code {report.code_now}" if report.code_now else "")
+    )
+    warning = mixed_code_warning(report)
+    if warning:
+        console.print(f"[bold yellow]{warning}[/bold yellow]")
     paired = Table(title=f"paired differences (arm - baseline), points of {measure} success")
     paired.add_column("difference")
     paired.add_column("mean [95% CI]", justify="right")

@@ -5,23 +5,94 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
+import shutil
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
 
 from .arms import RENAMED_ARMS, arm_config, check_arms
+from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     AblationReport,
     ArmRun,
+    CycleTraining,
     curve_text,
     family_pairs,
     seed_families,
     split_label,
     summarize,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...records import Task
+    from ...runner import RunResult
+
+# Where a unit that no longer counts goes when the bench reruns it: kept, not overwritten.
+REPLACED_FOLDER = "replaced"
+ACCEPTED_TASKS_SUFFIX = ".tasks.jsonl"
+
+
+class AcceptedTask(BaseModel):
+    """One synthesized task a unit's run accepted, as its unit keeps it (one JSON line in
+    ``<arm>-seed<N>.tasks.jsonl`` beside the unit): enough to read what the arm learned
+    from after its run directory is gone, not enough to replay it (no setup)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    cycle: int | None
+    family: str
+    signal: str | None  # the signal kind of the trajectory it answers
+    parent_task_id: str | None
+    requests: list[str]  # the user's request of each turn (one for a single-turn task)
+    calls: list[dict[str, Any]]  # its reference solution's calls, in order
+    call_count: int
+
+    @classmethod
+    def of(cls, task: Task) -> AcceptedTask:
+        calls = task.reference_calls
+        return cls(
+            id=task.id,
+            cycle=task.cycle,
+            family=task.family,
+            signal=task.signal,
+            parent_task_id=task.parent_task_id,
+            requests=[turn.query for turn in task.turns],
+            calls=[call.model_dump(mode="json", exclude={"id"}) for call in calls],
+            call_count=len(calls),
+        )
+
+
+def accepted_tasks_of(unit: Path) -> list[AcceptedTask]:
+    """The accepted tasks a unit file keeps beside it (``ArmRun.accepted_tasks_file``);
+    FileNotFoundError for a unit saved before they were kept, naming the unit."""
+    run = ArmRun.model_validate(json.loads(unit.read_text())["run"])
+    if run.accepted_tasks_file is None:
+        raise FileNotFoundError(
+            f"{unit} keeps no accepted tasks: it was saved before units kept them (issue 71); "
+            "its run directory's synthesized_tasks.jsonl has them, if it is still there"
+        )
+    path = unit.parent / run.accepted_tasks_file
+    return [AcceptedTask.model_validate_json(line) for line in path.read_text().splitlines()]
+
+
+def training_by_cycle(result: RunResult) -> list[CycleTraining]:
+    """Each cycle's training step as a unit keeps it: rows by source and optimiser steps."""
+    return [
+        CycleTraining(
+            cycle=cycle.cycle,
+            algorithm=cycle.train.algorithm,
+            steps=cycle.train.steps,
+            rows_by_source=cycle.train.rows_by_source,
+            skipped=cycle.train.skipped,
+        )
+        for cycle in result.cycles[1:]
+        if cycle.train is not None
+    ]
 
 
 def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
@@ -37,32 +108,7 @@ def family_curves_of(run_dir: str | Path) -> dict[str, list[float]]:
     return {f: [(row.get("heldout_by_family") or {}).get(f, 0.0) for row in rows] for f in families}
 
 
-def package_commit(root: Path | None = None) -> str | None:
-    """The git commit of the coevolve checkout at ``root`` (default: this package), with
-    ``+modified`` when tracked files differ from it; None outside a git checkout.
-
-    A unit's config says what it ran, not which code ran it: benches run for hours from a
-    worktree of a fixed commit, and the docs cite the commit beside each figure.
-    """
-    root = root or Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None
-    changed = git("status", "--porcelain", "--untracked-files=no")
-    return f"{commit}+modified" if changed else commit
-
-
-def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
+def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
     """Whether a finished unit was run with the config the bench would run now.
 
     The saved config is read again under today's config model: a field added
@@ -82,7 +128,7 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
 
     if saved_config is None:
         return False
-    if saved_config == fingerprint:
+    if saved_config == config_now:
         return True
     try:
         with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
@@ -91,7 +137,7 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     except ValidationError:
         return False
     compared = []
-    for config in (saved, CoevolveConfig.model_validate_json(fingerprint)):
+    for config in (saved, CoevolveConfig.model_validate_json(config_now)):
         named = set(config.endpoint_references().values())
         plain = json.loads(config.model_dump_json())
         plain.pop("run_dir", None)
@@ -109,7 +155,7 @@ def unit_still_counts(saved_config: str | None, fingerprint: str) -> bool:
     return compared[0] == compared[1]
 
 
-def was_killed(run_dir: Path, fingerprint: str) -> bool:
+def was_killed(run_dir: Path, config_now: str) -> bool:
     """Whether ``run_dir`` holds a run of this unit's config that ended before its unit was saved.
 
     Such a run (killed by the OOM killer, a closed session) continues from its last
@@ -126,13 +172,47 @@ def was_killed(run_dir: Path, fingerprint: str) -> bool:
         saved_config = load_config(saved).model_dump_json()
     except ConfigError:
         return False
-    return unit_still_counts(saved_config, fingerprint)
+    return unit_still_counts(saved_config, config_now)
 
 
 def _mean_families(per_seed: list[dict[str, int]]) -> dict[str, int]:
     """Seed tasks per family, the mean over the seeds' own seed sets (rounded)."""
     families = sorted({family for counts in per_seed for family in counts})
     return {f: round(sum(c.get(f, 0) for c in per_seed) / len(per_seed)) for f in families}
+
+
+def _move_aside(unit: Path, run: ArmRun | None) -> Path:
+    """Move a unit that no longer counts (and its accepted tasks) to ``units/replaced/``
+    before the bench reruns it: a rerun must not lose the unit it replaces."""
+    folder = unit.parent / REPLACED_FOLDER
+    folder.mkdir(exist_ok=True)
+    mark = (run.code_fingerprint if run else None) or "unrecorded"
+    target = folder / f"{unit.stem}.{mark}.json"
+    number = 1
+    while target.exists():
+        number += 1
+        target = folder / f"{unit.stem}.{mark}.{number}.json"
+    if run is not None and run.accepted_tasks_file:
+        tasks = unit.parent / run.accepted_tasks_file
+        if tasks.exists():
+            shutil.move(tasks, target.with_name(target.stem + ACCEPTED_TASKS_SUFFIX))
+    shutil.move(unit, target)
+    return target
+
+
+def _other_code_text(run: ArmRun, today: str) -> str:
+    """Why a unit of the right config does not count: the code it ran at, and the option
+    that counts it."""
+    commit = f", commit {run.commit[:12]}" if run.commit else ""
+    if run.code_fingerprint is None:
+        return (
+            f"its unit records no code fingerprint (saved before they were kept{commit}): "
+            "rerun it, or pass --any-code to count it"
+        )
+    return (
+        f"its unit ran at other code ({code_label(run.code_fingerprint)}{commit}; today's is "
+        f"code {today}): rerun it, or pass --accept-code {run.code_fingerprint} to count it"
+    )
 
 
 def run_ablation(
@@ -146,8 +226,14 @@ def run_ablation(
     run_missing: bool = True,
     scale_arm_steps: bool = False,
     seed_sets: str = "fixed",
+    accept_code: CodeAcceptance | None = None,
 ) -> AblationReport:
     """Run every (arm, seed) unit not finished before, then write the report.
+
+    A finished unit counts (is skipped, and enters the report) when its config is the one
+    the bench would run now (``unit_still_counts``) and it ran at today's code fingerprint
+    (``code.code_fingerprint``), or at code ``accept_code`` accepts. A unit that does not
+    count is rerun, the old one moved to ``units/replaced/``.
 
     ``run_missing=False`` runs nothing: the report covers the finished units only
     (a bench run in pieces, read between them). ``scale_arm_steps``: the arms' own step
@@ -156,14 +242,23 @@ def run_ablation(
     held-out draw (``arm_config``), so the report's intervals cover them too.
     """
     from ...config import load_config
+    from ...run_files import RunFiles
     from ...runner import resume, run
 
     check_arms(arms)
+    accept_code = accept_code or CodeAcceptance()
     commit = package_commit()
+    today = code_fingerprint()
     runs: list[ArmRun] = []
     stale: list[str] = []  # units of these arms and seeds run with another config
+    other_code: list[ArmRun] = []  # units of the right config run at code that does not count
     total = len(arms) * len(seeds)
     units = out_dir / "units"
+
+    def say(text: str) -> None:
+        if console is not None:
+            console.print(f"[bold]bench learning[/bold] {text}")
+
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
             config = load_config(
@@ -177,34 +272,44 @@ def run_ablation(
                 if new == arm
             ]
             saved_as = next((path for path in [unit, *old] if path.exists()), unit)
-            fingerprint = config.model_dump_json()
+            config_json = config.model_dump_json()
+            why = ""  # why the saved unit, if any, does not count
+            saved_run: ArmRun | None = None
             if saved_as.exists():
                 saved = json.loads(saved_as.read_text())
-                if unit_still_counts(saved.get("config"), fingerprint):
-                    run_record = ArmRun.model_validate(saved["run"])
-                    if not run_record.family_curves:  # a unit saved before they were kept
-                        run_record.family_curves = family_curves_of(run_record.run_dir)
-                    runs.append(run_record)
-                    if console is not None:
-                        console.print(
-                            f"[bold]bench learning[/bold] {len(runs)}/{total}: {arm}, seed "
-                            f"{seed} finished before, skipped ({saved_as.name})"
+                if unit_still_counts(saved.get("config"), config_json):
+                    saved_run = ArmRun.model_validate(saved["run"])
+                    if accept_code.counts(saved_run.code_fingerprint, today):
+                        if not saved_run.family_curves:  # a unit saved before they were kept
+                            saved_run.family_curves = family_curves_of(saved_run.run_dir)
+                        runs.append(saved_run)
+                        other = (
+                            f", at {code_label(saved_run.code_fingerprint)} ("
+                            f"{accept_code.options()})"
+                            if saved_run.code_fingerprint != today
+                            else ""
                         )
-                    continue
-                stale.append(saved_as.name)
+                        say(
+                            f"{len(runs)}/{total}: {arm}, seed {seed} finished before{other}, "
+                            f"skipped ({saved_as.name})"
+                        )
+                        continue
+                    other_code.append(saved_run)
+                    why = _other_code_text(saved_run, today)
+                else:
+                    stale.append(saved_as.name)
+                    why = "its unit was run with another config"
             if not run_missing:
-                if console is not None:
-                    why = " (its unit was run with another config)" if saved_as.exists() else ""
-                    console.print(
-                        f"[bold]bench learning[/bold] {arm}, seed {seed}: not run yet{why}"
-                    )
+                say(f"{arm}, seed {seed}: not run yet" + (f" ({why})" if why else ""))
                 continue
-            killed = was_killed(Path(config.run_dir), fingerprint)
-            if console is not None:
-                again = " (resuming its killed run)" if killed else ""
-                console.print(
-                    f"[bold]bench learning[/bold] {len(runs) + 1}/{total}: {arm}, seed {seed}{again}"
-                )
+            # A saved unit means its run finished: its run directory is the old unit's, never
+            # a killed run to resume (resuming would stamp the old run with today's code).
+            killed = not saved_as.exists() and was_killed(Path(config.run_dir), config_json)
+            if saved_as.exists():
+                kept = _move_aside(saved_as, saved_run)
+                say(f"{arm}, seed {seed}: {why}; rerunning it (the old unit is now {kept})")
+            again = " (resuming its killed run)" if killed else ""
+            say(f"{len(runs) + 1}/{total}: {arm}, seed {seed}{again}")
             # The arms of a seed start from the same agent: cycle 0 is evaluated once.
             shared = out_dir / "baselines"
             if killed:
@@ -215,6 +320,15 @@ def run_ablation(
                 )
             last = result.cycles[-1].evaluate
             assert last is not None, "the last cycle is always evaluated"
+            units.mkdir(parents=True, exist_ok=True)
+            # The accepted tasks outlive the run directory: one line each beside the unit.
+            tasks_file = unit.with_name(unit.stem + ACCEPTED_TASKS_SUFFIX)
+            tasks_file.write_text(
+                "".join(
+                    AcceptedTask.of(task).model_dump_json() + "\n"
+                    for task in RunFiles(result.run_dir).read_synthesized_tasks()
+                )
+            )
             runs.append(
                 ArmRun(
                     arm=arm,
@@ -245,26 +359,40 @@ def run_ablation(
                     elapsed_s=result.elapsed_s,
                     resumed=result.resumed,
                     commit=commit,
+                    code_fingerprint=today,
+                    training_by_cycle=training_by_cycle(result),
+                    accepted_tasks_file=tasks_file.name,
                 )
             )
-            units.mkdir(parents=True, exist_ok=True)
             unit.write_text(
-                json.dumps({"config": fingerprint, "run": runs[-1].model_dump()}, indent=2)
+                json.dumps({"config": config_json, "run": runs[-1].model_dump()}, indent=2)
             )
             if console is not None:
                 curve = curve_text(runs[-1].success_by_cycle, percent=True)
                 measure = split_label(config.evaluation.split)
                 console.print(f"  {measure} success by cycle: {curve} [{result.elapsed_s:.0f} s]")
     if not runs:
-        note = (
-            f"; {len(stale)} unit(s) there ({', '.join(stale[:3])}"
-            f"{', ...' if len(stale) > 3 else ''}) were run with another config: "
-            "pass the --config and --set of the bench that made them"
-            if stale
-            else ""
-        )
+        notes = []
+        if stale:
+            notes.append(
+                f"{len(stale)} unit(s) there ({', '.join(stale[:3])}"
+                f"{', ...' if len(stale) > 3 else ''}) were run with another config: "
+                "pass the --config and --set of the bench that made them"
+            )
+        if other_code:
+            fingerprints = sorted({r.code_fingerprint for r in other_code if r.code_fingerprint})
+            unrecorded = sum(r.code_fingerprint is None for r in other_code)
+            options = [f"--accept-code {','.join(fingerprints)}"] if fingerprints else []
+            options += ["--any-code"] if unrecorded else []
+            notes.append(
+                f"{len(other_code)} unit(s) there ran at other code than today's (code {today}"
+                + (f"; {unrecorded} record no code fingerprint" if unrecorded else "")
+                + f"): rerun them, or pass {' or '.join(options)} to count them"
+            )
+        note = "; " + "; ".join(notes) if notes else ""
         raise ValueError(f"no finished units in {units} for these arms and seeds{note}")
     report = summarize(runs, arms, seeds, config_name)
+    report.code_now = today
     base_config = load_config(base)
     report.seed_sets = seed_sets
     report.seed_families = (
