@@ -210,8 +210,10 @@ class _Chain:
         return [observed_values(i.observation.text) for i in self.steps if not i.observation.error]
 
     def has(self, call: ToolCall) -> bool:
+        """Whether the call already succeeded in the chain (one that failed may be made
+        again once the state has changed: checkout after a top-up)."""
         key = actions_key([call])
-        return any(actions_key([i.call]) == key for i in self.steps)
+        return any(actions_key([i.call]) == key and not i.observation.error for i in self.steps)
 
 
 class ArgumentSource:
@@ -339,21 +341,27 @@ def _typed(value: Any, kind: str) -> Any:
 
 
 def _answers(failed: Interaction, later: Sequence[Interaction]) -> bool:
-    """Whether a later call of another tool that succeeded uses all of a failed call's
-    values: it carries on from the failure (no Lars found, so Lars is added)."""
+    """Whether a later call that succeeded carries on from a failed one: a call of another
+    tool that uses all of its values (no Lars found, so Lars is added), or the same call
+    again after another call succeeded in between (checkout, a top-up, checkout)."""
     values = {str(v) for v in failed.call.arguments.values()}
-    return bool(values) and any(
-        i.call.name != failed.call.name
-        and not i.observation.error
-        and values <= {str(v) for v in i.call.arguments.values()}
-        for i in later
-    )
+    key = actions_key([failed.call])
+    for number, interaction in enumerate(later):
+        if interaction.observation.error:
+            continue
+        if interaction.call.name != failed.call.name:
+            if values and values <= {str(v) for v in interaction.call.arguments.values()}:
+                return True
+        elif actions_key([interaction.call]) == key:
+            return any(not i.observation.error for i in later[:number])
+    return False
 
 
 def composed_calls(interactions: Sequence[Interaction]) -> list[Interaction]:
     """A chain's calls as a task: those that succeeded, each once (``succeeded``), and a
     failed call that a later call answers (``_answers``): the failed lookup is part of
-    message_new_contact, and the judge counts it as recovered."""
+    message_new_contact, the failed checkout of buy_with_topup, and the judge counts both
+    as recovered."""
     positions: dict[str, int] = {}
     for index, interaction in enumerate(interactions):
         if not interaction.observation.error:
@@ -375,8 +383,9 @@ class ComposingExplorer:
     model, no sampler, no describer.
 
     Round ``i`` aims at a structure: the flagged task's tool sequence first, then each of
-    its family's seed tasks' in turn; every third round walks freely, three times as likely
-    to pick a tool of those structures as another. A call is tried again with other values,
+    its family's seed tasks' in turn (a one-call structure goes on with a walk step); every
+    third round walks freely, three times as likely to pick a tool of those structures as
+    another. A call is tried again with other values,
     up to ``tries`` times, when it fails where the reference's call did not (a title the
     calendar lacks) or shows nothing where the reference's showed fields (a search that
     matched no product). A round keeps ``composed_calls`` of what ran, replayed in a fresh
@@ -471,6 +480,9 @@ class ComposingExplorer:
         chain = _Chain([])
         for step in aim[: self.steps]:
             self._step(env, tools[step.tool], chain, source, rng, step)
+        if len(chain.steps) < 2:  # a one-call structure: a chain goes on from it
+            aimed = {step.tool for step in aim}
+            return self._walk(env, tools, aimed, source, rng, chain, length=2)
         return chain.steps
 
     def _walk(
@@ -480,11 +492,13 @@ class ComposingExplorer:
         aimed: set[str],
         source: ArgumentSource,
         rng: random.Random,
+        chain: _Chain | None = None,
+        length: int | None = None,
     ) -> list[Interaction]:
-        chain = _Chain([])
+        chain = chain or _Chain([])
         names = sorted(tools)
         weights = [3.0 if name in aimed else 1.0 for name in names]
-        length = rng.randint(2, self.steps)
+        length = length or rng.randint(2, self.steps)
         for _ in range(length * self.tries):
             if sum(not i.observation.error for i in chain.steps) >= length:
                 break
