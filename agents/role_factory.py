@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..envs.base import environment_brief
 from .abstractor import OfflineAbstractor
-from .composer import ClauseWriter, ComposingExplorer
+from .clause_writer import ClauseWriter
+from .composer import ComposingExplorer
 from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model

@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.agents.composer import (
-    ClauseWriter,
-    ComposingExplorer,
-    join_clauses,
-    observed_values,
-)
+from coevolve.agents.chain_values import observed_values
+from coevolve.agents.clause_writer import ClauseWriter, join_clauses
+from coevolve.agents.composer import ComposingExplorer
 from coevolve.agents.judge import execute_candidate
 from coevolve.agents.role_factory import build_roles
 from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_setup
