@@ -297,6 +297,7 @@ class CandidateTask(Record):
         "hindsight",
         "explored",
         "teacher",
+        "composed",
     ] = Field(
         default="window",
         description="How it was made: structure_variant (the parent's whole tool graph on new "
@@ -305,7 +306,8 @@ class CandidateTask(Record):
         "(an explored action window: a sub-skill or composition), llm (an LLM abstractor), "
         "hindsight (the task writer's request for the calls of the flagged trajectory that "
         "succeeded), explored (the writer's request for an exploration round's calls), teacher "
-        "(a request the larger model wrote and carried out itself).",
+        "(a request the larger model wrote and carried out itself), composed (a chain the "
+        "composer built from the tool schemas, written by the task writer clause by clause).",
     )
 
 

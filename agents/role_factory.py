@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..envs.base import environment_brief
 from .abstractor import OfflineAbstractor
+from .clause_writer import ClauseWriter
+from .composer import ComposingExplorer
 from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
@@ -50,9 +52,9 @@ def build_roles(
 
     One semaphore bounds the LLM requests of all roles together. ``policy`` (the
     current policy) drives some offline exploration rounds; ``seed_tasks`` are the
-    teacher's worked examples. The LLM roles' prompts say what ``make_env``'s
-    environment is (its ``EnvironmentBrief``). An endpoint name not in ``endpoints``
-    is a ValueError naming the known ones.
+    teacher's worked examples and the composer's values and structures. The LLM roles'
+    prompts say what ``make_env``'s environment is (its ``EnvironmentBrief``). An endpoint
+    name not in ``endpoints`` is a ValueError naming the known ones.
     """
     chosen: dict[str, str | None] = {}
     for role in ROLE_NAMES:
@@ -115,8 +117,20 @@ def build_roles(
             max_examples=config.teacher_examples,
             prompt=config.prompt_for("teacher", brief),
         )
+    if config.composer:
+        explorer = ComposingExplorer(
+            seed_tasks, rounds=rounds or 4, steps=steps or 6, seed=config.explorer_seed
+        )
     abstractor: Abstractor = (
-        TaskWriter(
+        ClauseWriter(
+            chat_model(endpoints[writer], temperature=config.writer_temperature),
+            limiter,
+            prompt=config.writer_prompt,
+            max_candidates=config.max_candidates,
+            grounding=config.writer_grounding,
+        )
+        if writer is not None and config.composer
+        else TaskWriter(
             chat_model(endpoints[writer], temperature=config.writer_temperature),
             limiter,
             prompt=config.writer_prompt,

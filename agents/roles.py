@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..envs.base import Environment, EnvironmentBrief
 from ..records import (
@@ -360,6 +360,31 @@ class RolesConfig(BaseModel):
         default=0.7, ge=0.0, le=2.0, description="Teacher temperature (None: endpoint's)."
     )
     teacher_prompt: str = Field(default=TEACHER_PROMPT, description="System prompt of the teacher.")
+
+    composer: bool = Field(
+        default=False,
+        description="Composed exploration (agents/composer.py): the explorer composes chains "
+        "of calls from the tool schemas, earlier results and the seed tasks' values (no model, "
+        "no task generator), aimed at the flagged task's tool sequence; the task writer "
+        "(`writer`, required) writes each chain clause by clause, every clause grounded. "
+        "explorer_rounds (None: 4) and explorer_steps (None: 6) bound it; writer_material is "
+        "not read.",
+    )
+
+    @model_validator(mode="after")
+    def _composer_needs_the_writer(self) -> RolesConfig:
+        if self.composer and self.writer in (None, OFFLINE):
+            raise ValueError(
+                "synthesis.roles.composer needs synthesis.roles.writer: the task writer "
+                "writes the composed chains clause by clause. Set writer to an endpoint "
+                "name (configs/compose.yaml), or composer: false"
+            )
+        if self.composer and self.teacher not in (None, OFFLINE):
+            raise ValueError(
+                "synthesis.roles.composer and synthesis.roles.teacher are both explorers; "
+                "set one of them (teacher: null, or composer: false)"
+            )
+        return self
 
     def prompt_for(self, role: str, brief: EnvironmentBrief | None) -> str:
         """A role's system prompt (``<role>_prompt``) saying what the environment is."""

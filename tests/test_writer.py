@@ -192,11 +192,13 @@ def _called_from_evaluation() -> bool:
     return any(frame.function == "evaluation_tasks" for frame in inspect.stack())
 
 
-# The two synthesizers a user has: the task writer relabelling what the policy explored,
-# and the teacher (a larger model writing and doing tasks), with the frontier check on.
+# The synthesizers a user has: the task writer relabelling what the policy explored, the
+# teacher (a larger model writing and doing tasks) with the frontier check on, and the
+# composer (chains from the tool schemas, written by the task writer clause by clause).
 NO_ORACLE_ROLES = {
     "writer": {"writer": "writer", "explorer_rounds": 1, "explorer_policy_rounds": 1},
     "teacher": {"teacher": "writer", "explorer_rounds": 1},
+    "compose": {"writer": "writer", "composer": True, "explorer_rounds": 2},
 }
 
 
