@@ -414,8 +414,7 @@ class LLMExplorer:
         )
 
     def bind(self, env: Environment) -> Any:
-        """The model the round asks: with the environment's tools bound."""
-        return self.model.bind_tools(env.tools())
+        return self.model.bind_tools(env.tools())  # the model the round asks
 
     def opening(
         self,
@@ -444,9 +443,8 @@ class LLMExplorer:
         task: Task,
         index: int,
     ) -> list[Interaction]:
-        """The round's conversation, appended to ``messages``: replies and the results of
-        their calls until the model stops calling tools, the calls are spent or a request
-        fails; returns the calls that ran, with their observations."""
+        """Replies and their calls' results, appended to ``messages``, until the model stops
+        calling tools, the calls are spent or a request fails; the calls that ran."""
         interactions: list[Interaction] = []
         made = 0
         while made < self.steps:

@@ -30,7 +30,7 @@ from coevolve.agents.roles import Interaction, candidate_setup
 from coevolve.agents.writer import ungrounded_values
 from coevolve.envs.catalog import load_tasks
 from coevolve.envs.registry import get_environment
-from coevolve.records import CandidateTask, Task
+from coevolve.records import CandidateTask, Task, is_success
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITTEN = ROOT / "docs" / "figures" / "writer-n100-validation.json"
@@ -61,7 +61,7 @@ def curate(candidate: CandidateTask, env: str) -> tuple[bool, list[str]]:
     rule = [p for p in execution.problems if p.startswith(SELF_REFERENTIAL)]
     others = [p for p in execution.problems if not p.startswith(SELF_REFERENTIAL)]
     accepted_before = grounded and execution.fatal is None and not others
-    accepted_before = accepted_before and execution.score >= 1.0
+    accepted_before = accepted_before and is_success(execution.score)
     return accepted_before, rule
 
 

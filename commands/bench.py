@@ -195,7 +195,7 @@ def bench_by_seed_tasks(
     from ..bench.learning import AblationReport
     from ..bench.learning.code import code_label
     from ..bench.learning.figures import VERDICT_PAIRS, plot_by_seed_tasks
-    from ..bench.learning.report import points_text
+    from ..bench.learning.tables import points_text
 
     by_size: dict[int, AblationReport] = {}
     for item in reports:

@@ -117,7 +117,7 @@ def test_the_report_says_which_differences_are_short_of_the_stopping_rule():
     from rich.console import Console
 
     from coevolve.bench.learning import print_report
-    from coevolve.bench.learning.report import stopping_rule_text
+    from coevolve.bench.learning.tables import stopping_rule_text
 
     # paired SD 2 points at 4 seeds: +5 has 80% power from 4 seeds on (met); SD 8 points
     # needs far more
@@ -855,7 +855,7 @@ def test_a_tuning_report_names_the_split_it_measured(tmp_path):
 def test_a_cycle_not_evaluated_shows_as_a_dash_not_nan():
     import math
 
-    from coevolve.bench.learning.report import curve_text
+    from coevolve.bench.learning.tables import curve_text
 
     assert curve_text([0.236, math.nan, 0.491], percent=True) == "23.6% → – → 49.1%"
     assert curve_text([0.236, math.nan, 0.491]) == "23.6 → – → 49.1"

@@ -65,10 +65,10 @@ from .report import (
     family_pairs,
     interval,
     paired_interval,
-    print_report,
     seed_families,
     summarize,
 )
+from .tables import print_report
 from .units import (
     AcceptedTask,
     accepted_tasks_of,

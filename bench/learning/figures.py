@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .report import MIN_SEEDS_FOR_BAND, AblationReport, family_pairs, split_label
+from ...agents.evaluation import split_label
+from .report import MIN_SEEDS_FOR_BAND, AblationReport, family_pairs
 
 
 def _seeds(count: int) -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ...agents.evaluation import split_label
 from .arms import RENAMED_ARMS, arm_config, check_arms
 from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
 from .figures import plot_curves, plot_family_curves, plot_family_differences
@@ -20,12 +21,11 @@ from .report import (
     AblationReport,
     ArmRun,
     CycleTraining,
-    curve_text,
     family_pairs,
     seed_families,
-    split_label,
     summarize,
 )
+from .tables import curve_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...records import Task
