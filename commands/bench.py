@@ -36,7 +36,8 @@ def bench_learning(
             "grpo-demonstrations, grpo-reference, seal, "
             "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
             "coevolve-llm, random-llm (the task writer at the config's endpoint 'writer'), "
-            "coevolve-teacher, random-teacher (the larger model at the endpoint 'teacher'); "
+            "coevolve-teacher, random-teacher (the larger model at the endpoint 'teacher'), "
+            "coevolve-compose, random-compose (composed exploration, written by the writer); "
             "a model arm is in the default only when the config has its endpoint. "
             "Finished (arm, seed) units are skipped on a rerun."
         ),

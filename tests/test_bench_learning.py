@@ -283,6 +283,7 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     assert "coevolve-llm" not in default_arms(base)  # no endpoint to serve the writer at
     base["endpoints"] = {"writer": {"base_url": "http://127.0.0.1:8001/v1", "model": "w"}}
     assert "coevolve-llm" in default_arms(base) and "coevolve-teacher" not in default_arms(base)
+    assert "coevolve-compose" in default_arms(base)
     base["endpoints"]["teacher"] = {"base_url": "http://127.0.0.1:8020/v1", "model": "t"}
     assert default_arms(base) == list(ARMS)
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
@@ -292,6 +293,9 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
         roles = configs[arm].synthesis.roles
         assert roles.teacher == "teacher" == roles.judge and roles.writer is None
         assert configs[arm].synthesis.frontier_samples == 2
+    for arm in ("coevolve-compose", "random-compose"):  # composed chains, the writer's words
+        roles = configs[arm].synthesis.roles
+        assert roles.composer and roles.writer == "writer" and roles.teacher is None
     for arm in ("coevolve-llm", "random-llm"):  # the writer path: no task generator
         roles = configs[arm].synthesis.roles
         assert roles.writer == "writer" and roles.explorer_policy_rounds == roles.explorer_rounds

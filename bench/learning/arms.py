@@ -98,12 +98,29 @@ ARMS["random-teacher"] = {
     "pool": _WRITER_POOL,
 }
 
+# Composed exploration (issue 70): chains of calls built from the tool schemas, earlier
+# results and the seed tasks' values, aimed at each flagged task's tool sequence
+# (agents/composer.py), written clause by clause by the task writer at "writer"; the
+# frontier check as the teacher's arms.
+_COMPOSE_SYNTHESIS = {
+    "roles": {"composer": True, "writer": WRITER_ENDPOINT},
+    "frontier_samples": 2,
+}
+ARMS["coevolve-compose"] = {"synthesis": _COMPOSE_SYNTHESIS, "pool": _WRITER_POOL}
+ARMS["random-compose"] = {
+    "signals": {"selection": "random"},
+    "synthesis": _COMPOSE_SYNTHESIS,
+    "pool": _WRITER_POOL,
+}
+
 # The endpoint each synthesizing model arm needs in the base config.
 ARM_ENDPOINTS = {
     "coevolve-llm": WRITER_ENDPOINT,
     "random-llm": WRITER_ENDPOINT,
     "coevolve-teacher": TEACHER_ENDPOINT,
     "random-teacher": TEACHER_ENDPOINT,
+    "coevolve-compose": WRITER_ENDPOINT,
+    "random-compose": WRITER_ENDPOINT,
 }
 LLM_ARMS = tuple(ARM_ENDPOINTS)
 
