@@ -132,3 +132,24 @@ def teacher_reply(body: dict[str, Any]) -> Reply | None:
         request = f"REQUEST: What is {name}'s phone number?"
         return Reply.text(f'{request}\n2. find_contact(name="{name}") -> id=c9 name={name}')
     return Reply.text(f"ANSWER: {phone}")
+
+
+_EXAMPLE_CALL = re.compile(r"^\d+\. (.+?) -> ", re.MULTILINE)
+
+
+def copying_teacher_reply(body: dict[str, Any]) -> Reply | None:
+    """A teacher for any environment: it does its first worked example again, call by
+    call, under a request of its own words; None for any other request."""
+    messages = body.get("messages") or []
+    system = messages[0].get("content") if messages else None
+    if not isinstance(system, str) or not _same_prompt(system, TEACHER_PROMPT):
+        return None
+    opening = messages[1]["content"]
+    example = opening.split("Example 1\n", 1)[1].split("\n\nExample 2", 1)[0]
+    request = example.split("\n", 1)[0].removeprefix("Request: ")
+    calls = _EXAMPLE_CALL.findall(example)
+    made = len([m for m in messages[2:] if m.get("role") == "user"])
+    if made >= len(calls):
+        return Reply.text("ANSWER: none")
+    call = f"{made + 1}. {calls[made]}"
+    return Reply.text(f"REQUEST: Once more: {request}\n{call}" if made == 0 else call)

@@ -171,3 +171,55 @@ def test_the_first_call_of_a_reply_is_read_in_any_form_and_a_made_up_result_is_c
     found, why = first_call(reply, "call")
     assert (None if found is None else (found.name, found.arguments)) == call
     assert (why is None) if problem is None else why.startswith(problem)
+
+
+EXAMPLE = "examples.support_desk.env:make_env"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["teacher", "compose"])
+def test_both_sources_run_through_the_loop_on_the_support_desk(
+    source, tmp_path, cache_dir, tiny_build, scripted_server, monkeypatch
+):
+    """A user's environment, no task generator: a cycle with the teacher (a scripted one that
+    does its first worked example again) or the composer (chains written by a scripted task
+    writer), the frontier check on, the tiny model as the agent."""
+    from coevolve.config import CoevolveConfig
+    from coevolve.runner import run
+    from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.testing.role_replies import copying_teacher_reply, writer_reply
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(cache_dir))
+    server = scripted_server(
+        lambda body: (
+            copying_teacher_reply(body) or writer_reply(body) or Reply.status(400, "unexpected")
+        )
+    )
+    roles = (
+        {"teacher": "model", "explorer_rounds": 1}
+        if source == "teacher"
+        else {"composer": True, "writer": "model", "explorer_rounds": 2}
+    )
+    config = CoevolveConfig.model_validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "cycles": 1,
+            "env": {"name": EXAMPLE},
+            "rollout": {"k": 2, "max_tool_calls": 2},
+            "policy": {"max_new_tokens": 16},
+            "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
+            "signals": {"budget": 4},
+            "synthesis": {"roles": roles, "frontier_samples": 1, "dedup_threshold": 0.995},
+            "training": {"max_steps": 2, "batch_size": 2},
+            "evaluation": {"per_family": 1},
+            "endpoints": {"model": {"base_url": server.base_url, "model": server.model}},
+        }
+    ).model_copy(update={"bootstrap": tiny_bootstrap()})
+    result = run(config, progress=False)
+    _, first = result.cycles
+    figures = first.synthesize
+    assert figures is not None and figures.explored > 0 and figures.candidates > 0
+    assert figures.at_frontier is not None  # the frontier check ran
+    explorer = figures.roles["explorer"]
+    assert explorer.startswith("explorer:teacher(" if source == "teacher" else "explorer:composer")
+    assert server.requests, "the source's model was asked"
