@@ -14,7 +14,7 @@ A run directory, ``RunFiles(run_dir)``:
     synthesized_tasks.jsonl   accepted synthesized tasks with provenance (the pool's file)
     capability_state.json     SEAL's capability state, carried from one GRPO cycle to the next
     tracker_runs.json         the run's MLflow run, so a resumed run logs into it
-    tensorboard/              TensorBoard event files (tracking.backends: tensorboard)
+    tensorboard/              TensorBoard event files (tracking.report_to: [tensorboard])
     adapters/cycle-N/         the LoRA adapter trained in cycle N
     adapters/failure-cycle-N/ hard negatives: the failure agent's adapter after cycle N
     cycles/NNN/               one cycle's files (``CycleFiles``)

@@ -5,8 +5,8 @@ blocks are left out (they never run). Relative imports are resolved, only module
 of the package are nodes, and tests/, examples/ and the scripts in bench/ are not part
 of it (the learning bench, bench/learning/, is).
 
-Run as a script to draw the graph at folder level as Mermaid (the "Import graph"
-section of docs/architecture.md):
+Run as a script to draw the graph at folder level as Mermaid (docs/architecture-imports.md,
+linked from the "Import graph" section of docs/architecture.md):
 
     python tests/test_import_graph.py --mermaid
 """
@@ -193,11 +193,11 @@ def test_no_import_circles() -> None:
 
 
 def test_the_architecture_doc_draws_todays_import_graph() -> None:
-    doc = (PACKAGE_ROOT / "docs" / "architecture.md").read_text()
+    doc = (PACKAGE_ROOT / "docs" / "architecture-imports.md").read_text()
     drawn = re.search(r"```mermaid\n(flowchart TD\n.*?)```", doc, re.S)
-    assert drawn, "docs/architecture.md has no import graph (```mermaid flowchart TD)"
+    assert drawn, "docs/architecture-imports.md has no import graph (```mermaid flowchart TD)"
     assert drawn.group(1).strip() == mermaid(folder_graph(import_graph())), (
-        "docs/architecture.md's import graph is out of date: replace it with the output of "
+        "docs/architecture-imports.md's import graph is out of date: replace it with the output of "
         "`python tests/test_import_graph.py --mermaid`"
     )
 

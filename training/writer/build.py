@@ -97,7 +97,7 @@ def build_writer(
         max_length=config.max_length,
         seed=config.seed,
         device="cpu",
-        sft=SftConfig(batching="random"),
+        sft=SftConfig(batching="random", micro_batch_size=config.micro_batch_size),
     )
     if progress:
         print(

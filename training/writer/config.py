@@ -25,6 +25,15 @@ class WriterConfig(Section):
     learning_rate: float = Field(default=5e-4, gt=0, description="Peak learning rate (cosine).")
     max_steps: int = Field(default=60, gt=0, description="Optimisation steps.")
     batch_size: int = Field(default=8, gt=0, description="Examples per step.")
+    micro_batch_size: int | None = Field(
+        default=1,
+        gt=0,
+        description="Examples per forward/backward pass; the step still averages batch_size "
+        "by accumulating, so the update is the same up to float rounding (LoRA dropout is 0). "
+        "Activations grow with it, as in the quickstart's SFT (training.sft.micro_batch_size "
+        "1): one at a time holds the writer's build under 4 GB resident (docs/training.md). "
+        "None: batch_size at once.",
+    )
     max_length: int = Field(default=768, gt=0, description="Longest example, in tokens.")
     seed: int = Field(default=0, description="Seed of the batch order and the LoRA init.")
     prompt: str = Field(
