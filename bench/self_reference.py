@@ -92,10 +92,10 @@ def writer_world() -> dict[str, object]:
 def offline_desk() -> dict[str, object]:
     from coevolve.agents.oracle import OraclePolicy
     from coevolve.agents.rollout import run_rollouts
+    from coevolve.graph.graph import run_synthesis
     from coevolve.loop.compose import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
-    from coevolve.synthesis.graph import run_synthesis
 
     spec = get_environment(EXAMPLE)
     seeds = spec.load_tasks("train", "", 0)

@@ -81,10 +81,10 @@ def bench_graph(server_kind: str = "asyncio") -> float:
     from coevolve.agents.rollout import run_rollouts
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.graph.context import SynthesisRuntime
+    from coevolve.graph.graph import run_synthesis
     from coevolve.memory.store import TaskStore
     from coevolve.records import FlaggedTrajectory, Signal
-    from coevolve.synthesis.context import SynthesisRuntime
-    from coevolve.synthesis.graph import run_synthesis
 
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(DELAY_S), server_kind])

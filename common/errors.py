@@ -18,7 +18,7 @@ KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
     ("training.bootstrap.smollm2", "BaseModelError"),
     ("agents.policy", "PolicyError"),
     ("agents.llm", "ReplyError"),
-    ("synthesis.graph", "SynthesisError"),
+    ("graph.graph", "SynthesisError"),
     ("loop.runtime", "RunError"),
 )
 

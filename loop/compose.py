@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..synthesis.context import SynthesisRuntime
+from ..graph.context import SynthesisRuntime
 from .runtime import CycleRuntime, RunError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -4,7 +4,7 @@
 factory, pool, history, pattern counts, task store, roles); it is the cycle
 graph's ``context_schema``, built by ``coevolve.loop.compose`` (the one
 place runtimes are built). The cycle hands its synthesis pass the synthesis
-graph's context (``CycleRuntime.synthesis_runtime``, a ``synthesis.context.SynthesisRuntime``).
+graph's context (``CycleRuntime.synthesis_runtime``, a ``graph.context.SynthesisRuntime``).
 ``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
 Python, NumPy and torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
 stage whose endpoint gave no reply (``agents.evaluation.stop_if_unreachable``).
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..graph.context import SynthesisRuntime
 from ..records import Task, Trajectory
 from ..run_files import CycleFiles, RunFiles
-from ..synthesis.context import SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console

@@ -44,11 +44,11 @@ from coevolve.agents.rollout import run_rollouts
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.testing.openai_server import Reply, ScriptedOpenAIServer
 from coevolve.testing.reference_agent import reference_replies
 from coevolve.testing.role_replies import role_of, role_reply

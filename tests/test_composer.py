@@ -18,6 +18,8 @@ from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_setup
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.envs.world.splits import structure_key
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.store import TaskStore
 from coevolve.records import (
     CandidateTask,
@@ -27,8 +29,6 @@ from coevolve.records import (
     Task,
     Trajectory,
 )
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.role_replies import writer_reply
 

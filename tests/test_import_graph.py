@@ -236,7 +236,7 @@ def test_only_entry_points_import_the_config_composition() -> None:
     )
     assert below == [], (
         f"{', '.join(below)} import {CONFIG_ROOT}; import the section from its home "
-        "(envs/config.py, agents/config.py, synthesis/config.py, training/config.py, "
+        "(envs/config.py, agents/config.py, graph/config.py, training/config.py, "
         "config_base.py for ConfigError) instead"
     )
 
@@ -257,7 +257,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"agents"},
         {"outputs"},
         {"training"},
-        {"synthesis"},
+        {"graph"},
         {"loop"},
         {"config", "runner"},
         {"bench"},

@@ -40,13 +40,13 @@ from coevolve.agents.rollout import run_rollouts
 from coevolve.agents.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import SynthesisError, run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import CandidateTask, SynthesisContext
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import SynthesisError, run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy
 

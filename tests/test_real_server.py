@@ -51,11 +51,11 @@ from coevolve.agents.roles import RolesConfig
 from coevolve.agents.rollout import run_rollouts
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.presets import load_preset, tiny_bootstrap
 from coevolve.training.bootstrap.build import bootstrap
 

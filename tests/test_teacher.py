@@ -1,5 +1,5 @@
 """The teacher (agents/teacher.py): a larger model shown the flagged family's seed tasks
-writes and carries out new tasks over real HTTP; and the frontier check (synthesis/graph.py)
+writes and carries out new tasks over real HTTP; and the frontier check (graph/graph.py)
 that keeps only candidates the current policy does not already solve."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from coevolve.agents.teacher import TeacherExplorer, worked_example
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import SynthesisContext
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy
 from coevolve.testing.role_replies import teacher_reply

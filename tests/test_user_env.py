@@ -752,10 +752,10 @@ def test_studios_synthesis_pass_takes_a_users_environment():
 
     from coevolve.agents.oracle import OraclePolicy
     from coevolve.agents.rollout import run_rollouts
+    from coevolve.graph.graph import run_synthesis
     from coevolve.loop.compose import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
-    from coevolve.synthesis.graph import run_synthesis
 
     spec = get_environment(EXAMPLE)
     tasks = [t for t in spec.load_tasks("train", "", 0) if t.family == "upgrade_and_ticket"][:2]

@@ -1,4 +1,4 @@
-"""Configuration of the synthesis pass (synthesis/graph.py): its roles, the task store, dedup."""
+"""Configuration of the synthesis pass (graph/graph.py): its roles, the task store, dedup."""
 
 from __future__ import annotations
 
