@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..outputs.tracking import TrainTracking
     from ..records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
     from ..training.datasets import PreferencePair, TrainingConversation
-    from ..training.grpo.config import GrpoConfig
+    from ..training.grpo_config import GrpoConfig
     from ..training.seal import ReweightSettings
 
 

@@ -13,7 +13,7 @@ from coevolve.common.config_base import merged
 from coevolve.records import Task
 from coevolve.testing.presets import tiny_training
 from coevolve.training.config import TrainingConfig
-from coevolve.training.grpo.config import GrpoConfig
+from coevolve.training.grpo_config import GrpoConfig
 
 BFCL_SYSTEM_PROMPT = "Use the tools."
 
@@ -488,7 +488,7 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed()
     from coevolve.loop.training_step import demonstration_data
     from coevolve.records import Trajectory
     from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
-    from coevolve.training.grpo.config import GrpoConfig
+    from coevolve.training.grpo_config import GrpoConfig
 
     failing, mixed, solved, new = load_split("train", size=4)
 

@@ -31,7 +31,7 @@ from coevolve.training.datasets import (
     successful_conversations,
 )
 from coevolve.training.grpo.environment import environment_class, environment_score
-from coevolve.training.sft.trainer import sft_trainer
+from coevolve.training.sft_trainer import sft_trainer
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
     is_adapter_complete,

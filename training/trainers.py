@@ -8,9 +8,10 @@ it is written to a sibling temporary directory, ``training.json`` (the
 ``TrainResult`` and the config) is written last, and the directory is renamed
 into place. A directory without ``training.json`` is not a finished adapter.
 
-Each algorithm's trainer is built in its own subpackage (``sft/trainer.py``,
-``dpo/trainer.py``, ``grpo/trainer.py``) from its config section, which sits beside it
-(``sft/config.py``: ``training.sft``; ``dpo/config.py``; ``grpo/config.py``).
+Each algorithm's trainer is built in its own module, TRL's pairs (``sft_trainer.py``,
+``dpo_trainer.py``, ``grpo/trainer.py`` with GRPO's helpers) from its config section,
+which sits beside it (``sft_config.py``: ``training.sft``; ``dpo_config.py``;
+``grpo_config.py``).
 
 - **sft**: rejection-sampling fine-tuning. Conversations are tokenized with the
   training chat template (``tokenize_for_training``, as the bootstrap does), so
@@ -53,8 +54,8 @@ from .adapters import (
 )
 from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
-from .dpo.trainer import dpo_trainer
-from .sft.trainer import sft_trainer
+from .dpo_trainer import dpo_trainer
+from .sft_trainer import sft_trainer
 from .tokenized_datasets import length_grouped_order, sft_dataset
 from .trainer_common import (
     ProgressBars,

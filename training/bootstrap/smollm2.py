@@ -172,7 +172,7 @@ def build_bootstrap(
     (``train_adapter``), so the result depends on the seed, not on the machine's load.
     """
     from ..config import LoraSettings, TrainingConfig
-    from ..sft.config import SftConfig
+    from ..sft_config import SftConfig
     from ..trainers import train_merged
     from .base_models import prepared_base
     from .config import build_stamp

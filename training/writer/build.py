@@ -82,7 +82,7 @@ def build_writer(
     if not conversations:
         raise ValueError(f"none of the {len(tasks)} tasks has a single turn whose calls replay")
     from ..config import LoraSettings, TrainingConfig
-    from ..sft.config import SftConfig
+    from ..sft_config import SftConfig
     from ..trainers import train_merged
 
     started = time.perf_counter()

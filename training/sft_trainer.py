@@ -14,20 +14,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...agents.policy import Message
-from ..adapters import model_and_peft
-from ..config import TrainingConfig
-from ..datasets import TrainingConversation
-from ..tokenized_datasets import (
+from ..agents.policy import Message
+from .adapters import model_and_peft
+from .config import TrainingConfig
+from .datasets import TrainingConversation
+from .tokenized_datasets import (
     WeightedCollator,
     length_grouped_order,
     sft_dataset,
     weighted_sft_trainer_class,
 )
-from ..trainer_common import common_arguments, micro_batches
+from .trainer_common import common_arguments, micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...outputs.tracking import TrainTracking
+    from ..outputs.tracking import TrainTracking
 
 
 def sft_trainer(

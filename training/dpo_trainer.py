@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..adapters import model_and_peft
-from ..config import TrainingConfig
-from ..datasets import PreferencePair
-from ..tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
-from ..trainer_common import common_arguments, micro_batches
+from .adapters import model_and_peft
+from .config import TrainingConfig
+from .datasets import PreferencePair
+from .tokenized_datasets import dpo_dataset, token_exact_dpo_trainer_class
+from .trainer_common import common_arguments, micro_batches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...outputs.tracking import TrainTracking
+    from ..outputs.tracking import TrainTracking
 
 
 def dpo_arguments(

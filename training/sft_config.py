@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ...common.config_base import Section
+from ..common.config_base import Section
 
 SftBatching = Literal["random", "length_grouped"]
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ...common.config_base import Section
+from ..common.config_base import Section
 
 GrpoRollout = Literal["auto", "tool_loop", "multi_turn"]
 GrpoVllm = Literal["off", "colocate", "server"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from ...common.config_base import Section
+from ..common.config_base import Section
 
 
 class DpoConfig(Section):
