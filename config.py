@@ -30,7 +30,7 @@ from .agents.config import (
     PolicyConfig,
     RolloutConfig,
 )
-from .agents.roles import ENDPOINT_ROLES, OFFLINE
+from .agents.roles.role_interfaces import ENDPOINT_ROLES, OFFLINE
 from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import ENVIRONMENTS, get_environment
@@ -40,10 +40,10 @@ from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
-from .training.bootstrap.config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
+from .training.bootstrap.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negatives.settings import HardNegativeSettings, moved_target_keys
-from .training.writer.config import WriterConfig
+from .training.writer_config import WriterConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",

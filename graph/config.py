@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..agents.config import EndpointConfig
-from ..agents.roles import RolesConfig
+from ..agents.roles.role_interfaces import RolesConfig
 from ..common.config_base import Section
 
 

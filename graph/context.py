@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from chromadb.api.types import Where
 
-    from ..agents.roles import EnvFactory, Roles
+    from ..agents.roles.role_interfaces import EnvFactory, Roles
     from ..memory.store import TaskStore
     from ..records import Task
 

@@ -28,8 +28,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from ..agents.llm import counting_reply_errors
-from ..agents.roles import AbstractionInput, candidate_to_task, primary_signal
+from ..agents.roles.llm import counting_reply_errors
+from ..agents.roles.role_interfaces import AbstractionInput, candidate_to_task, primary_signal
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
 from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict

@@ -12,7 +12,7 @@ from typing import Annotated, TypedDict
 
 from pydantic import BaseModel
 
-from ..agents.roles import ExplorationRound
+from ..agents.roles.role_interfaces import ExplorationRound
 from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, Verdict
 
 # The synthesis funnel: how many items reach each stage of a pass, in order.

@@ -23,8 +23,8 @@
 
 One name per meaning: the node ``rollout`` is the function ``rollout_node`` here (each
 node ``X`` is ``X_node``), which calls the stage ``stages.rollout``, which runs the
-engine beneath it (``agents.rollout.play_rollouts``; ``graph.graph.run_synthesis``,
-``agents.evaluation.evaluation_report``). Each node calls its stage (loop/stages.py,
+engine beneath it (``agents.policy.rollout.play_rollouts``; ``graph.graph.run_synthesis``,
+``agents.policy.eval_report.evaluation_report``). Each node calls its stage (loop/stages.py,
 the same functions a script can call itself, typed in and typed out) on the earlier
 stages' outputs, read back from the cycle's files, and records the stage's figures in
 the state.

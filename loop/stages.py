@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..agents.evaluation import left_out_note
+from ..agents.policy.eval_report import left_out_note
 from ..graph.state import REPLY_ERRORS, SynthesisResult
 from ..outputs.summary import (
     EvaluationFigures,

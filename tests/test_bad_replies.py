@@ -29,18 +29,18 @@ from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.llm import (
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.policy_interface import AssistantMessage
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.llm import (
     ReplyError,
     ask,
     chat_model,
     counting_reply_errors,
     structured_call,
 )
-from coevolve.agents.policy import AssistantMessage
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split

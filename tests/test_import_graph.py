@@ -291,9 +291,9 @@ CONFIG_ENTRY_FOLDERS = (f"{PACKAGE}.commands.",)  # the CLI: loads YAML, prints 
 
 def test_only_entry_points_import_the_config_composition() -> None:
     graph = import_graph(type_checking=True)
-    # the graph counts type-only imports: agents/llm.py imports its section for typing only
-    assert "coevolve.agents.config" in graph["coevolve.agents.llm"]
-    assert "coevolve.agents.config" not in import_graph()["coevolve.agents.llm"]
+    # the graph counts type-only imports: agents/roles/llm.py imports its section for typing only
+    assert "coevolve.agents.config" in graph["coevolve.agents.roles.llm"]
+    assert "coevolve.agents.config" not in import_graph()["coevolve.agents.roles.llm"]
     importers = {module for module, targets in graph.items() if CONFIG_ROOT in targets}
     assert "coevolve.runner" in importers
     below = sorted(

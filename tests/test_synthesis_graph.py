@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.summarizer import OfflineSummarizer
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
+from coevolve.agents.roles.summarizer import OfflineSummarizer
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import Message
+from ..agents.policy.policy_interface import Message
 from .adapters import model_and_peft
 from .config import TrainingConfig
 from .datasets import TrainingConversation

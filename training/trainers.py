@@ -9,7 +9,7 @@ it is written to a sibling temporary directory, ``training.json`` (the
 into place. A directory without ``training.json`` is not a finished adapter.
 
 Each algorithm's trainer is built in its own module, TRL's pairs (``sft_trainer.py``,
-``dpo_trainer.py``, ``grpo/trainer.py`` with GRPO's helpers) from its config section,
+``dpo_trainer.py``, ``grpo/grpo_trainer.py`` with GRPO's helpers) from its config section,
 which sits beside it (``sft_config.py``: ``training.sft``; ``dpo_config.py``;
 ``grpo_config.py``).
 
@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import Message
+from ..agents.policy.policy_interface import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..common.tokenization import load_tokenizer
 from ..envs.base import Environment
@@ -177,7 +177,7 @@ def train_adapter(
     try:
         capability_state = None
         if config.algorithm == "grpo":
-            from .grpo.trainer import make_grpo_trainer
+            from .grpo.grpo_trainer import make_grpo_trainer
             from .seal import CapabilityState
 
             assert make_env is not None

@@ -4,7 +4,7 @@ Each role has two implementations: an LLM one (an OpenAI-compatible endpoint
 through langchain-openai, structured output with a tolerant JSON fallback) and
 an environment-grounded offline one that needs no LLM. The synthesis graph
 only sees these protocols; which implementation runs is configuration
-(``RolesConfig``, here), built by ``coevolve.agents.role_factory.build_roles``.
+(``RolesConfig``, here), built by ``coevolve.agents.roles.role_factory.build_roles``.
 This module imports no concrete role; the roles import it.
 """
 
@@ -19,8 +19,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..envs.base import Environment, EnvironmentBrief
-from ..records import (
+from ...envs.base import Environment, EnvironmentBrief
+from ...records import (
     CandidateTask,
     FlaggedTrajectory,
     Neighbour,
@@ -32,7 +32,7 @@ from ..records import (
     Turn,
     Verdict,
 )
-from .prompts import (
+from ..prompts import (
     ABSTRACTOR_PROMPT,
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
@@ -77,7 +77,7 @@ class ExplorationRound(BaseModel):
 
 
 EnvFactory = Callable[[], Environment]
-# What the task writer relabels (agents/writer.py).
+# What the task writer relabels (agents/roles/task_writer.py).
 WriterMaterial = Literal["hindsight", "explored", "both"]
 
 
@@ -319,7 +319,7 @@ class RolesConfig(BaseModel):
     writer: str | None = Field(
         default=None,
         description="Task writer: an endpoint name whose model writes the request of calls that "
-        "ran (agents/writer.py; a model taught on the seed tasks: `coevolve writer`). Set, it "
+        "ran (agents/roles/task_writer.py; a model taught on the seed tasks: `coevolve writer`). Set, it "
         "is the abstractor, and synthesis calls no task generator. None: the abstractor above.",
     )
     writer_material: WriterMaterial = Field(
@@ -346,7 +346,7 @@ class RolesConfig(BaseModel):
         default=None,
         description="Teacher: an endpoint name whose model, larger than the agent, writes a "
         "new task of the flagged family and carries it out with the tools, shown that "
-        "family's seed tasks as worked examples (agents/teacher.py; on a CPU: `make teacher`, "
+        "family's seed tasks as worked examples (agents/roles/teacher.py; on a CPU: `make teacher`, "
         "configs/teacher.yaml). Set, it is the explorer, and the requests it writes are the "
         "candidates unless `writer` is set too. None: no teacher.",
     )
@@ -363,7 +363,7 @@ class RolesConfig(BaseModel):
 
     composer: bool = Field(
         default=False,
-        description="Composed exploration (agents/composer.py): the explorer composes chains "
+        description="Composed exploration (agents/roles/composer.py): the explorer composes chains "
         "of calls from the tool schemas, earlier results and the seed tasks' values (no model, "
         "no task generator), aimed at the flagged task's tool sequence; the task writer "
         "(`writer`, required) writes each chain clause by clause, every clause grounded. "

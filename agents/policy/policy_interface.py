@@ -27,8 +27,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.parsing import UNREADABLE_CALL, ToolCallParseError, parse_tool_calls
-from ..records import CallForm, ToolCall
+from ...envs.parsing import UNREADABLE_CALL, ToolCallParseError, parse_tool_calls
+from ...records import CallForm, ToolCall
 
 Message = dict[str, Any]
 

@@ -66,8 +66,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ...agents.conversation import opening_messages
-from ...agents.policy import Message
+from ...agents.policy.conversation import opening_messages
+from ...agents.policy.policy_interface import Message
 from ...envs.adaptation import adapt, adapt_system_prompt
 from ...envs.base import Environment
 from ...records import Task

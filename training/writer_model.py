@@ -2,7 +2,7 @@
 
 Instruction back-translation (Humpback): each seed task's reference calls are replayed
 in a fresh environment, rendered as the writer reads material in synthesis
-(``agents.writer.render_calls``: numbered calls with their results), and paired with the
+(``agents.roles.task_writer.render_calls``: numbered calls with their results), and paired with the
 task's request and answer (``render_writing``). A LoRA SFT of the base model on those
 pairs, merged into its weights, is the writer; ``transformers serve`` (or vLLM) serves
 the saved directory by its path, beside the policy, and ``synthesis.roles.writer`` names
@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...agents.prompts import WRITER_PROMPT
-from ...agents.roles import Interaction
-from ...agents.writer import render_calls, render_writing
-from ...common.files import atomic_directory
-from ...envs.base import Environment
-from ...records import Task
-from .config import WriterConfig
+from ..agents.prompts import WRITER_PROMPT
+from ..agents.roles.role_interfaces import Interaction
+from ..agents.roles.task_writer import render_calls, render_writing
+from ..common.files import atomic_directory
+from ..envs.base import Environment
+from ..records import Task
+from .writer_config import WriterConfig
 
 METADATA_FILE = "writer.json"
 
@@ -81,9 +81,9 @@ def build_writer(
     conversations = [c for t in tasks if (c := writer_example(t, make_env, config.prompt))]
     if not conversations:
         raise ValueError(f"none of the {len(tasks)} tasks has a single turn whose calls replay")
-    from ..config import LoraSettings, TrainingConfig
-    from ..sft_config import SftConfig
-    from ..trainers import train_merged
+    from .config import LoraSettings, TrainingConfig
+    from .sft_config import SftConfig
+    from .trainers import train_merged
 
     started = time.perf_counter()
     training = TrainingConfig(

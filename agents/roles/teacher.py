@@ -36,15 +36,15 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from ..envs.base import Environment
-from ..envs.parsing import render_call
-from ..records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
+from ...envs.base import Environment
+from ...envs.parsing import render_call
+from ...records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
+from ..policy.policy_interface import parse_assistant_text
+from ..prompts import TEACHER_FOLLOW_UP, TEACHER_PROMPT
 from .abstractor import normalise, repeats
 from .explorer import LLMExplorer
 from .llm import ReplyError, ask
-from .policy import parse_assistant_text
-from .prompts import TEACHER_FOLLOW_UP, TEACHER_PROMPT
-from .roles import (
+from .role_interfaces import (
     Abstraction,
     AbstractionInput,
     EnvFactory,
@@ -54,7 +54,7 @@ from .roles import (
     candidate_setup,
     primary_signal,
 )
-from .writer import (
+from .task_writer import (
     OBSERVATION_CHARS,
     parse_answer,
     parse_writing,
@@ -62,7 +62,7 @@ from .writer import (
     ungrounded_values,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("coevolve.agents.teacher")  # its name from before agents/roles/ (run.log)
 
 
 def _result(text: str) -> str:

@@ -3,7 +3,7 @@
 ``LLMAbstractor`` asks the abstractor endpoint for tasks (structured output,
 ``Proposals``) and checks that every proposed action parses; proposals that
 repeat the parent or each other are dropped with their reason. It returns an
-``Abstraction``, as the offline abstractor (``agents/abstractor.py``) does.
+``Abstraction``, as the offline abstractor (``agents/roles/abstractor.py``) does.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
-from ..records import CandidateTask, ToolCall
+from ...envs.parsing import ToolCallParseError, parse_tool_calls, render_call
+from ...records import CandidateTask, ToolCall
+from ..prompts import ABSTRACTOR_PROMPT, fill_environment
 from .abstractor import actions_key, normalise, repeats
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import ABSTRACTOR_PROMPT, fill_environment
-from .roles import (
+from .role_interfaces import (
     Abstraction,
     AbstractionInput,
     ExplorationRound,
@@ -31,7 +31,9 @@ from .roles import (
 )
 from .summarizer import clip
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(
+    "coevolve.agents.llm_abstractor"
+)  # its name from before agents/roles/ (run.log)
 
 
 class ProposedTask(BaseModel):

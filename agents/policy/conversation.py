@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..envs.base import Environment, replay_reference
-from ..records import Task
-from .policy import Message, tool_call_message
-from .prompts import POLICY_SYSTEM_PROMPT
+from ...envs.base import Environment, replay_reference
+from ...records import Task
+from ..prompts import POLICY_SYSTEM_PROMPT
+from .policy_interface import Message, tool_call_message
 
 DONE_ANSWER = "Done."
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..envs.parsing import UNREADABLE_CALL
-from ..records import CALL_FORMS, Task, Trajectory, is_success, split_transport_failures
-from .policy import EndpointUnreachable
+from ...envs.parsing import UNREADABLE_CALL
+from ...records import CALL_FORMS, Task, Trajectory, is_success, split_transport_failures
+from .policy_interface import EndpointUnreachable
 
 
 class GroupStats(BaseModel):

@@ -2,7 +2,7 @@
 
 Every live conversation is answered in one batch per chunk of ``batch_size``.
 With ``kv_reuse`` (the default) each conversation's keys and values are kept
-between its steps (``agents/kv_reuse.py``), so a step encodes only its new
+between its steps (``agents/policy/kv_reuse.py``), so a step encodes only its new
 tokens; without it, one padded ``model.generate`` call re-encodes every
 prompt. A LoRA adapter is merged into the weights while it serves. Replies are
 parsed by ``parse_assistant_text``: Qwen2.5 ``<tool_call>`` blocks or plain call
@@ -25,9 +25,9 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from ..common.errors import PROGRAMMING_ERRORS
-from ..common.tokenization import load_tokenizer
-from .policy import AssistantMessage, Message, PolicyError, parse_assistant_text
+from ...common.errors import PROGRAMMING_ERRORS
+from ...common.tokenization import load_tokenizer
+from .policy_interface import AssistantMessage, Message, PolicyError, parse_assistant_text
 from .rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
 
 
@@ -75,7 +75,7 @@ class LocalPolicy:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.batch_size = batch_size
-        # Read by the rollout engine (agents/rollout.py): episodes it keeps going at once.
+        # Read by the rollout engine (agents/policy/rollout.py): episodes it keeps going at once.
         self.max_live_episodes = max_live_episodes
         self.tools_in_prompt = tools_in_prompt
         self.read_json_calls = read_json_calls

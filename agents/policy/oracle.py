@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import Task
+from ...records import Task
 from .conversation import DONE_ANSWER, final_answer
-from .policy import AssistantMessage, Message
+from .policy_interface import AssistantMessage, Message
 
 PARALLEL_STEPS = 10
 

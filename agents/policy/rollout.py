@@ -25,12 +25,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from ..common.errors import PROGRAMMING_ERRORS
-from ..envs.base import Environment
-from ..records import ModelTurn, Observation, Step, Task, Trajectory
+from ...common.errors import PROGRAMMING_ERRORS
+from ...envs.base import Environment
+from ...records import ModelTurn, Observation, Step, Task, Trajectory
+from ..prompts import POLICY_SYSTEM_PROMPT
 from .conversation import opening_messages
-from .policy import AssistantMessage, Message, Policy
-from .prompts import POLICY_SYSTEM_PROMPT
+from .policy_interface import AssistantMessage, Message, Policy
 from .rendering import turn_from_ids
 
 _P = ParamSpec("_P")

@@ -24,21 +24,21 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common.errors import PROGRAMMING_ERRORS
-from ..envs.base import (
+from ...common.errors import PROGRAMMING_ERRORS
+from ...envs.base import (
     Environment,
     answer_in_observations,
     answer_matches,
     replay_reference,
     unsupported_answer,
 )
-from ..envs.parsing import UNREADABLE_CALL, render_call
-from ..records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
+from ...envs.parsing import UNREADABLE_CALL, render_call
+from ...records import CandidateTask, Step, Task, ToolCall, Turn, Verdict, is_success
+from ..prompts import JUDGE_PROMPT, fill_environment
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import JUDGE_PROMPT, fill_environment
-from .roles import EnvFactory
+from .role_interfaces import EnvFactory
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("coevolve.agents.judge")  # its name from before agents/roles/ (run.log)
 
 API_ERRORS = frozenset({"unknown_tool"})
 PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error", UNREADABLE_CALL})

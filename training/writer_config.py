@@ -1,14 +1,14 @@
 """The task writer's config (``writer:`` in a run config; ``coevolve writer`` builds it).
 
-Kept apart from ``training/writer/build.py`` so loading a config imports no model code.
+Kept apart from ``training/writer_model.py`` so loading a config imports no model code.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from ...agents.prompts import WRITER_PROMPT
-from ...common.config_base import Section
+from ..agents.prompts import WRITER_PROMPT
+from ..common.config_base import Section
 
 
 class WriterConfig(Section):

@@ -1,6 +1,6 @@
 """The values a composed chain's calls take: results read as fields, tools read from their
 schemas, the seed tasks' argument values and the fields they flowed from, and the rule
-that matches them to a parameter (``ArgumentSource``). Used by ``agents/composer.py``;
+that matches them to a parameter (``ArgumentSource``). Used by ``agents/roles/composer.py``;
 nothing here knows an environment beyond its tools and results.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..records import Task, ToolCall
+from ...records import Task, ToolCall
 from .abstractor import actions_key
-from .roles import EnvFactory, Interaction
+from .role_interfaces import EnvFactory, Interaction
 
 # --------------------------------------------------------------------------- reading results
 

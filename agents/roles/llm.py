@@ -1,7 +1,7 @@
 """Chat models for the synthesis roles, and structured output that survives real servers.
 
 Every LLM role talks to an OpenAI-compatible endpoint through an
-``EndpointChatModel`` (``chat_model``; agents/chat_endpoint.py), a LangChain chat
+``EndpointChatModel`` (``chat_model``; agents/roles/chat_endpoint.py), a LangChain chat
 model sent on the project's HTTP client; a ``ChatOpenAI`` a user passes in works
 too. ``structured_call`` asks for a pydantic schema the strict way
 first (``response_format`` with a JSON schema, which vLLM and OpenAI honour) and
@@ -20,9 +20,9 @@ it (``transformers serve`` answers 200 and leaves the reply unconstrained: a
 reply that does not even start a JSON object), is logged once as a WARNING and
 every later structured call to it is a single plain request for JSON.
 
-Replies are bounded, read and retried at one boundary (``agents/replies.py``:
+Replies are bounded, read and retried at one boundary (``agents/roles/replies.py``:
 ``ask``, ``ReplyError``), and JSON is read from them in linear time
-(``agents/json_reply.py``); both are re-exported here.
+(``agents/roles/json_reply.py``); both are re-exported here.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from .replies import (
 )
 
 if TYPE_CHECKING:
-    from .config import EndpointConfig
+    from ..config import EndpointConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("coevolve.agents.llm")  # its name from before agents/roles/ (run.log)
 
 __all__ = [
     "EndpointChatModel",
@@ -103,7 +103,7 @@ class StructuredOutputError(RuntimeError):
 
 
 def chat_model(endpoint: EndpointConfig, temperature: float | None = None) -> EndpointChatModel:
-    """The chat model of one endpoint (``EndpointChatModel``, agents/chat_endpoint.py);
+    """The chat model of one endpoint (``EndpointChatModel``, agents/roles/chat_endpoint.py);
     ``temperature`` overrides the endpoint's.
 
     Replies longer than ``endpoint.reply_limit()`` characters raise ``ReplyTooLongError``.

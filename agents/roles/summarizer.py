@@ -17,8 +17,8 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from ..envs.parsing import render_call
-from ..records import (
+from ...envs.parsing import render_call
+from ...records import (
     FlaggedTrajectory,
     Signal,
     Step,
@@ -28,10 +28,12 @@ from ..records import (
     Trajectory,
     is_success,
 )
+from ..prompts import SUMMARIZER_PROMPT, fill_environment
 from .llm import StructuredOutputError, model_label, structured_call
-from .prompts import SUMMARIZER_PROMPT, fill_environment
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(
+    "coevolve.agents.summarizer"
+)  # its name from before agents/roles/ (run.log)
 
 _OBSERVATION_CHARS = 240
 

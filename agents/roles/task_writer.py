@@ -27,14 +27,14 @@ from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from ..envs.parsing import render_call
-from ..records import CandidateTask, Observation, ToolCall
+from ...envs.parsing import render_call
+from ...records import CandidateTask, Observation, ToolCall
+from ..prompts import WRITER_PROMPT
 from .abstractor import actions_key, normalise, repeats
 from .explorer import mentions
 from .llm import model_label
-from .prompts import WRITER_PROMPT
 from .replies import ask, raise_unless_one_replied
-from .roles import (
+from .role_interfaces import (
     Abstraction,
     AbstractionInput,
     Interaction,

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..records import ModelTurn
-from .policy import Message, prepare_messages
+from ...records import ModelTurn
+from .policy_interface import Message, prepare_messages
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase

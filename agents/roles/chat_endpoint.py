@@ -15,7 +15,7 @@ them through overridden private methods:
 - a reply longer than ``max_reply_chars`` (content and tool-call arguments) raises
   ``ReplyTooLongError`` before anything parses it;
 - the endpoint's retry settings ride on the model (``reply_retries``,
-  ``retry_base_s``, ``retry_max_s``) for the reply boundary, ``agents/replies.py``,
+  ``retry_base_s``, ``retry_max_s``) for the reply boundary, ``agents/roles/replies.py``,
   which retries under the one retry policy (``common/retry.py``); the model itself
   asks once;
 - failures raise the openai SDK's error classes (its documented table of status
@@ -58,9 +58,9 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
-from ..common.http import HttpClient, RequestTimeout, Response, TransportError
-from .completion_body import encode_request, shown
-from .policy import function_call
+from ...common.http import HttpClient, RequestTimeout, Response, TransportError
+from ..policy.completion_body import encode_request, shown
+from ..policy.policy_interface import function_call
 from .replies import check_reply_length, mark_answered
 
 
@@ -82,7 +82,7 @@ class EndpointChatModel(BaseChatModel):
     max_connections: int = 16
     # Longer replies raise ReplyTooLongError unread (None: no limit).
     max_reply_chars: int | None = None
-    # The endpoint's retry policy, applied by the reply boundary (agents/replies.py: ask).
+    # The endpoint's retry policy, applied by the reply boundary (agents/roles/replies.py: ask).
     reply_retries: int = 0
     retry_base_s: float = 0.2
     retry_max_s: float = 5.0

@@ -2,7 +2,7 @@
 
 ``OfflineAbstractor`` picks successful action windows that change state and
 relabels them with the environment's describer. ``LLMAbstractor``
-(``agents/llm_abstractor.py``) asks a model for tasks instead, and shares this
+(``agents/roles/llm_abstractor.py``) asks a model for tasks instead, and shares this
 module's repeat checks (``repeats``, ``actions_key``).
 
 Both return an ``Abstraction``: the candidates, and what they dropped before
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from ..envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
-from ..envs.parsing import render_call
-from ..records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
+from ...envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
+from ...envs.parsing import render_call
+from ...records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
 from .explorer import _values, focus_tools, mentions, tool_names
-from .roles import (
+from .role_interfaces import (
     Abstraction,
     AbstractionInput,
     Interaction,
@@ -35,7 +35,9 @@ from .roles import (
 )
 from .summarizer import failing_step
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(
+    "coevolve.agents.abstractor"
+)  # its name from before agents/roles/ (run.log)
 
 # Texts this similar (difflib ratio on normalised text) count as the same task.
 REPEAT_SIMILARITY = 0.95

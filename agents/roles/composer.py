@@ -9,10 +9,10 @@ requests. So the two halves are split:
   flagged task's state. The tools are read from ``env.tools()`` (names, parameters, types,
   which are required); every argument value comes from an earlier result of the same chain,
   from what the starting state shows, from the seed tasks' reference calls, or from a
-  schema's enum (``ArgumentSource``, agents/chain_values.py). Its rounds aim at the flagged task's tool sequence and
+  schema's enum (``ArgumentSource``, agents/roles/chain_values.py). Its rounds aim at the flagged task's tool sequence and
   those of its family's seed tasks (the structure of the failure, with new values); every
   call runs for real, and the chain is replayed in a fresh environment.
-- ``ClauseWriter`` (agents/clause_writer.py) asks the task writer for one clause per call (the call, with the earlier
+- ``ClauseWriter`` (agents/roles/clause_writer.py) asks the task writer for one clause per call (the call, with the earlier
   results it draws on as context), grounds each clause on its own (``ungrounded_values``:
   every argument value is named by the clause, an earlier clause or an earlier result),
   and joins the clauses into one request: "<first>, then <second>, then <third>".
@@ -28,8 +28,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..envs.base import Environment
-from ..records import FlaggedTrajectory, SynthesisContext, Task, ToolCall
+from ...envs.base import Environment
+from ...records import FlaggedTrajectory, SynthesisContext, Task, ToolCall
 from .abstractor import actions_key
 from .chain_values import (
     ArgumentSource,
@@ -40,8 +40,8 @@ from .chain_values import (
     observed_values,
     read_tools,
 )
-from .roles import EnvFactory, ExplorationRound, Interaction
-from .writer import succeeded
+from .role_interfaces import EnvFactory, ExplorationRound, Interaction
+from .task_writer import succeeded
 
 # --------------------------------------------------------------------------- the explorer
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from ..envs.parsing import ToolCallParseError, parse_tool_calls
-from .policy import AssistantMessage, InvalidToolCall, parse_assistant_text
+from ...envs.parsing import ToolCallParseError, parse_tool_calls
+from .policy_interface import AssistantMessage, InvalidToolCall, parse_assistant_text
 
 
 def encode_request(request: dict[str, Any] | list[Any]) -> bytes:

@@ -28,17 +28,17 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from ..common.http import HttpClient, RequestTimeout, TransportError, error_detail
-from ..common.retry import RetryPolicy, retry_after_s, retryable_status
+from ...common.http import HttpClient, RequestTimeout, TransportError, error_detail
+from ...common.retry import RetryPolicy, retry_after_s, retryable_status
+from ..config import EndpointConfig
 from .completion_body import (
     completion_problem,
     encode_request,
     message_from_completion,
     shown,
 )
-from .config import EndpointConfig
 from .per_loop import PerLoop
-from .policy import (
+from .policy_interface import (
     AssistantMessage,
     LoraApiMissing,
     Message,

@@ -1,5 +1,5 @@
-"""The clause writer: a composed chain (agents/composer.py) written one clause per call by
-the task writer (agents/writer.py, its prompt and format), each clause grounded on its
+"""The clause writer: a composed chain (agents/roles/composer.py) written one clause per call by
+the task writer (agents/roles/task_writer.py, its prompt and format), each clause grounded on its
 own, the clauses joined into one request.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from ..records import CandidateTask, ToolCall
+from ...records import CandidateTask, ToolCall
+from ..prompts import WRITER_PROMPT
 from .abstractor import actions_key, normalise, repeats
 from .composer import composed_calls
 from .llm import model_label
-from .prompts import WRITER_PROMPT
 from .replies import ask, raise_unless_one_replied
-from .roles import (
+from .role_interfaces import (
     Abstraction,
     AbstractionInput,
     Interaction,
@@ -27,7 +27,7 @@ from .roles import (
     candidate_setup,
     primary_signal,
 )
-from .writer import OBSERVATION_CHARS, parse_writing, render_calls, ungrounded_values
+from .task_writer import OBSERVATION_CHARS, parse_writing, render_calls, ungrounded_values
 
 JOINER = ", then "
 

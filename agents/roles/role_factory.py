@@ -1,7 +1,7 @@
 """Building the four synthesis roles from configuration: ``build_roles``.
 
 LLM roles on their endpoints, offline (environment-grounded) ones elsewhere.
-The role interfaces, ``Roles`` and ``RolesConfig`` are in ``coevolve.agents.roles``;
+The role interfaces, ``Roles`` and ``RolesConfig`` are in ``coevolve.agents.roles.role_interfaces``;
 this module imports the concrete roles, and nothing below it imports it.
 """
 
@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..envs.base import environment_brief
+from ...envs.base import environment_brief
 from .abstractor import OfflineAbstractor
 from .clause_writer import ClauseWriter
 from .composer import ComposingExplorer
@@ -20,7 +20,7 @@ from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
-from .roles import (
+from .role_interfaces import (
     OFFLINE,
     ROLE_NAMES,
     Abstractor,
@@ -32,13 +32,13 @@ from .roles import (
     Summarizer,
 )
 from .summarizer import LLMSummarizer, OfflineSummarizer
+from .task_writer import TaskWriter
 from .teacher import TeacherAbstractor, TeacherExplorer
-from .writer import TaskWriter
 
 if TYPE_CHECKING:
-    from ..records import Task
-    from .config import EndpointConfig
-    from .policy import Policy
+    from ...records import Task
+    from ..config import EndpointConfig
+    from ..policy.policy_interface import Policy
 
 
 def build_roles(

@@ -26,17 +26,17 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from ..envs.base import Environment, SupportsSampleAction
-from ..envs.parsing import ToolCallParseError, parse_tool_calls, render_call
-from ..records import FlaggedTrajectory, Observation, SynthesisContext, Task, ToolCall
-from .conversation import opening_messages
+from ...envs.base import Environment, SupportsSampleAction
+from ...envs.parsing import ToolCallParseError, parse_tool_calls, render_call
+from ...records import FlaggedTrajectory, Observation, SynthesisContext, Task, ToolCall
+from ..policy.conversation import opening_messages
+from ..policy.policy_interface import Message, Policy, PolicyError, parse_assistant_text
+from ..prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .llm import ReplyError, ask, model_label
-from .policy import Message, Policy, PolicyError, parse_assistant_text
-from .prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .replies import raise_unless_one_replied
-from .roles import EnvFactory, ExplorationRound, Interaction, WrittenRequest
+from .role_interfaces import EnvFactory, ExplorationRound, Interaction, WrittenRequest
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("coevolve.agents.explorer")  # its name from before agents/roles/ (run.log)
 
 _NAME = re.compile(r"[A-Za-z_][\w.]*")
 

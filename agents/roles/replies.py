@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
 
-from ..common.retry import RetryPolicy
+from ...common.retry import RetryPolicy
 
 log = logging.getLogger("coevolve.agents.llm")
 
