@@ -2,7 +2,7 @@
 person can act on.
 
 Each section lives beside the code it configures (``envs/config.py``,
-``agents/config.py``, ``synthesis/config.py``, ``memory/signals.py``,
+``agents/config.py``, ``graph/config.py``, ``memory/signals.py``,
 ``memory/pool.py``, ``training/config.py``, ...); this module only composes them
 into ``CoevolveConfig``, checks what spans sections, loads YAML, applies ``--set``
 overrides and explains errors, and nothing below it imports it. The section
@@ -30,20 +30,20 @@ from .agents.config import (
     PolicyConfig,
     RolloutConfig,
 )
-from .agents.roles import ENDPOINT_ROLES, OFFLINE
+from .agents.roles.role_interfaces import ENDPOINT_ROLES, OFFLINE
 from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import ENVIRONMENTS, get_environment
 from .envs.user_env import find_user_environment
+from .graph.config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
-from .synthesis.config import SynthesisConfig
-from .training.bootstrap.config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
+from .training.bootstrap.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negatives.settings import HardNegativeSettings, moved_target_keys
-from .training.writer.config import WriterConfig
+from .training.writer_config import WriterConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",

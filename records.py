@@ -197,8 +197,8 @@ class Trajectory(Record):
         le=1.0,
         description="How close the episode came to success, as the Co-Evolving Agents step ranks "
         "failures: progress on BFCL; on the world, progress with the reference's calls made in "
-        "order counted as units too (coevolve.envs.diagnosis.world_progress); None when not "
-        "computed.",
+        "order counted as units too (coevolve.envs.world.world_diagnosis.world_progress); None "
+        "when not computed.",
     )
     model_turns: list[ModelTurn] = Field(
         default_factory=list,

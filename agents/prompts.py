@@ -3,7 +3,7 @@
 The synthesis roles' prompts hold one slot, ``{environment}``: what the environment they
 work on is, its tools and how its ids look, in the environment's own words
 (``EnvironmentBrief``: a user environment's docstrings, the world's and BFCL's own text).
-``fill_environment`` fills it when the roles are built (``agents/role_factory.py``)."""
+``fill_environment`` fills it when the roles are built (``agents/roles/role_factory.py``)."""
 
 from __future__ import annotations
 
@@ -145,8 +145,8 @@ actions are a correct solution.
 
 Answer with a JSON object with exactly these fields."""
 
-# The task writer's system prompt (agents/writer.py): short, because the writer is a small
-# model taught on the seed tasks with this very prompt (training/writer/build.py), not a model
+# The task writer's system prompt (agents/roles/task_writer.py): short, because the writer is a small
+# model taught on the seed tasks with this very prompt (training/writer_model.py), not a model
 # that follows long instructions. Its input is a numbered list of calls and their results.
 WRITER_PROMPT = (
     "Write the user's request that these tool calls carry out, as the user would say it. "

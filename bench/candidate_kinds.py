@@ -16,11 +16,11 @@ import asyncio
 import collections
 import json
 
-from coevolve.agents.abstractor import OfflineAbstractor
-from coevolve.agents.explorer import OfflineExplorer
-from coevolve.agents.judge import ExecutableJudge
-from coevolve.agents.roles import AbstractionInput
-from coevolve.agents.summarizer import OfflineSummarizer
+from coevolve.agents.roles.abstractor import OfflineAbstractor
+from coevolve.agents.roles.explorer import OfflineExplorer
+from coevolve.agents.roles.judge import ExecutableJudge
+from coevolve.agents.roles.role_interfaces import AbstractionInput
+from coevolve.agents.roles.summarizer import OfflineSummarizer
 from coevolve.envs.world import FAMILIES, WorldEnvironment, make_task
 from coevolve.records import FlaggedTrajectory, Signal, Step, ToolCall, Trajectory
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/compose_probe.py [--seeds 100] [--rounds 4] [--steps 6] [--json OUT]
 
 The seed tasks are the train split's first ``--seeds``; each of them is, in turn, the
-flagged item (as if it had failed), and ``ComposingExplorer`` (agents/composer.py) composes
+flagged item (as if it had failed), and ``ComposingExplorer`` (agents/roles/composer.py) composes
 its rounds from the tool schemas, earlier results and the seed values. Each chain of two
 calls or more is replayed by the executable judge (its query a placeholder: no writer
 runs, so the figures are the composer's alone, before the writer's grounding and the
@@ -30,9 +30,9 @@ from statistics import mean
 
 
 def main() -> None:
-    from coevolve.agents.composer import ComposingExplorer
-    from coevolve.agents.judge import execute_candidate
-    from coevolve.agents.roles import candidate_setup
+    from coevolve.agents.roles.composer import ComposingExplorer
+    from coevolve.agents.roles.judge import execute_candidate
+    from coevolve.agents.roles.role_interfaces import candidate_setup
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.envs.world.splits import structure_key
     from coevolve.records import CandidateTask, FlaggedTrajectory, SynthesisContext, Trajectory

@@ -50,7 +50,7 @@ def main() -> None:
     if args.global_batch % 2:
         parser.error("--global-batch must be even (2 processes share it)")
 
-    from coevolve.agents.conversation import reference_conversation
+    from coevolve.agents.policy.conversation import reference_conversation
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.run_files import LOG_FILE
     from coevolve.training.config import TrainingConfig

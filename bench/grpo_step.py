@@ -119,8 +119,8 @@ def main() -> None:
     from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.training.config import TrainingConfig
-    from coevolve.training.grpo.config import GrpoConfig
-    from coevolve.training.grpo.trainer import make_grpo_trainer
+    from coevolve.training.grpo.grpo_trainer import make_grpo_trainer
+    from coevolve.training.grpo_config import GrpoConfig
     from coevolve.training.trainer_common import common_arguments, quiet_trainer, resolve_device
 
     if args.model is None:

@@ -84,7 +84,7 @@ async def _ours(base_url: str, body: bytes, requests: int, concurrency: int) -> 
 
 async def _policy(base_url: str, body: bytes, requests: int, concurrency: int) -> None:
     """``EndpointPolicy.generate``, one conversation a call, the request's messages and tools."""
-    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
     from coevolve.config import EndpointConfig
 
     request = orjson.loads(body)

@@ -17,7 +17,7 @@ it launched (``training.launcher: subprocess`` or ``accelerate``: their resident
 memory summed, sampled every 50 ms), the
 resident memory left when the stage ended, and the in-process policy's KV
 figures: the largest total of keys and values kept between steps and the largest
-padded batch of them built for one forward pass (``agents/kv_reuse.py``).
+padded batch of them built for one forward pass (``agents/policy/kv_reuse.py``).
 
 ``--allocators STAGE[,STAGE]`` runs those stages under torch's profiler with
 ``profile_memory`` and prints the ten operators that allocated the most tensor

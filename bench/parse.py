@@ -13,7 +13,7 @@ Three reply shapes a misbehaving endpoint sends (none is valid JSON as a whole):
 ``with_structured_output(method="json_schema")`` ran on every structured
 reply until issue 17): its partial-JSON parser retries ``json.loads`` after
 removing one character at a time, so its time grows with the square of the
-length. *after* is ``coevolve.agents.llm.parse_json_reply`` (one scan, each
+length. *after* is ``coevolve.agents.roles.llm.parse_json_reply`` (one scan, each
 balanced span parsed once). Times are CPU seconds (``time.process_time``),
 the best of ``--repeat`` runs (one run for *before* above 16 KB).
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from coevolve.agents.llm import parse_json_reply
+from coevolve.agents.roles.llm import parse_json_reply
 
 
 class Context(BaseModel):

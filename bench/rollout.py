@@ -57,8 +57,8 @@ def bench_endpoint(
     server_kind: str = "asyncio",
     floor: bool = False,
 ) -> float:
-    from coevolve.agents.endpoint_policy import EndpointPolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
 
@@ -156,7 +156,7 @@ def _floor_walls(endpoint: Any, trajectories: list[Any], replies: int) -> dict[s
     import aiohttp
     import orjson
 
-    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
     from coevolve.envs.world import WorldEnvironment
 
     tools = WorldEnvironment().tools()
@@ -214,10 +214,10 @@ def bench_inprocess(
 
     import torch
 
-    from coevolve.agents.conversation import opening_messages
-    from coevolve.agents.local_policy import LocalPolicy
-    from coevolve.agents.policy import arguments_as_dicts
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.conversation import opening_messages
+    from coevolve.agents.policy.local_policy import LocalPolicy
+    from coevolve.agents.policy.policy_interface import arguments_as_dicts
+    from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap
 
@@ -274,8 +274,8 @@ def bench_inprocess(
 def bench_episodes(model_path: str | None = None, per_family: int = 4) -> float:
     import torch
 
-    from coevolve.agents.local_policy import LocalPolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.local_policy import LocalPolicy
+    from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.records import is_success
     from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap

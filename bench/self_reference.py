@@ -1,4 +1,4 @@
-"""How many tasks curation's self-reference rule (agents/judge.py, ``self_reference``) removes.
+"""How many tasks curation's self-reference rule (agents/roles/judge.py, ``self_reference``) removes.
 
 Three task sets, each curated as synthesis curates (the writer's grounding, then the
 judge's replay), counted with and without the rule:
@@ -25,9 +25,9 @@ import json
 import os
 from pathlib import Path
 
-from coevolve.agents.judge import SELF_REFERENTIAL, execute_candidate
-from coevolve.agents.roles import Interaction, candidate_setup
-from coevolve.agents.writer import ungrounded_values
+from coevolve.agents.roles.judge import SELF_REFERENTIAL, execute_candidate
+from coevolve.agents.roles.role_interfaces import Interaction, candidate_setup
+from coevolve.agents.roles.task_writer import ungrounded_values
 from coevolve.envs.catalog import load_tasks
 from coevolve.envs.registry import get_environment
 from coevolve.records import CandidateTask, Task, is_success
@@ -90,12 +90,12 @@ def writer_world() -> dict[str, object]:
 
 
 def offline_desk() -> dict[str, object]:
-    from coevolve.agents.oracle import OraclePolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.oracle import OraclePolicy
+    from coevolve.agents.policy.rollout import run_rollouts
+    from coevolve.graph.graph import run_synthesis
     from coevolve.loop.compose import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
-    from coevolve.synthesis.graph import run_synthesis
 
     spec = get_environment(EXAMPLE)
     seeds = spec.load_tasks("train", "", 0)

@@ -75,16 +75,16 @@ def _free_port() -> int:
 
 
 def bench_graph(server_kind: str = "asyncio") -> float:
-    from coevolve.agents.oracle import OraclePolicy
-    from coevolve.agents.role_factory import build_roles
-    from coevolve.agents.roles import RolesConfig
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.oracle import OraclePolicy
+    from coevolve.agents.policy.rollout import run_rollouts
+    from coevolve.agents.roles.role_factory import build_roles
+    from coevolve.agents.roles.role_interfaces import RolesConfig
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
+    from coevolve.graph.context import SynthesisRuntime
+    from coevolve.graph.graph import run_synthesis
     from coevolve.memory.store import TaskStore
     from coevolve.records import FlaggedTrajectory, Signal
-    from coevolve.synthesis.context import SynthesisRuntime
-    from coevolve.synthesis.graph import run_synthesis
 
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(DELAY_S), server_kind])

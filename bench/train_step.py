@@ -47,7 +47,7 @@ def main() -> None:
     from coevolve.bench.memory import PeakMeter
     from coevolve.common.files import read_jsonl
     from coevolve.training.config import LoraSettings, TrainingConfig
-    from coevolve.training.sft.config import SftConfig
+    from coevolve.training.sft_config import SftConfig
     from coevolve.training.trainers import train_adapter
 
     if args.model is None:

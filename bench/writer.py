@@ -5,7 +5,7 @@
 
 For each task of ``--split`` (the writer learns from the seed tasks only, so validation
 is unseen), the task's reference calls are replayed and rendered as the writer reads
-material in synthesis (``agents.writer.render_calls``); the writer (greedy, in-process
+material in synthesis (``agents.roles.task_writer.render_calls``); the writer (greedy, in-process
 with transformers, as a served writer would answer at temperature 0) writes the request.
 Printed per family and overall:
 
@@ -78,10 +78,10 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
 
-    from coevolve.agents.abstractor import normalise
     from coevolve.agents.prompts import WRITER_PROMPT
-    from coevolve.agents.roles import Interaction
-    from coevolve.agents.writer import parse_writing, render_calls, ungrounded_values
+    from coevolve.agents.roles.abstractor import normalise
+    from coevolve.agents.roles.role_interfaces import Interaction
+    from coevolve.agents.roles.task_writer import parse_writing, render_calls, ungrounded_values
     from coevolve.envs.world import WorldEnvironment, load_split
 
     counts: dict[str, int] = defaultdict(int)
@@ -124,8 +124,8 @@ def main() -> None:
     solved_written: dict[str, bool] = {}
     solved_true: dict[str, bool] = {}
     if args.policy:
-        from coevolve.agents.local_policy import LocalPolicy
-        from coevolve.agents.rollout import run_rollouts
+        from coevolve.agents.policy.local_policy import LocalPolicy
+        from coevolve.agents.policy.rollout import run_rollouts
         from coevolve.records import is_success
 
         policy = LocalPolicy(args.policy, temperature=0.0, max_new_tokens=40)

@@ -144,9 +144,9 @@ def eval_command(
 
     Episodes an endpoint gave no usable reply for are left out of every rate and counted
     apart (left_out); when none got one, the command ends in one line, with exit code 1."""
-    from ..agents.evaluation import evaluation_report, left_out_note, stop_if_unreachable
-    from ..agents.policy import EndpointUnreachable, PolicyError
-    from ..agents.rollout import run_rollouts
+    from ..agents.policy.eval_report import evaluation_report, left_out_note, stop_if_unreachable
+    from ..agents.policy.policy_interface import EndpointUnreachable, PolicyError
+    from ..agents.policy.rollout import run_rollouts
     from ..config import ConfigError
 
     if max_steps is not None:

@@ -208,7 +208,7 @@ def load_policy(spec: str | CoevolveConfig) -> Any:
     from ..config import CoevolveConfig, load_config
 
     if spec == "oracle":
-        from ..agents.oracle import OraclePolicy
+        from ..agents.policy.oracle import OraclePolicy
 
         return OraclePolicy()
     config = CoevolveConfig()

@@ -117,7 +117,7 @@ def stop_message(err: BaseException, run_dir: str) -> str:
     """One line for an error that stopped a run: what failed, and how to continue."""
     import shlex
 
-    from ..agents.policy import PolicyError
+    from ..agents.policy.policy_interface import PolicyError
 
     what = _endpoint_error(err)
     hint = ""

@@ -70,11 +70,11 @@ def synthesize_command(
     from pathlib import Path
 
     from ..envs.catalog import seed_tasks_by_id
+    from ..graph.graph import run_synthesis
     from ..loop.compose import build_synthesis_runtime
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals
-    from ..synthesis.graph import run_synthesis
 
     config = load_config_or_fail(config_path)
     trajectories = _read_trajectories(rollouts)

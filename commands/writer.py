@@ -42,7 +42,7 @@ def writer_command(
     """
     from ..envs.registry import get_environment
     from ..loop.compose import seed_tasks
-    from ..training.bootstrap.config import default_cache_dir
+    from ..training.bootstrap.bootstrap_config import default_cache_dir
 
     config = load_config_or_fail(config_path, overrides or ())
     settings = config.writer if base is None else config.writer.model_copy(update={"base": base})
@@ -65,7 +65,7 @@ def writer_command(
                 f"writer.base {settings.base!r} is not smollm2, bootstrap or a model directory"
             )
     seeds = seed_tasks(config)
-    from ..training.writer.build import METADATA_FILE, build_writer
+    from ..training.writer_model import METADATA_FILE, build_writer
 
     try:
         path = build_writer(

@@ -16,9 +16,9 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
 KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
     ("common.config_base", "ConfigError"),
     ("training.bootstrap.smollm2", "BaseModelError"),
-    ("agents.policy", "PolicyError"),
-    ("agents.llm", "ReplyError"),
-    ("synthesis.graph", "SynthesisError"),
+    ("agents.policy.policy_interface", "PolicyError"),
+    ("agents.roles.llm", "ReplyError"),
+    ("graph.graph", "SynthesisError"),
     ("loop.runtime", "RunError"),
 )
 

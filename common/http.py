@@ -1,6 +1,6 @@
 """The project's HTTP client: aiohttp, one ``ClientSession`` per event loop.
 
-The endpoint policy, the synthesis roles' chat models (``agents/chat_endpoint.py``)
+The endpoint policy, the synthesis roles' chat models (``agents/roles/chat_endpoint.py``)
 and the embeddings (``BlockingClient``, ``memory/embeddings.py``) send on it.
 Why aiohttp: at rollout fan-out (64 requests in flight) the client's CPU per
 request counts, and aiohttp spends about 0.1-0.2 ms a request where httpx spends

@@ -26,7 +26,7 @@ from ..records import ToolCall
 
 # The error kind of model text that looks like a tool call (a JSON object naming a tool,
 # a fenced block holding one) but that no form the reader accepts could read: a failed
-# call, never the answer (agents/policy.py, ``parse_assistant_text``).
+# call, never the answer (agents/policy/policy_interface.py, ``parse_assistant_text``).
 UNREADABLE_CALL = "unreadable_call"
 
 _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)

@@ -26,16 +26,11 @@ from .bfcl import SPLITS as BFCL_SPLITS
 from .bfcl import BfclEnvironment, require_bfcl
 from .bfcl import load_tasks as load_bfcl_tasks
 from .bfcl_checking import INSTALL_COMMAND
-from .diagnosis import (
-    bfcl_model_turns,
-    diagnose_bfcl,
-    diagnose_world,
-    world_final_state,
-    world_progress,
-)
+from .diagnosis import bfcl_model_turns, diagnose_bfcl
 from .spec import EnvironmentSpec
 from .world import DEFAULT_SIZES, FAMILIES, TOOL_NAMES, WorldEnvironment, load_split
 from .world import SPLITS as WORLD_SPLITS
+from .world.world_diagnosis import diagnose_world, world_final_state, world_progress
 
 
 def _same_task(task: Task, trajectory: Trajectory) -> None:

@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..synthesis.context import SynthesisRuntime
+from ..graph.context import SynthesisRuntime
 from .runtime import CycleRuntime, RunError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from ..agents.policy import Policy
+    from ..agents.policy.policy_interface import Policy
     from ..config import CoevolveConfig
     from ..memory.store import TaskStore
     from ..records import Task
@@ -40,8 +40,8 @@ def build_bootstrap_agent(
     CPU); returns its directory, or None when the policy is not the bootstrap agent."""
     if config.policy.kind != "local" or config.policy.model != "bootstrap":
         return None
+    from ..training.bootstrap.bootstrap_config import bootstrap_dir, is_complete
     from ..training.bootstrap.build import bootstrap
-    from ..training.bootstrap.config import bootstrap_dir, is_complete
 
     target = bootstrap_dir(config.bootstrap)
     if not is_complete(target) and say is not None:
@@ -57,7 +57,7 @@ def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Polic
     be built: ``build_bootstrap_agent``)."""
     policy = config.policy
     if policy.kind == "endpoint":
-        from ..agents.endpoint_policy import EndpointPolicy
+        from ..agents.policy.endpoint_policy import EndpointPolicy
 
         assert policy.endpoint is not None  # the config validator guarantees it
         return EndpointPolicy(
@@ -65,7 +65,7 @@ def build_policy(config: CoevolveConfig, model_dir: Path | None = None) -> Polic
             tools_in_request=policy.renders_tools,
             read_json_calls=policy.read_json_calls,
         )
-    from ..agents.local_policy import LocalPolicy
+    from ..agents.policy.local_policy import LocalPolicy
 
     model_dir = model_dir or local_model_dir(config)
     assert model_dir is not None  # a local policy always has a model directory
@@ -93,7 +93,7 @@ def local_model_dir(config: CoevolveConfig) -> Path | None:
         # A local directory, or a Hugging Face model id (its snapshot in the Hub cache).
         return resolve_model(policy.train_model)
     if policy.model == "bootstrap":
-        from ..training.bootstrap.config import bootstrap_dir, is_complete
+        from ..training.bootstrap.bootstrap_config import bootstrap_dir, is_complete
 
         target = bootstrap_dir(config.bootstrap)
         if not is_complete(target):
@@ -150,7 +150,7 @@ def build_store(config: CoevolveConfig, path: str | Path | None = None) -> TaskS
 def build_runtime(
     config: CoevolveConfig, console: Console | None = None, progress: bool = True
 ) -> CycleRuntime:
-    from ..agents.role_factory import build_roles
+    from ..agents.roles.role_factory import build_roles
     from ..envs.registry import get_environment
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
@@ -191,7 +191,7 @@ def build_synthesis_runtime(
 ) -> SynthesisRuntime:
     """A synthesis pass's runtime outside a run (``coevolve synthesize``): the config's
     roles and task store, on ``env_name``'s environment (default: the config's)."""
-    from ..agents.role_factory import build_roles
+    from ..agents.roles.role_factory import build_roles
     from ..envs.registry import get_environment
 
     make_env = get_environment(env_name or config.env.name).environment
@@ -218,8 +218,8 @@ def spec_synthesis_runtime(
     """A synthesis runtime from a JSON spec (LangGraph Studio's context): the
     environment, the roles config and its endpoints, the store (None: in memory)."""
     from ..agents.config import EndpointConfig
-    from ..agents.role_factory import build_roles
-    from ..agents.roles import RolesConfig
+    from ..agents.roles.role_factory import build_roles
+    from ..agents.roles.role_interfaces import RolesConfig
     from ..envs.registry import get_environment
     from ..memory.store import TaskStore
 

@@ -11,7 +11,7 @@
 - *rollout* samples the cycle's tasks from the pool and runs K episodes each;
 - *signals* flags failure-prone trajectories (forgetting, boundary, rare);
 - *synthesize* hands the kept flagged items and their parent tasks to
-  *synthesis*, which runs the synthesis graph (synthesis/graph.py) with the
+  *synthesis*, which runs the synthesis graph (graph/graph.py) with the
   cycle's synthesis runtime (Studio draws its prepare, branch and dedup nodes), and
   *record_synthesis* writes its accepted tasks and rejections and the stage's
   figures;
@@ -23,8 +23,8 @@
 
 One name per meaning: the node ``rollout`` is the function ``rollout_node`` here (each
 node ``X`` is ``X_node``), which calls the stage ``stages.rollout``, which runs the
-engine beneath it (``agents.rollout.play_rollouts``; ``synthesis.graph.run_synthesis``,
-``agents.evaluation.evaluation_report``). Each node calls its stage (loop/stages.py,
+engine beneath it (``agents.policy.rollout.play_rollouts``; ``graph.graph.run_synthesis``,
+``agents.policy.eval_report.evaluation_report``). Each node calls its stage (loop/stages.py,
 the same functions a script can call itself, typed in and typed out) on the earlier
 stages' outputs, read back from the cycle's files, and records the stage's figures in
 the state.
@@ -61,11 +61,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
+from ..graph.graph import graph as synthesis_graph
+from ..graph.state import Rejection, SynthesisResult
 from ..outputs.summary import CycleSummary
 from ..outputs.tracking import log_cycle
 from ..records import Task
-from ..synthesis.graph import graph as synthesis_graph
-from ..synthesis.state import Rejection, SynthesisResult
 from . import stages
 from .evaluation import shared_baseline
 from .runtime import CycleRuntime

@@ -8,7 +8,7 @@ import hashlib
 import json
 import time
 
-from ..agents.evaluation import left_out_note, split_label
+from ..agents.policy.eval_report import left_out_note, split_label
 from ..outputs.summary import EvaluationFigures
 from ..records import Trajectory, split_transport_failures
 from .runtime import CycleRuntime, seed_everything
@@ -19,7 +19,7 @@ async def evaluate_agent(
 ) -> tuple[list[Trajectory], EvaluationFigures]:
     """The current agent on the evaluation split: the episodes the endpoint answered
     (``cycles/NNN/eval.jsonl``) and the figures."""
-    from ..agents.evaluation import evaluation_report as summarize
+    from ..agents.policy.eval_report import evaluation_report as summarize
 
     config = rt.config
     seed_everything(config.seed, cycle, "evaluate")
@@ -64,7 +64,7 @@ async def evaluate_agent(
 async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
     """The current agent's greedy success per family on the validation split (oracle
     selection only: the ablation's reference arm may read validation, a product run never)."""
-    from ..agents.evaluation import evaluation_report as summarize
+    from ..agents.policy.eval_report import evaluation_report as summarize
     from ..envs.catalog import first_per_family, load_tasks
 
     config = rt.config

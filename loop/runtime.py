@@ -4,10 +4,10 @@
 factory, pool, history, pattern counts, task store, roles); it is the cycle
 graph's ``context_schema``, built by ``coevolve.loop.compose`` (the one
 place runtimes are built). The cycle hands its synthesis pass the synthesis
-graph's context (``CycleRuntime.synthesis_runtime``, a ``synthesis.context.SynthesisRuntime``).
+graph's context (``CycleRuntime.synthesis_runtime``, a ``graph.context.SynthesisRuntime``).
 ``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
 Python, NumPy and torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
-stage whose endpoint gave no reply (``agents.evaluation.stop_if_unreachable``).
+stage whose endpoint gave no reply (``agents.policy.eval_report.stop_if_unreachable``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..graph.context import SynthesisRuntime
 from ..records import Task, Trajectory
 from ..run_files import CycleFiles, RunFiles
-from ..synthesis.context import SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from ..agents.policy import Policy
-    from ..agents.roles import EnvFactory, Roles
+    from ..agents.policy.policy_interface import Policy
+    from ..agents.roles.role_interfaces import EnvFactory, Roles
     from ..config import CoevolveConfig
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
@@ -119,7 +119,7 @@ class CycleRuntime:
         """``k`` episodes of every task, as every stage plays them: the run's environment,
         tool-call bound (``rollout.max_tool_calls``) and system prompt; by the run's policy,
         or ``policy`` (the hard-negatives failure agent)."""
-        from ..agents.rollout import play_rollouts
+        from ..agents.policy.rollout import play_rollouts
 
         trajectories = await play_rollouts(
             policy or self.policy,
@@ -133,7 +133,7 @@ class CycleRuntime:
             cycle=cycle,
             description=description,
         )
-        from ..agents.evaluation import stop_if_unreachable
+        from ..agents.policy.eval_report import stop_if_unreachable
 
         stop_if_unreachable(trajectories, self.config.rollout.max_unreachable_share, description)
         return trajectories

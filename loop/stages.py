@@ -31,7 +31,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..agents.evaluation import left_out_note
+from ..agents.policy.eval_report import left_out_note
+from ..graph.state import REPLY_ERRORS, SynthesisResult
 from ..outputs.summary import (
     EvaluationFigures,
     FamilyFlags,
@@ -49,7 +50,6 @@ from ..records import (
     is_success,
     split_transport_failures,
 )
-from ..synthesis.state import REPLY_ERRORS, SynthesisResult
 from .compose import build_bootstrap_agent, build_runtime
 from .evaluation import evaluate_agent
 from .runtime import CycleRuntime, seed_everything
@@ -286,7 +286,7 @@ async def synthesize(
 ) -> tuple[SynthesisResult, SynthesisFigures]:
     """One synthesis pass on the flagged items (the synthesis graph, without checkpoints),
     recorded in the cycle's files. The loop runs the same graph as checkpointed nodes."""
-    from ..synthesis.graph import run_synthesis
+    from ..graph.graph import run_synthesis
 
     started = time.time()
     items, parents = synthesis_input(rt, flagged)

@@ -20,8 +20,8 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph_sdk.runtime import ServerRuntime
 from pydantic import JsonValue
 
-from ..synthesis.context import SynthesisRuntime
-from ..synthesis.graph import graph as synthesis_graph
+from ..graph.context import SynthesisRuntime
+from ..graph.graph import graph as synthesis_graph
 from .compose import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
 from .cycle import graph as cycle_graph
 from .runtime import CycleRuntime

@@ -6,7 +6,7 @@ tasks, preference pairs; SEAL weights from ``sft_weights`` and the flagged items
 step (``training.trainers.train_adapter``: in a thread, or with ``training.launcher``
 subprocess or accelerate in processes of its own, ``training.launch``) or, with
 ``hard_negatives.enabled``, hands over to
-``loop.hard_negatives.train_with_hard_negatives``, and makes the policy serve
+``loop.hard_negative_step.train_with_hard_negatives``, and makes the policy serve
 the new adapter (``use_adapter``). A finished step is reused after a kill.
 ``coevolve.runner`` re-exports these.
 """
@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING, TypedDict
 
 from pydantic import JsonValue
 
-from ..agents.policy import LoraApiMissing
+from ..agents.policy.policy_interface import LoraApiMissing
 from .runtime import CycleRuntime, RunError, seed_everything
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..agents.policy import Message
+    from ..agents.policy.policy_interface import Message
     from ..envs.base import Environment
     from ..outputs.tracking import TrainTracking
     from ..records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
     from ..training.datasets import PreferencePair, TrainingConversation
-    from ..training.grpo.config import GrpoConfig
+    from ..training.grpo_config import GrpoConfig
     from ..training.seal import ReweightSettings
 
 
@@ -65,8 +65,8 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
     """
     if adapter is None:
         return
-    from ..agents.endpoint_policy import EndpointPolicy
-    from ..agents.local_policy import LocalPolicy
+    from ..agents.policy.endpoint_policy import EndpointPolicy
+    from ..agents.policy.local_policy import LocalPolicy
 
     policy = rt.config.policy
     if isinstance(rt.policy, LocalPolicy):
@@ -134,8 +134,10 @@ async def train_cycle(
     )
 
     config = rt.config
-    if config.hard_negatives.enabled:  # failure agent + DPO + SFT target (loop/hard_negatives.py)
-        from .hard_negatives import train_with_hard_negatives
+    if (
+        config.hard_negatives.enabled
+    ):  # failure agent + DPO + SFT target (loop/hard_negative_step.py)
+        from .hard_negative_step import train_with_hard_negatives
 
         coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter, trajectories)
         await use_adapter(rt, coevolved.adapter_dir)
@@ -234,7 +236,7 @@ async def train_cycle(
         elif training.algorithm == "dpo":  # pairs of the cycle's own episodes
             train_rows = [{**pair.model_dump(mode="json"), "source": "rollout"} for pair in pairs]
         else:  # grpo: the prompts its episodes start from, with each task's tools
-            from ..training.grpo.trainer import grpo_rows
+            from ..training.grpo.grpo_trainer import grpo_rows
 
             train_rows = []
             for task in tasks:

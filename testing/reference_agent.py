@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..agents.policy import AssistantMessage
+from ..agents.policy.policy_interface import AssistantMessage
 from ..envs.parsing import render_call
 from ..records import CallForm, Task, ToolCall
 from .openai_server import Reply

@@ -97,7 +97,7 @@ def role_reply(body: dict[str, Any]) -> Reply | None:
 
 
 def writer_reply(body: dict[str, Any]) -> Reply | None:
-    """A sane task writer's reply (agents/writer.py): a request naming every call and its
+    """A sane task writer's reply (agents/roles/task_writer.py): a request naming every call and its
     argument values, so it passes the grounding check; None for any other request."""
     messages = body.get("messages") or []
     if not messages or messages[0].get("content") != WRITER_PROMPT:
@@ -113,7 +113,7 @@ def writer_reply(body: dict[str, Any]) -> Reply | None:
 
 
 def teacher_reply(body: dict[str, Any]) -> Reply | None:
-    """A sane teacher's reply (agents/teacher.py), numbered call lines as Qwen2.5-Coder
+    """A sane teacher's reply (agents/roles/teacher.py), numbered call lines as Qwen2.5-Coder
     writes them: it lists the contacts, writes a request for the first one's number as it
     looks it up (with a made-up result the teacher cuts off), then gives the number; None
     for any other request."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.common.hf_models import ModelNotFound, resolve_model
-from coevolve.training.bootstrap.config import BootstrapConfig
+from coevolve.training.bootstrap.bootstrap_config import BootstrapConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_a_local_directory_and_a_hub_id_as_the_base_and_as_train_model(tmp_path,
     hub_config = config.model_copy(update={"base": "acme/tiny-agent"})
     code = (
         "import json, sys; from coevolve.training.bootstrap.build import bootstrap, load_metadata; "
-        "from coevolve.training.bootstrap.config import BootstrapConfig; "
+        "from coevolve.training.bootstrap.bootstrap_config import BootstrapConfig; "
         f"c = BootstrapConfig.model_validate_json({hub_config.model_dump_json()!r}); "
         "p = bootstrap(c, cache_dir=sys.argv[1], progress=False); "
         "print(json.dumps(load_metadata(p)['base_model']))"
@@ -144,8 +144,8 @@ def test_a_local_directory_and_a_hub_id_as_the_base_and_as_train_model(tmp_path,
 def test_a_build_that_fails_in_its_own_process_says_so_and_leaves_no_agent(
     tmp_path, tiny_build, capfd
 ):
+    from coevolve.training.bootstrap.bootstrap_config import bootstrap_dir, is_complete
     from coevolve.training.bootstrap.build import bootstrap
-    from coevolve.training.bootstrap.config import bootstrap_dir, is_complete
 
     broken = saved_tiny_model(tiny_build, tmp_path / "broken-model")
     for weights in broken.glob("*.safetensors"):

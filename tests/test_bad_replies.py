@@ -29,26 +29,26 @@ from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.llm import (
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.policy_interface import AssistantMessage
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.llm import (
     ReplyError,
     ask,
     chat_model,
     counting_reply_errors,
     structured_call,
 )
-from coevolve.agents.policy import AssistantMessage
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.testing.openai_server import Reply, ScriptedOpenAIServer
 from coevolve.testing.reference_agent import reference_replies
 from coevolve.testing.role_replies import role_of, role_reply

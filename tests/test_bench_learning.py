@@ -27,7 +27,7 @@ from coevolve.bench.learning import (
     unit_still_counts,
 )
 from coevolve.config import ConfigError, EndpointConfig, load_config
-from coevolve.training.grpo.config import GrpoConfig
+from coevolve.training.grpo_config import GrpoConfig
 
 
 def test_interval_is_a_t_interval():

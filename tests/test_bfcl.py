@@ -397,8 +397,8 @@ def test_endpoint_eval_per_category_against_the_test_server(tmp_path: Any) -> No
 
 def test_oracle_fits_long_turns_into_the_step_limit(tasks: dict[str, list[Task]]) -> None:
     """34 calls in one turn: the oracle sends them as parallel calls within BFCL's 20 steps."""
-    from coevolve.agents.oracle import OraclePolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.oracle import OraclePolicy
+    from coevolve.agents.policy.rollout import run_rollouts
 
     long_turns = [
         t

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from coevolve.agents.conversation import reference_conversation
+from coevolve.agents.policy.conversation import reference_conversation
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import load_preset, tiny_bootstrap

@@ -11,7 +11,7 @@ from coevolve.config import CoevolveConfig
 from coevolve.loop.compose import build_bootstrap_agent, build_runtime, local_model_dir
 from coevolve.loop.runtime import RunError
 from coevolve.testing.presets import tiny_bootstrap
-from coevolve.training.bootstrap.config import METADATA_FILE, bootstrap_dir
+from coevolve.training.bootstrap.bootstrap_config import METADATA_FILE, bootstrap_dir
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Qwen2.5-Coder behind llama-server writes its call as a fenced ```json object in 
 reply's content; before, nothing read it, so every episode ended on a "final answer"
 scored 0 with no error counted. Here the project's scripted OpenAI-compatible server
 answers in each form a model writes, and the endpoint policy plays episodes of the
-built-in world through the one episode loop (agents/rollout.py).
+built-in world through the one episode loop (agents/policy/rollout.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from coevolve.agents.config import PolicyConfig
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.evaluation import evaluation_report
-from coevolve.agents.explorer import LLMExplorer
-from coevolve.agents.llm import chat_model
-from coevolve.agents.policy import parse_assistant_text
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.eval_report import evaluation_report
+from coevolve.agents.policy.policy_interface import parse_assistant_text
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.explorer import LLMExplorer
+from coevolve.agents.roles.llm import chat_model
 from coevolve.config import CoevolveConfig, ConfigError, EndpointConfig
 from coevolve.envs.parsing import UNREADABLE_CALL
 from coevolve.envs.world import WorldEnvironment, load_split

@@ -1,4 +1,4 @@
-"""Composed exploration (agents/composer.py): chains of calls from the tool schemas, earlier
+"""Composed exploration (agents/roles/composer.py): chains of calls from the tool schemas, earlier
 results and seed values, on the world and on a user's environment, written by the task
 writer clause by clause over real HTTP."""
 
@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.agents.chain_values import observed_values
-from coevolve.agents.clause_writer import ClauseWriter, join_clauses
-from coevolve.agents.composer import ComposingExplorer
-from coevolve.agents.judge import execute_candidate
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_setup
+from coevolve.agents.roles.chain_values import observed_values
+from coevolve.agents.roles.clause_writer import ClauseWriter, join_clauses
+from coevolve.agents.roles.composer import ComposingExplorer
+from coevolve.agents.roles.judge import execute_candidate
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import AbstractionInput, RolesConfig, candidate_setup
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.envs.world.splits import structure_key
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.store import TaskStore
 from coevolve.records import (
     CandidateTask,
@@ -27,8 +29,6 @@ from coevolve.records import (
     Task,
     Trajectory,
 )
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.role_replies import writer_reply
 

@@ -446,8 +446,8 @@ def test_studio_factories_show_a_form_and_bind_the_runtime_built_from_it() -> No
     runtime its JSON context builds; a context that is not the form fails naming its fields."""
     from langgraph_sdk.runtime import _ExecutionRuntime, _ReadRuntime
 
+    from coevolve.graph.context import SynthesisRuntime
     from coevolve.loop import studio
-    from coevolve.synthesis.context import SynthesisRuntime
 
     reading = studio.cycle(_ReadRuntime(access_context="assistants.read", store=None))
     assert reading.bound_context is None

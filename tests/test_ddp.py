@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from coevolve.agents.conversation import reference_conversation
+from coevolve.agents.policy.conversation import reference_conversation
 from coevolve.config import CoevolveConfig
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.outputs.tracking import TrackingConfig, TrainTracking

@@ -11,7 +11,7 @@ import pytest
 from coevolve.envs import diagnosis as dx
 from coevolve.envs.base import replay_reference
 from coevolve.envs.registry import annotate, get_environment
-from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.envs.world import WorldEnvironment, load_split, world_diagnosis
 from coevolve.records import Step, Task, ToolCall, Trajectory, Turn
 
 
@@ -92,7 +92,7 @@ def test_world_recovery_failure_and_planned_errors():
     env = WorldEnvironment()
     score, steps = replay_reference(env, task)
     assert score == 1.0 and any(step.observation.error == "not_found" for step in steps)
-    assert set(dx.diagnose_world(task, steps, "Done.")) == {"pass"}
+    assert set(world_diagnosis.diagnose_world(task, steps, "Done.")) == {"pass"}
 
 
 def test_world_outcome_labels():

@@ -1,5 +1,5 @@
 """What an endpoint supports is learnt once and remembered: structured output
-(``response_format``) in ``agents/llm.py``, and adapter hot-loading (``policy.hot_load``)
+(``response_format``) in ``agents/roles/llm.py``, and adapter hot-loading (``policy.hot_load``)
 in ``loop/training_step.py``. Against the scripted server over real HTTP; the same
 checks against ``transformers serve`` are in test_real_server.py."""
 
@@ -13,8 +13,9 @@ import pytest
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.llm import (
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.policy_interface import PolicyError
+from coevolve.agents.roles.llm import (
     ReplyError,
     ReplyTooLongError,
     StructuredOutputError,
@@ -23,7 +24,6 @@ from coevolve.agents.llm import (
     response_format_support,
     structured_call,
 )
-from coevolve.agents.policy import PolicyError
 from coevolve.config import CoevolveConfig, EndpointConfig
 from coevolve.loop.training_step import use_adapter
 from coevolve.testing.openai_server import Reply
@@ -257,7 +257,7 @@ def test_the_roles_send_on_the_projects_http_client(scripted_server):
     (common/http.py); the key and content type go with every request."""
     from langchain_openai import ChatOpenAI
 
-    from coevolve.agents.chat_endpoint import EndpointChatModel
+    from coevolve.agents.roles.chat_endpoint import EndpointChatModel
     from coevolve.common.http import HttpClient
 
     server = scripted_server([Reply.json_content({"a": 7, "b": "x"})], repeat_last=True)
@@ -286,7 +286,7 @@ def test_chat_completions_skip_the_sdk_but_keep_its_errors(scripted_server):
     import openai
     from langchain_core.tools import tool
 
-    from coevolve.agents.replies import ask as ask_once
+    from coevolve.agents.roles.replies import ask as ask_once
 
     @tool
     def send_message(to: str, text: str) -> str:

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from coevolve.agents.evaluation import evaluation_report
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.policy.eval_report import evaluation_report
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.envs.world import load_split
 from coevolve.envs.world.env import WorldEnvironment
 from coevolve.testing.openai_server import Reply, ScriptedOpenAIServer
@@ -104,7 +104,7 @@ def error_line(stderr: str) -> str:
 
 
 def endpoint_policy(base_url: str):
-    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
     from coevolve.config import EndpointConfig
 
     endpoint = EndpointConfig(base_url=base_url, model="scripted-model", max_retries=1)

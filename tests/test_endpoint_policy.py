@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.policy_interface import AssistantMessage, Policy, PolicyError
 from coevolve.config import ConfigError, EndpointConfig
 from coevolve.records import ToolCall
 from coevolve.testing.openai_server import Reply
@@ -306,7 +306,7 @@ def test_importing_the_module_does_not_import_openai():
     import sys
 
     code = (
-        "import sys, coevolve.agents.endpoint_policy; "
+        "import sys, coevolve.agents.policy.endpoint_policy; "
         "assert 'openai' not in sys.modules, 'openai imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.policy import AssistantMessage
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.policy_interface import AssistantMessage
 from coevolve.config import EndpointConfig
 from coevolve.testing.openai_script import count_tokens, fake_logprob, fake_token_ids, message_text
 from coevolve.testing.openai_server import Reply

@@ -13,7 +13,7 @@ from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ModelTurn
 from coevolve.run_files import CycleFiles
 from coevolve.training.datasets import PreferencePair, demonstrations_by_task, json_arguments
-from coevolve.training.grpo.trainer import grpo_rows
+from coevolve.training.grpo.grpo_trainer import grpo_rows
 
 
 def fake_run(run: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from coevolve.agents.conversation import DONE_ANSWER, opening_messages, tool_call_message
+from coevolve.agents.policy.conversation import DONE_ANSWER, opening_messages, tool_call_message
 from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Step, Task, Trajectory
@@ -325,7 +325,7 @@ def test_adapters_switch_without_reloading_the_base(tiny_build, adapters, monkey
     import torch
     import transformers
 
-    from coevolve.agents.local_policy import LocalPolicy
+    from coevolve.agents.policy.local_policy import LocalPolicy
 
     target, failure = adapters
     policy = LocalPolicy(tiny_build, adapter_path=target, merge_adapter=merge, max_new_tokens=4)
@@ -449,7 +449,7 @@ def test_sft_weight_adds_a_per_token_nll_term(tiny_build, tasks, tmp_path):
 
 
 def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
-    from coevolve.agents.local_policy import LocalPolicy
+    from coevolve.agents.policy.local_policy import LocalPolicy
     from coevolve.config import CoevolveConfig
     from coevolve.loop.cycle import CycleRuntime
     from coevolve.memory.pool import TaskPool
@@ -479,7 +479,7 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
 
 
 def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, tasks, tmp_path):
-    from coevolve.loop.hard_negatives import failure_adapter_dir, latest_failure_adapter
+    from coevolve.loop.hard_negative_step import failure_adapter_dir, latest_failure_adapter
     from coevolve.records import PoolSample
     from coevolve.runner import train_cycle
 
@@ -632,7 +632,7 @@ def test_failure_agent_on_an_endpoint_is_a_second_adapter_beside_the_targets(
     name for its rollouts and unloaded after, while the target's stays served."""
     import logging
 
-    from coevolve.agents.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
     from coevolve.config import EndpointConfig
     from coevolve.testing.openai_server import Reply
     from coevolve.training.hard_negatives.agents import HardNegativeError, failure_agent_policy

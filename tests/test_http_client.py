@@ -159,8 +159,8 @@ def test_a_server_that_is_down_is_a_clear_error_on_every_path():
     """The policy, a role and the embeddings, each against a port where nothing listens."""
     from langchain_core.messages import HumanMessage
 
-    from coevolve.agents.endpoint_policy import EndpointPolicy
-    from coevolve.agents.llm import ReplyError, ask, chat_model
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+    from coevolve.agents.roles.llm import ReplyError, ask, chat_model
     from coevolve.config import EndpointConfig
     from coevolve.memory.embeddings import EmbeddingError, OpenAIEmbedding
 

@@ -192,6 +192,73 @@ def test_no_import_circles() -> None:
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+# Inside a room. A folder below the top level (a room's sub-package: envs/world/,
+# training/grpo/, ...) is one thing to the modules around it: collapse it (its own
+# subfolders included) into one node, leave every other module as it is, and the graph
+# has no circle. An arrow back up is an import from inside the folder to a module of
+# the room that itself reaches into the folder: training/dpo/trainer.py importing
+# training/config.py, which imported training/dpo/config.py, was one; envs/world/env.py
+# importing envs/diagnosis.py, which imported envs/world/verifier.py, another. Between
+# rooms, FLOORS says which way arrows run (test_no_import_runs_from_a_lower_floor_...).
+
+
+def subfolders(graph: Mapping[str, set[str]]) -> list[str]:
+    """The package's folders below the top level, as dotted names (``coevolve.envs.world``)."""
+    return sorted(
+        module
+        for module, path in module_files().items()
+        if path.name == "__init__.py" and module.count(".") >= 2 and module in graph
+    )
+
+
+def collapsed(graph: Mapping[str, set[str]], folder: str) -> dict[str, set[str]]:
+    """``graph`` with the modules of ``folder`` (at any depth) merged into one node."""
+
+    def node(module: str) -> str:
+        return folder if module == folder or module.startswith(folder + ".") else module
+
+    merged: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        merged.setdefault(node(module), set()).update(node(t) for t in targets)
+    for module, targets in merged.items():
+        targets.discard(module)
+    return merged
+
+
+def arrows_back_up(graph: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """Per subfolder, the modules outside it on a circle through it once it is collapsed
+    (nothing when there is no arrow back up)."""
+    found = {}
+    for folder in subfolders(graph):
+        for circle in circles(collapsed(graph, folder)):
+            if folder in circle:
+                found[folder] = [module for module in circle if module != folder]
+    return found
+
+
+def test_arrows_back_up_inside_a_room_are_found() -> None:
+    graph = {
+        "coevolve.training.config": {"coevolve.training.dpo.config"},
+        "coevolve.training.dpo": set(),
+        "coevolve.training.dpo.config": set(),
+        "coevolve.training.dpo.trainer": {"coevolve.training.config"},
+    }
+    # no circle between modules, but one between the folder and training/config.py
+    assert not circles(graph)
+    collapsed_graph = collapsed(graph, "coevolve.training.dpo")
+    assert collapsed_graph["coevolve.training.dpo"] == {"coevolve.training.config"}
+    assert circles(collapsed_graph) == [["coevolve.training.config", "coevolve.training.dpo"]]
+    assert "coevolve.envs.world" in subfolders(import_graph())
+
+
+def test_no_arrow_runs_back_up_inside_a_room() -> None:
+    # Type-only imports count, as for the circles between modules.
+    found = arrows_back_up(import_graph(type_checking=True))
+    assert not found, "arrows back up into a folder's room (folder <-> modules):\n" + "\n".join(
+        f"{folder} <-> {', '.join(modules)}" for folder, modules in sorted(found.items())
+    )
+
+
 def test_the_architecture_doc_draws_todays_import_graph() -> None:
     doc = (PACKAGE_ROOT / "docs" / "architecture-imports.md").read_text()
     drawn = re.search(r"```mermaid\n(flowchart TD\n.*?)```", doc, re.S)
@@ -224,9 +291,9 @@ CONFIG_ENTRY_FOLDERS = (f"{PACKAGE}.commands.",)  # the CLI: loads YAML, prints 
 
 def test_only_entry_points_import_the_config_composition() -> None:
     graph = import_graph(type_checking=True)
-    # the graph counts type-only imports: agents/llm.py imports its section for typing only
-    assert "coevolve.agents.config" in graph["coevolve.agents.llm"]
-    assert "coevolve.agents.config" not in import_graph()["coevolve.agents.llm"]
+    # the graph counts type-only imports: agents/roles/llm.py imports its section for typing only
+    assert "coevolve.agents.config" in graph["coevolve.agents.roles.llm"]
+    assert "coevolve.agents.config" not in import_graph()["coevolve.agents.roles.llm"]
     importers = {module for module, targets in graph.items() if CONFIG_ROOT in targets}
     assert "coevolve.runner" in importers
     below = sorted(
@@ -236,7 +303,7 @@ def test_only_entry_points_import_the_config_composition() -> None:
     )
     assert below == [], (
         f"{', '.join(below)} import {CONFIG_ROOT}; import the section from its home "
-        "(envs/config.py, agents/config.py, synthesis/config.py, training/config.py, "
+        "(envs/config.py, agents/config.py, graph/config.py, training/config.py, "
         "config_base.py for ConfigError) instead"
     )
 
@@ -257,7 +324,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"agents"},
         {"outputs"},
         {"training"},
-        {"synthesis"},
+        {"graph"},
         {"loop"},
         {"config", "runner"},
         {"bench"},

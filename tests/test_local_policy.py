@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from coevolve.agents.conversation import opening_messages, reference_conversation
-from coevolve.agents.local_policy import LocalPolicy
-from coevolve.agents.policy import AssistantMessage, Policy, PolicyError
+from coevolve.agents.policy.conversation import opening_messages, reference_conversation
+from coevolve.agents.policy.local_policy import LocalPolicy
+from coevolve.agents.policy.policy_interface import AssistantMessage, Policy, PolicyError
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.testing.presets import tiny_bootstrap
@@ -223,7 +223,7 @@ def test_adapters_load_and_reload(random_model, tmp_path):
 
 
 def test_rollouts_run_with_the_tiny_model(tiny_build):
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.rollout import run_rollouts
 
     policy = LocalPolicy(tiny_build, max_new_tokens=8)
     tasks = load_split("validation")[:3]
@@ -274,7 +274,7 @@ def test_a_prompt_several_rows_share_is_encoded_once_and_changes_no_token(random
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coevolve.agents.kv_reuse import PrefixCache, generate_batch
+    from coevolve.agents.policy.kv_reuse import PrefixCache, generate_batch
 
     policy = LocalPolicy(random_model, max_new_tokens=MAX_NEW, batch_size=8)
     model = AutoModelForCausalLM.from_pretrained(random_model, dtype=torch.float32).eval()
@@ -306,7 +306,7 @@ def test_sampling_draws_each_token_with_its_probability_and_never_a_zero():
 
     import torch
 
-    from coevolve.agents.kv_reuse import _pick
+    from coevolve.agents.policy.kv_reuse import _pick
 
     probabilities = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
     logits = torch.log(probabilities).expand(20_000, -1).clone()
@@ -329,7 +329,7 @@ def test_the_growing_cache_holds_what_concatenation_holds():
     import torch
     from transformers.cache_utils import DynamicLayer
 
-    from coevolve.agents.kv_reuse import _growing_layer_class
+    from coevolve.agents.policy.kv_reuse import _growing_layer_class
 
     torch.manual_seed(0)
     growing, stock = _growing_layer_class()(), DynamicLayer()
@@ -347,7 +347,7 @@ def test_the_growing_cache_holds_what_concatenation_holds():
 
 
 def test_max_live_episodes_comes_from_the_config_and_bounds_the_engine(tiny_build):
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.config import load_config
     from coevolve.loop.compose import build_policy
 

@@ -24,29 +24,29 @@ from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
 from coevolve.agents import prompts
-from coevolve.agents.explorer import LLMExplorer
-from coevolve.agents.judge import LLMJudge
-from coevolve.agents.llm import (
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.explorer import LLMExplorer
+from coevolve.agents.roles.judge import LLMJudge
+from coevolve.agents.roles.llm import (
     ReplyTooLongError,
     chat_model,
     iter_json_values,
     parse_json_reply,
     structured_call,
 )
-from coevolve.agents.llm_abstractor import LLMAbstractor
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import AbstractionInput, RolesConfig
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.summarizer import LLMSummarizer
+from coevolve.agents.roles.llm_abstractor import LLMAbstractor
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import AbstractionInput, RolesConfig
+from coevolve.agents.roles.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import SynthesisError, run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import CandidateTask, SynthesisContext
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import SynthesisError, run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy
 

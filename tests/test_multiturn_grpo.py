@@ -13,7 +13,7 @@ from coevolve.common.config_base import merged
 from coevolve.records import Task
 from coevolve.testing.presets import tiny_training
 from coevolve.training.config import TrainingConfig
-from coevolve.training.grpo.config import GrpoConfig
+from coevolve.training.grpo_config import GrpoConfig
 
 BFCL_SYSTEM_PROMPT = "Use the tools."
 
@@ -38,7 +38,7 @@ def _abstention_task(task):
 def _trainer(tiny_build, tmp_path, config, tasks):
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.training.grpo.trainer import make_grpo_trainer
+    from coevolve.training.grpo.grpo_trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     trainer, examples, reason = make_grpo_trainer(
@@ -198,7 +198,7 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.world import load_split
     from coevolve.training.chat_template import PLAIN_CALLS_TEMPLATE
-    from coevolve.training.grpo.trainer import choose_rollout
+    from coevolve.training.grpo.grpo_trainer import choose_rollout
 
     tokenizer = load_tokenizer(tiny_build)  # TRL's Qwen2.5 template: TRL parses its calls
     world = load_split("train")[:2]
@@ -218,7 +218,7 @@ def test_multi_turn_is_auto_for_several_turns_or_calls_trl_cannot_parse(tiny_bui
 def test_multi_turn_tool_loop_leaves_out_multi_turn_tasks_and_says_how_to_fix(tiny_build, tmp_path):
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
-    from coevolve.training.grpo.trainer import make_grpo_trainer
+    from coevolve.training.grpo.grpo_trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     config = tiny_training(algorithm="grpo", grpo={"rollout": "tool_loop"})
@@ -290,7 +290,7 @@ class _ColocatedEngine:
         self.calls = []
 
     def generate(self, prompts, images, num_generations):
-        from coevolve.agents.kv_reuse import PrefixCache, generate_batch
+        from coevolve.agents.policy.kv_reuse import PrefixCache, generate_batch
 
         assert images is None and num_generations == 1
         self.calls.append((len(prompts), self.max_completion_length, dict(self.generation_kwargs)))
@@ -353,7 +353,7 @@ def test_multi_turn_on_colocated_vllm_caps_each_reply_and_aligns_logprobs(tiny_b
 
 
 def test_grpo_vllm_settings_are_checked():
-    from coevolve.training.grpo.trainer import vllm_arguments
+    from coevolve.training.grpo.grpo_trainer import vllm_arguments
 
     with pytest.raises(ValueError, match="vLLM generates GRPO episodes only"):
         TrainingConfig(algorithm="sft", grpo={"vllm": "colocate"})
@@ -488,7 +488,7 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed()
     from coevolve.loop.training_step import demonstration_data
     from coevolve.records import Trajectory
     from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
-    from coevolve.training.grpo.config import GrpoConfig
+    from coevolve.training.grpo_config import GrpoConfig
 
     failing, mixed, solved, new = load_split("train", size=4)
 
@@ -767,8 +767,8 @@ def test_an_episode_ends_unfinished_where_the_token_budget_runs_out(tiny_build):
     """The two ends a completion budget puts to an episode in the rollout engine: a reply cut
     inside it keeps its ids and is not acted on; a closed reply whose next user turn does
     not fit ends the episode there, without environment ids after it."""
-    from coevolve.agents.conversation import opening_messages
-    from coevolve.agents.rendering import encode
+    from coevolve.agents.policy.conversation import opening_messages
+    from coevolve.agents.policy.rendering import encode
     from coevolve.common.tokenization import load_tokenizer
     from coevolve.envs.bfcl import BfclEnvironment
     from coevolve.training.grpo.multiturn_rollout import MultiTurnRollout

@@ -279,8 +279,8 @@ def test_the_asyncio_server_answers_endpoint_rollouts_over_real_http():
     import subprocess
     import sys
 
-    from coevolve.agents.endpoint_policy import EndpointPolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+    from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.config import EndpointConfig
     from coevolve.envs.world import WorldEnvironment, load_split
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from coevolve.agents.per_loop import PerLoop
+from coevolve.agents.policy.per_loop import PerLoop
 
 
 def test_one_value_per_loop_made_once():

@@ -38,24 +38,24 @@ import yaml
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel
 
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.llm import (
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.llm import (
     StructuredOutputError,
     chat_model,
     forget_endpoint_capabilities,
     response_format_support,
     structured_call,
 )
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.presets import load_preset, tiny_bootstrap
 from coevolve.training.bootstrap.build import bootstrap
 

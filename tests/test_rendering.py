@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import pytest
 
-from coevolve.agents.conversation import opening_messages, reference_conversation
-from coevolve.agents.endpoint_policy import EndpointPolicy
-from coevolve.agents.local_policy import LocalPolicy
-from coevolve.agents.policy import PolicyError
-from coevolve.agents.rendering import (
+from coevolve.agents.policy.conversation import opening_messages, reference_conversation
+from coevolve.agents.policy.endpoint_policy import EndpointPolicy
+from coevolve.agents.policy.local_policy import LocalPolicy
+from coevolve.agents.policy.policy_interface import PolicyError
+from coevolve.agents.policy.rendering import (
     encode,
     full_prompts,
     render_conversation,
     token_sequences,
     turn_from_ids,
 )
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.common.tokenization import load_tokenizer
 from coevolve.config import CoevolveConfig, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split

@@ -39,8 +39,8 @@ def test_which_statuses_are_retried_and_how_long_the_wait_is():
 
 
 def test_a_role_honours_retry_after_and_gives_up_on_a_4xx(scripted_server):
-    from coevolve.agents.llm import chat_model
-    from coevolve.agents.replies import ReplyError, ask
+    from coevolve.agents.roles.llm import chat_model
+    from coevolve.agents.roles.replies import ReplyError, ask
 
     server = scripted_server([Reply.status(429, headers={"Retry-After": "0.4"}), Reply.text("ok")])
     endpoint = EndpointConfig(

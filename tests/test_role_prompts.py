@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.agents.roles import ROLE_NAMES, RolesConfig
+from coevolve.agents.roles.role_interfaces import ROLE_NAMES, RolesConfig
 from coevolve.envs.base import environment_brief
 from coevolve.envs.registry import get_environment
 from coevolve.loop.compose import spec_synthesis_runtime

@@ -14,23 +14,23 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel
 
 from coevolve.agents import prompts
-from coevolve.agents.abstractor import OfflineAbstractor, text_similarity
-from coevolve.agents.explorer import LLMExplorer, OfflineExplorer
-from coevolve.agents.judge import ExecutableJudge, LLMJudge
-from coevolve.agents.llm import ReplyError, StructuredOutputError, chat_model, structured_call
-from coevolve.agents.llm_abstractor import LLMAbstractor
-from coevolve.agents.policy import AssistantMessage
+from coevolve.agents.policy.policy_interface import AssistantMessage
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.agents.prompts import fill_environment
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import (
+from coevolve.agents.roles.abstractor import OfflineAbstractor, text_similarity
+from coevolve.agents.roles.explorer import LLMExplorer, OfflineExplorer
+from coevolve.agents.roles.judge import ExecutableJudge, LLMJudge
+from coevolve.agents.roles.llm import ReplyError, StructuredOutputError, chat_model, structured_call
+from coevolve.agents.roles.llm_abstractor import LLMAbstractor
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import (
     AbstractionInput,
     ExplorationRound,
     Interaction,
     RolesConfig,
     candidate_to_task,
 )
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.summarizer import LLMSummarizer, OfflineSummarizer
+from coevolve.agents.roles.summarizer import LLMSummarizer, OfflineSummarizer
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, make_task
@@ -852,7 +852,7 @@ def test_each_signal_kind_generates_differently_around_the_failing_transition():
 
 def test_the_unsolved_step_toward_a_task_grows_with_its_family_success():
     """A 4-call task failing at its first call: 1 call at 0% family success, 3 at 100%."""
-    from coevolve.agents.abstractor import prefix_length
+    from coevolve.agents.roles.abstractor import prefix_length
 
     task = TASKS["buy_item"]
     [item] = flagged([task], kinds=("unsolved",))
@@ -882,7 +882,7 @@ def test_the_unsolved_step_toward_a_task_grows_with_its_family_success():
 
 def test_the_summarizer_aims_at_where_the_nearest_miss_broke():
     """Own episode: no calls at all (fails at call 0). Nearest miss: all calls but a garbled last."""
-    from coevolve.agents.summarizer import offline_context, render_flagged
+    from coevolve.agents.roles.summarizer import offline_context, render_flagged
 
     task = TASKS["buy_item"]  # search_products > add_to_cart > checkout
     [item] = flagged([task], kinds=("unsolved",))
@@ -926,7 +926,7 @@ def test_the_repeat_check_agrees_with_the_full_similarity():
     short; it must decide every pair as ``text_similarity >= 0.95`` does."""
     import random
 
-    from coevolve.agents.abstractor import REPEAT_SIMILARITY, similar
+    from coevolve.agents.roles.abstractor import REPEAT_SIMILARITY, similar
     from coevolve.envs.world import load_split
 
     texts = [task.instruction for task in load_split("train", size=60)]

@@ -2,10 +2,14 @@
 
 import pytest
 
-from coevolve.agents.evaluation import evaluation_report
-from coevolve.agents.oracle import OraclePolicy
-from coevolve.agents.policy import AssistantMessage, InvalidToolCall, parse_assistant_text
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.policy.eval_report import evaluation_report
+from coevolve.agents.policy.oracle import OraclePolicy
+from coevolve.agents.policy.policy_interface import (
+    AssistantMessage,
+    InvalidToolCall,
+    parse_assistant_text,
+)
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ToolCall, Trajectory
 
@@ -86,7 +90,7 @@ class ReportingPolicy(ScriptedPolicy):
 
 
 def test_replies_handed_over_early_make_the_same_episodes():
-    from coevolve.agents.oracle import OraclePolicy
+    from coevolve.agents.policy.oracle import OraclePolicy
 
     class ReportingOracle(OraclePolicy):
         reports_each_reply = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from coevolve.agents.conversation import reference_conversation
+from coevolve.agents.policy.conversation import reference_conversation
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.outputs.run_log import run_log
 from coevolve.run_files import LOG_FILE

@@ -145,7 +145,7 @@ def test_training_config_takes_reweighting_for_grpo_and_sft_only():
 
 def test_seal_grpo_step_scales_trl_advantages(tiny_build, tmp_path):
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.grpo.trainer import make_grpo_trainer
+    from coevolve.training.grpo.grpo_trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     config = tiny_training(

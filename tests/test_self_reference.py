@@ -1,4 +1,4 @@
-"""Curation's self-reference rule (agents/judge.py, ``self_reference``): a question task whose
+"""Curation's self-reference rule (agents/roles/judge.py, ``self_reference``): a question task whose
 answer is the request's own value read back, or does not answer the request, is rejected
 with its reason; no seed task of the world or of the support desk is."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coevolve.agents.judge import ExecutableJudge, self_reference
-from coevolve.agents.roles import candidate_setup
+from coevolve.agents.roles.judge import ExecutableJudge, self_reference
+from coevolve.agents.roles.role_interfaces import candidate_setup
 from coevolve.envs import FunctionEnvironment
 from coevolve.envs.catalog import load_tasks
 from coevolve.envs.registry import get_environment

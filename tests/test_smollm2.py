@@ -144,8 +144,8 @@ def test_the_default_bootstrap_path_trains_merges_and_serves_a_gguf_model(tmp_pa
     """base smollm2 end to end on the tiny GGUF: convert, LoRA SFT (TRL), merge, load, generate."""
     import asyncio
 
-    from coevolve.agents.conversation import opening_messages
-    from coevolve.agents.local_policy import LocalPolicy
+    from coevolve.agents.policy.conversation import opening_messages
+    from coevolve.agents.policy.local_policy import LocalPolicy
     from coevolve.envs.world import WorldEnvironment, load_split
     from coevolve.training.bootstrap.build import BootstrapConfig, bootstrap, load_metadata
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from coevolve.agents.oracle import OraclePolicy
-from coevolve.agents.rollout import run_rollouts
+from coevolve.agents.policy.oracle import OraclePolicy
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.records import Signal

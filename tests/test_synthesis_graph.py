@@ -10,20 +10,20 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.summarizer import OfflineSummarizer
+from coevolve.agents.policy.rollout import run_rollouts
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
+from coevolve.agents.roles.summarizer import OfflineSummarizer
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph import graph as synthesis
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
-from coevolve.synthesis import graph as synthesis
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy
 from coevolve.testing.role_replies import role_of, role_reply
@@ -231,7 +231,7 @@ def test_one_item_failing_costs_that_item_only(flagged):
 
 
 def test_a_pass_where_every_item_fails_raises_instead_of_reporting_zero(flagged):
-    from coevolve.synthesis.graph import SynthesisError
+    from coevolve.graph.graph import SynthesisError
 
     runtime = _runtime_with(_FailingSummarizer(ConnectionError("endpoint down")))
     with pytest.raises(SynthesisError, match=r"every one of the .* ConnectionError: endpoint down"):

@@ -1,5 +1,5 @@
-"""The teacher (agents/teacher.py): a larger model shown the flagged family's seed tasks
-writes and carries out new tasks over real HTTP; and the frontier check (synthesis/graph.py)
+"""The teacher (agents/roles/teacher.py): a larger model shown the flagged family's seed tasks
+writes and carries out new tasks over real HTTP; and the frontier check (graph/graph.py)
 that keeps only candidates the current policy does not already solve."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ from collections import defaultdict
 
 import pytest
 
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.agents.prompts import TEACHER_PROMPT
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import RolesConfig
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.teacher import TeacherExplorer, worked_example
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import RolesConfig
+from coevolve.agents.roles.teacher import TeacherExplorer, worked_example
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import SynthesisContext
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy
 from coevolve.testing.role_replies import teacher_reply
@@ -166,7 +166,7 @@ def test_the_frontier_check_rejects_what_the_student_already_solves(flagged, scr
 def test_the_first_call_of_a_reply_is_read_in_any_form_and_a_made_up_result_is_cut(
     reply, call, problem
 ):
-    from coevolve.agents.teacher import first_call
+    from coevolve.agents.roles.teacher import first_call
 
     found, why = first_call(reply, "call")
     assert (None if found is None else (found.name, found.arguments)) == call

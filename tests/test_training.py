@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from coevolve.agents.conversation import reference_conversation
-from coevolve.agents.local_policy import LocalPolicy
+from coevolve.agents.policy.conversation import reference_conversation
+from coevolve.agents.policy.local_policy import LocalPolicy
 from coevolve.envs.base import tool_schema
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Observation, Task, Trajectory, Turn
@@ -31,7 +31,7 @@ from coevolve.training.datasets import (
     successful_conversations,
 )
 from coevolve.training.grpo.environment import environment_class, environment_score
-from coevolve.training.sft.trainer import sft_trainer
+from coevolve.training.sft_trainer import sft_trainer
 from coevolve.training.trainers import (
     ADAPTER_MARKER,
     is_adapter_complete,
@@ -529,7 +529,7 @@ def _trained_parameters_after(tiny_build, tmp_path, replay_coefficient):
     """The LoRA weights before and after a GRPO step on all-fail stub tasks, with two
     world demonstrations as the replay, and the trainer's logged keys."""
     from coevolve.common.tokenization import load_tokenizer
-    from coevolve.training.grpo.trainer import make_grpo_trainer
+    from coevolve.training.grpo.grpo_trainer import make_grpo_trainer
     from coevolve.training.trainers import common_arguments
 
     config = tiny_training(

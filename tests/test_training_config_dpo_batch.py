@@ -3,8 +3,8 @@
 import pytest
 
 from coevolve.training.config import TrainingConfig
-from coevolve.training.dpo.config import DpoConfig
-from coevolve.training.dpo.trainer import dpo_arguments
+from coevolve.training.dpo_config import DpoConfig
+from coevolve.training.dpo_trainer import dpo_arguments
 
 
 @pytest.mark.parametrize(

@@ -374,7 +374,7 @@ def test_an_empty_task_file_or_split_stops_every_command(tmp_path, monkeypatch):
 
 
 def test_a_reference_answer_no_observation_shows_is_refused(tmp_path, monkeypatch):
-    """The judge's rule for synthesized tasks (agents/judge.py) holds for the task file:
+    """The judge's rule for synthesized tasks (agents/roles/judge.py) holds for the task file:
     an answer the reference replay never shows would teach an agent to make it up."""
     balance = {"name": "balance", "arguments": {"account": "a"}}
     name = bank_env(
@@ -653,8 +653,12 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     in the desk, the abstractor's task is replayed there and verified by its verifier."""
     import asyncio
 
-    from coevolve.agents.role_factory import build_roles
-    from coevolve.agents.roles import AbstractionInput, RolesConfig, candidate_to_task
+    from coevolve.agents.roles.role_factory import build_roles
+    from coevolve.agents.roles.role_interfaces import (
+        AbstractionInput,
+        RolesConfig,
+        candidate_to_task,
+    )
     from coevolve.config import EndpointConfig
     from coevolve.envs.base import environment_brief, replay_reference
     from coevolve.memory.signals import FlaggedTrajectory
@@ -750,12 +754,12 @@ def test_studios_synthesis_pass_takes_a_users_environment():
     (loop/studio.py): the desk's import path works there as `world` does."""
     import asyncio
 
-    from coevolve.agents.oracle import OraclePolicy
-    from coevolve.agents.rollout import run_rollouts
+    from coevolve.agents.policy.oracle import OraclePolicy
+    from coevolve.agents.policy.rollout import run_rollouts
+    from coevolve.graph.graph import run_synthesis
     from coevolve.loop.compose import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
-    from coevolve.synthesis.graph import run_synthesis
 
     spec = get_environment(EXAMPLE)
     tasks = [t for t in spec.load_tasks("train", "", 0) if t.family == "upgrade_and_ticket"][:2]

@@ -1,4 +1,4 @@
-"""The task writer (agents/writer.py, training/writer/build.py): its format, its curation, the
+"""The task writer (agents/roles/task_writer.py, training/writer_model.py): its format, its curation, the
 synthesis pass on it over real HTTP, the loop with no task generator, and its training."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.agents.prompts import WRITER_PROMPT
-from coevolve.agents.replies import ReplyError
-from coevolve.agents.role_factory import build_roles
-from coevolve.agents.roles import AbstractionInput, Interaction, RolesConfig
-from coevolve.agents.rollout import run_rollouts
-from coevolve.agents.writer import (
+from coevolve.agents.roles.replies import ReplyError
+from coevolve.agents.roles.role_factory import build_roles
+from coevolve.agents.roles.role_interfaces import AbstractionInput, Interaction, RolesConfig
+from coevolve.agents.roles.task_writer import (
     TaskWriter,
     parse_writing,
     render_calls,
@@ -26,17 +26,17 @@ from coevolve.agents.writer import (
 )
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
+from coevolve.graph.context import SynthesisRuntime
+from coevolve.graph.graph import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
 from coevolve.memory.store import TaskStore
 from coevolve.records import SynthesisContext
-from coevolve.synthesis.context import SynthesisRuntime
-from coevolve.synthesis.graph import run_synthesis
 from coevolve.testing.openai_server import Reply
 from coevolve.testing.reference_agent import HalfRightPolicy, reference_replies
 from coevolve.testing.role_replies import teacher_reply, writer_reply
-from coevolve.training.writer.build import writer_example
+from coevolve.training.writer_model import writer_example
 
 TRAIN = load_split("train")
 TASKS = [t for t in TRAIN if len(t.turns[0].reference_calls) >= 2][:24]
@@ -297,7 +297,7 @@ def test_coevolve_writer_teaches_on_the_seed_tasks_only(tmp_path, tiny_build):
 
 
 def test_material_keeps_each_call_that_ran_once():
-    from coevolve.agents.writer import succeeded
+    from coevolve.agents.roles.task_writer import succeeded
     from coevolve.records import Observation, ToolCall
 
     find = ToolCall(name="find_contact", arguments={"name": "Pax"})

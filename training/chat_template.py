@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import Message, prepare_messages
-from ..agents.rendering import render_conversation
+from ..agents.policy.policy_interface import Message, prepare_messages
+from ..agents.policy.rendering import render_conversation
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..common.config_base import Section
 from ..records import Algorithm
-from .dpo.config import DpoConfig
-from .grpo.config import GrpoConfig
+from .dpo_config import DpoConfig
+from .grpo_config import GrpoConfig
 from .seal import SealSettings
-from .sft.config import SftConfig
+from .sft_config import SftConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from peft import LoraConfig

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..agents.conversation import reference_conversation
-from ..agents.policy import Message
+from ..agents.policy.conversation import reference_conversation
+from ..agents.policy.policy_interface import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..envs.base import TASK_ERRORS, Environment
 from ..records import ModelTurn, Task, Trajectory, is_success

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..common.config_base import merged
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .bootstrap.config import BootstrapConfig
+    from .bootstrap.bootstrap_config import BootstrapConfig
     from .config import TrainingConfig
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -39,7 +39,7 @@ def load_preset(name: str) -> dict[str, Any]:
 
 def tiny_bootstrap(**overrides: Any) -> BootstrapConfig:
     """The tiny test model's BootstrapConfig (bootstrap-tiny.yaml), with ``overrides``."""
-    from .bootstrap.config import BootstrapConfig
+    from .bootstrap.bootstrap_config import BootstrapConfig
 
     return BootstrapConfig.model_validate({**load_preset("bootstrap-tiny"), **overrides})
 

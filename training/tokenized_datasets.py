@@ -1,6 +1,6 @@
 """The datasets TRL trains on, per algorithm: tokenized SFT rows (in a length-grouped order,
 with per-example weights) and DPO pairs, as the ids a rollout recorded or rendered with the
-policy's rendering (``agents/rendering.py``)."""
+policy's rendering (``agents/policy/rendering.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import Message
-from ..agents.rendering import full_prompts, token_sequences
+from ..agents.policy.policy_interface import Message
+from ..agents.policy.rendering import full_prompts, token_sequences
 from .datasets import PreferencePair, TrainingConversation
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -195,7 +195,7 @@ def _pair_ids(
     tokenizer: PreTrainedTokenizerBase, pair: PreferencePair
 ) -> dict[str, list[int]] | None:
     """One pair as ids: recorded where a side has them, rendered and encoded where not."""
-    from ..agents.rendering import encode
+    from ..agents.policy.rendering import encode
     from .chat_template import render
 
     recorded = [_recorded(pair.chosen_turns), _recorded(pair.rejected_turns)]

@@ -8,9 +8,10 @@ it is written to a sibling temporary directory, ``training.json`` (the
 ``TrainResult`` and the config) is written last, and the directory is renamed
 into place. A directory without ``training.json`` is not a finished adapter.
 
-Each algorithm's trainer is built in its own subpackage (``sft/trainer.py``,
-``dpo/trainer.py``, ``grpo/trainer.py``) from its config section, which sits beside it
-(``sft/config.py``: ``training.sft``; ``dpo/config.py``; ``grpo/config.py``).
+Each algorithm's trainer is built in its own module, TRL's pairs (``sft_trainer.py``,
+``dpo_trainer.py``, ``grpo/grpo_trainer.py`` with GRPO's helpers) from its config section,
+which sits beside it (``sft_config.py``: ``training.sft``; ``dpo_config.py``;
+``grpo_config.py``).
 
 - **sft**: rejection-sampling fine-tuning. Conversations are tokenized with the
   training chat template (``tokenize_for_training``, as the bootstrap does), so
@@ -39,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agents.policy import Message
+from ..agents.policy.policy_interface import Message
 from ..agents.prompts import POLICY_SYSTEM_PROMPT
 from ..common.tokenization import load_tokenizer
 from ..envs.base import Environment
@@ -53,8 +54,8 @@ from .adapters import (
 )
 from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
-from .dpo.trainer import dpo_trainer
-from .sft.trainer import sft_trainer
+from .dpo_trainer import dpo_trainer
+from .sft_trainer import sft_trainer
 from .tokenized_datasets import length_grouped_order, sft_dataset
 from .trainer_common import (
     ProgressBars,
@@ -176,7 +177,7 @@ def train_adapter(
     try:
         capability_state = None
         if config.algorithm == "grpo":
-            from .grpo.trainer import make_grpo_trainer
+            from .grpo.grpo_trainer import make_grpo_trainer
             from .seal import CapabilityState
 
             assert make_env is not None

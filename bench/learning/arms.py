@@ -100,7 +100,7 @@ ARMS["random-teacher"] = {
 
 # Composed exploration (issue 70): chains of calls built from the tool schemas, earlier
 # results and the seed tasks' values, aimed at each flagged task's tool sequence
-# (agents/composer.py), written clause by clause by the task writer at "writer"; the
+# (agents/roles/composer.py), written clause by clause by the task writer at "writer"; the
 # frontier check as the teacher's arms.
 _COMPOSE_SYNTHESIS = {
     "roles": {"composer": True, "writer": WRITER_ENDPOINT},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ...agents.evaluation import split_label
+from ...agents.policy.eval_report import split_label
 from .report import MIN_SEEDS_FOR_BAND, AblationReport, family_pairs
 
 

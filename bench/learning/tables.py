@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ...agents.evaluation import split_label
+from ...agents.policy.eval_report import split_label
 from .code import UNRECORDED
 from .report import (
     GOAL_EFFECT,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ...agents.evaluation import split_label
+from ...agents.policy.eval_report import split_label
 from .arms import RENAMED_ARMS, arm_config, check_arms
 from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
 from .figures import plot_curves, plot_family_curves, plot_family_differences
@@ -123,7 +123,7 @@ def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
     """
     from pydantic import ValidationError
 
-    from ...agents.roles import ROLE_NAMES
+    from ...agents.roles.role_interfaces import ROLE_NAMES
     from ...config import CoevolveConfig
 
     if saved_config is None:

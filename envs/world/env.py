@@ -75,7 +75,7 @@ class WorldEnvironment(ToolEnvironment):
 
     def progress(self) -> float:
         """Graded progress: the fraction of expected state changes (and answer) achieved."""
-        from ..diagnosis import world_progress
+        from .world_diagnosis import world_progress
 
         if self.task is None or self.world is None:
             raise RuntimeError("progress() before reset()")
@@ -84,7 +84,7 @@ class WorldEnvironment(ToolEnvironment):
     def diagnose(self, trajectory: Trajectory) -> list[str]:
         """SEAL-style labels of a trajectory of the current task: one per step plus an
         outcome label (coevolve.envs.diagnosis documents the mapping)."""
-        from ..diagnosis import diagnose_world
+        from .world_diagnosis import diagnose_world
 
         if self.task is None:
             raise RuntimeError("diagnose() before reset()")

@@ -1,2 +1,2 @@
-"""The bootstrap policy: its build and cache (``build.py``), config (``config.py``) and
+"""The bootstrap policy: its build and cache (``build.py``), config (``bootstrap_config.py``) and
 corpus (``corpus.py``), the SmolLM2 and other base models, and the tiny test model."""

@@ -12,7 +12,7 @@ nothing useful.
 
 Builds are cached under ``<cache>/bootstrap/<config hash>`` (cache: the
 ``cache_dir`` argument, ``$COEVOLVE_CACHE`` or ``~/.cache/coevolve``;
-``config.py``); ``bootstrap.json`` (config, parameters, timings,
+``bootstrap_config.py``); ``bootstrap.json`` (config, parameters, timings,
 loss, evaluation) is written last, so a directory without it is an unfinished
 build and is never reused. Figures are in docs/benchmarks.md.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.files import atomic_directory, write_atomically
-from .config import (
+from .bootstrap_config import (
     METADATA_FILE,
     BootstrapConfig,
     bootstrap_dir,
@@ -74,9 +74,9 @@ def evaluate_build(
     """Greedy success of the saved model on ``config.eval_split``, overall and per family."""
     if config.eval_split is None:
         return None
-    from ...agents.evaluation import evaluation_report
-    from ...agents.local_policy import LocalPolicy
-    from ...agents.rollout import run_rollouts
+    from ...agents.policy.eval_report import evaluation_report
+    from ...agents.policy.local_policy import LocalPolicy
+    from ...agents.policy.rollout import run_rollouts
     from ...envs.world import WorldEnvironment, load_split
 
     tasks = load_split(config.eval_split, seed=config.world_seed)

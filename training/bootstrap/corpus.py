@@ -7,13 +7,13 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...agents.policy import Message
-    from .config import BootstrapConfig
+    from ...agents.policy.policy_interface import Message
+    from .bootstrap_config import BootstrapConfig
 
 
 def build_corpus(config: BootstrapConfig) -> list[list[Message]]:
     """Reference demonstrations of the training split as conversations (verified ones only)."""
-    from ...agents.conversation import reference_conversation
+    from ...agents.policy.conversation import reference_conversation
     from ...envs.world import WorldEnvironment, load_split
     from ...records import is_success
 

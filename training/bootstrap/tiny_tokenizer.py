@@ -17,15 +17,15 @@ from ..chat_template import (
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
 
-    from ...agents.policy import Message
-    from .config import BootstrapConfig
+    from ...agents.policy.policy_interface import Message
+    from .bootstrap_config import BootstrapConfig
 
 
 def _template_texts(conversations: list[list[Message]]) -> list[str]:
     """Conversations rendered with the chat template, without a tokenizer yet."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from ...agents.policy import prepare_messages
+    from ...agents.policy.policy_interface import prepare_messages
 
     rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
         conversations=[prepare_messages(messages) for messages in conversations],

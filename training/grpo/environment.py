@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...agents.policy import Message
+from ...agents.policy.policy_interface import Message
 from ...envs.base import Environment
 from ...records import Step, Task, ToolCall, Trajectory
 

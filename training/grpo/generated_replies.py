@@ -6,7 +6,7 @@ from the trainer's own model (``model_replies``), from its colocated vLLM engine
 (``vllm_replies``), or scripted (a reference episode,
 ``training/grpo/reference_episodes.py``). ``GeneratedIdsPolicy`` puts a
 generator behind the ``Policy`` protocol, so the rollout engine
-(``agents.rollout``) plays the episodes: each prompt continues the episode's
+(``agents.policy.rollout``) plays the episodes: each prompt continues the episode's
 ids verbatim with the *rendered delta* of what the environment said since
 (``rendered_delta``), and the reply is decoded only to be parsed
 (``training/grpo/multiturn_rollout.py`` has the whole account).
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...agents.policy import AssistantMessage, Message, parse_assistant_text
-from ...agents.rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
+from ...agents.policy.policy_interface import AssistantMessage, Message, parse_assistant_text
+from ...agents.policy.rendering import encode, end_of_turn_id, render_conversation, reply_drop_ids
 
 
 class TemplateNotPrefixPreserving(ValueError):
@@ -63,7 +63,7 @@ ReplyGenerator = Callable[[list[list[int]], int], tuple[list[list[int]], list[li
 def model_replies(model: Any, tokenizer: Any, temperature: float) -> ReplyGenerator:
     """Replies sampled from the trainer's own model (``kv_reuse.generate_batch``), each
     episode's keys and values kept between its replies in one call's cache."""
-    from ...agents.kv_reuse import PrefixCache, generate_batch
+    from ...agents.policy.kv_reuse import PrefixCache, generate_batch
 
     eot = end_of_turn_id(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot

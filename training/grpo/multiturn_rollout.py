@@ -3,14 +3,14 @@
 TRL 1.16's ``environment_factory`` tool loop ends an episode at the first answer
 without calls, so a task of several user turns (BFCL multi-turn) cannot be
 played in it. ``MultiTurnRollout`` is a TRL ``rollout_func`` that plays the
-whole episode in the rollout engine (``agents.rollout``), the loop evaluation
+whole episode in the rollout engine (``agents.policy.rollout``), the loop evaluation
 and the cycle's rollouts use, with ``GeneratedIdsPolicy`` as its policy:
 
 1. The opening (the dataset row's ``prompt``: system prompt and first query) is
-   rendered with the policy's rendering (``agents.rendering``), tools included
+   rendered with the policy's rendering (``agents.policy.rendering``), tools included
    exactly when the policy's prompts carry them, plus the generation prompt.
 2. The trainer's model samples the reply at the config's temperature
-   (``agents.kv_reuse.generate_batch``: every live episode in one batch, each
+   (``agents.policy.kv_reuse.generate_batch``: every live episode in one batch, each
    episode's keys and values kept between its replies), or, with
    ``training.grpo.vllm: colocate``, the trainer's vLLM engine does. The
    generated ids go into the completion verbatim (``env_mask`` 1); they are
@@ -63,9 +63,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
-from ...agents.policy import Message
-from ...agents.rendering import end_of_turn_id
-from ...agents.rollout import run_rollouts
+from ...agents.policy.policy_interface import Message
+from ...agents.policy.rendering import end_of_turn_id
+from ...agents.policy.rollout import run_rollouts
 from ...common.config_base import renamed_keyword
 from ...envs.base import Environment
 from ...records import Task, Trajectory
@@ -265,7 +265,7 @@ class MultiTurnRollout:
         openings: Sequence[Sequence[Message]],
     ) -> list[MultiTurnEpisode]:
         """Play one episode per (task, opening messages) to its end in the rollout engine
-        (``agents.rollout``), every live episode generating together, one reply each per
+        (``agents.policy.rollout``), every live episode generating together, one reply each per
         round (``replies``: ``model_replies``, ``vllm_replies`` or scripted)."""
         envs: list[Environment] = []
 

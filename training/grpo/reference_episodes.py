@@ -17,7 +17,7 @@ generated one. A reference that does not verify, or a task without one, leaves
 its group as it was.
 
 The demonstration is the task's reference solution replayed in a fresh
-environment (``agents.conversation.reference_conversation``), opened with the
+environment (``agents.policy.conversation.reference_conversation``), opened with the
 group's own opening (system prompt and first query), so its ids continue the
 prompt the group's episodes share. Its replies carry no sampling
 log-probabilities, so this works with the trainer's own generation, where TRL
@@ -31,9 +31,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...agents.conversation import reference_conversation
-from ...agents.policy import Message
-from ...agents.rendering import encode, end_of_turn_id, render_conversation
+from ...agents.policy.conversation import reference_conversation
+from ...agents.policy.policy_interface import Message
+from ...agents.policy.rendering import encode, end_of_turn_id, render_conversation
 from ...envs.base import TASK_ERRORS, Environment
 from ...records import Task, is_success
 from .generated_replies import ReplyGenerator, TemplateNotPrefixPreserving

@@ -30,7 +30,7 @@ the chosen side's token count.
 ``AdapterSwitch`` lets an in-process ``LocalPolicy`` generate with the failure
 adapter and switch back, with peft (``load_adapter`` / ``set_adapter``) on the
 base model already in memory. The cycle step that ties these together is
-``coevolve.loop.hard_negatives``; docs/hard-negatives.md has the whole picture.
+``coevolve.loop.hard_negative_step``; docs/hard-negatives.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class AdapterSwitch:
     NAME = "failure"
 
     def __init__(self, policy: Any) -> None:
-        from ...agents.local_policy import LocalPolicy
+        from ...agents.policy.local_policy import LocalPolicy
 
         if not isinstance(policy, LocalPolicy):
             raise HardNegativeError(
@@ -274,8 +274,8 @@ async def failure_agent_policy(
     off cannot serve a failure agent, best_effort rolls out the base model when the
     server lacks the LoRA API (with a warning).
     """
-    from ...agents.endpoint_policy import EndpointPolicy
-    from ...agents.policy import LoraApiMissing
+    from ...agents.policy.endpoint_policy import EndpointPolicy
+    from ...agents.policy.policy_interface import LoraApiMissing
 
     if not isinstance(policy, EndpointPolicy):
         with AdapterSwitch(policy).serving(adapter):

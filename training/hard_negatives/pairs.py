@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from ...agents.policy import Message
+from ...agents.policy.policy_interface import Message
 from ...envs.base import TASK_ERRORS
 from ...records import AgentShare, Task, Trajectory, is_success
 from ..datasets import (

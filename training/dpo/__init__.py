@@ -1,1 +1,0 @@
-"""DPO: the step's trainer (``trainer.py``) and its config section ``training.dpo`` (``config.py``)."""

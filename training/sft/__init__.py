@@ -1,1 +1,0 @@
-"""SFT: the step's trainer (``trainer.py``) and its config section ``training.sft`` (``config.py``)."""

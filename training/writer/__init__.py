@@ -1,1 +1,0 @@
-"""The task writer: its build (``build.py``) and config section ``writer`` (``config.py``)."""
