@@ -102,7 +102,7 @@ def _tiny_counts() -> dict[str, int]:
     """The parameters of the tiny model built from the test preset and from
     BootstrapConfig's own fields, as the build counts them: the tokenizer is trained
     (it sets the vocabulary), the model is built, nothing is trained."""
-    from coevolve.training.bootstrap.config import BootstrapConfig
+    from coevolve.training.bootstrap.bootstrap_config import BootstrapConfig
     from coevolve.training.bootstrap.corpus import build_corpus
     from coevolve.training.bootstrap.tiny_model import build_model, parameter_count
     from coevolve.training.bootstrap.tiny_tokenizer import _template_texts, train_tokenizer
@@ -185,7 +185,7 @@ def _sentences(text: str) -> list[str]:
 
 
 def test_the_default_bootstrap_the_docs_name_is_the_configs() -> None:
-    from coevolve.training.bootstrap.config import BootstrapConfig
+    from coevolve.training.bootstrap.bootstrap_config import BootstrapConfig
     from coevolve.training.bootstrap.smollm2 import GGUF_FILE
 
     assert BootstrapConfig().base == "smollm2"
