@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from coevolve.bench.learning import (
+    ARM_ENDPOINTS,
     ARMS,
     REFERENCE_EFFECT,
     AblationReport,
@@ -917,8 +918,8 @@ def test_quick_bench_runs_every_default_arm(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    arms = [arm for arm in ARMS if arm not in ("coevolve-llm", "random-llm")]
-    assert [run["arm"] for run in report["runs"]] == arms  # the LLM arms need a writer server
+    arms = [arm for arm in ARMS if arm not in ARM_ENDPOINTS]
+    assert [run["arm"] for run in report["runs"]] == arms  # the model arms need their server
     for run in report["runs"]:
         assert len(run["success_by_cycle"]) == 2
 

@@ -42,6 +42,7 @@ differences per family (family_differences.png).
 """
 
 from .arms import (
+    ARM_ENDPOINTS,
     ARMS,
     HARD_NEGATIVES_LEARNING_RATE,
     LLM_ARMS,
@@ -80,6 +81,7 @@ from .units import (
 
 __all__ = [
     "ARMS",
+    "ARM_ENDPOINTS",
     "BASELINES",
     "HARD_NEGATIVES_LEARNING_RATE",
     "LLM_ARMS",
