@@ -47,6 +47,7 @@ TRAIN_RESULT: dict[str, Any] = {
     "device": "cpu",
     "skipped": None,
     "resumed_from_step": None,  # added with resumable steps (training.checkpoint_every)
+    "rows_by_source": {"seed": 30, "rollout": 10},  # added with auditable bench units
 }
 
 CURRENT: dict[str, Any] = {
@@ -93,11 +94,13 @@ CURRENT: dict[str, Any] = {
         "explored": 8,
         "candidates": 20,
         "judged_ok": 12,
+        "at_frontier": None,  # added with the frontier check (None: it did not run)
         "duplicates": 2,
         "accepted": 10,
         "crashed": 0,
         "by_signal": {"unsolved": 6, "rare": 4},
         "by_family": {"buy_item": 6, "phone_lookup": 4},
+        "by_calls": {"1": 4, "2": 6},  # added with the teacher and the composer
         "candidate_kinds": {},
         "reply_errors": {},
         "top_rejections": {"replay failed": 5, "judge: wrong tool": 3},
