@@ -136,6 +136,26 @@ def ungrounded_values(query: str, interactions: Sequence[Interaction]) -> list[s
     return list(dict.fromkeys(missing))
 
 
+def curation_problem(
+    query: str,
+    calls: Sequence[Interaction],
+    given: AbstractionInput,
+    queries: set[str],
+    grounding: bool,
+) -> str | None:
+    """Why a written request is not kept, or None: it repeats a stored task or another
+    candidate of the item (``queries``, normalised), or (``grounding``) leaves a value its
+    calls need unnamed."""
+    problem = repeats([query], given)
+    if problem is None and normalise(query) in queries:
+        problem = "duplicates another candidate of this item"
+    if problem is None and grounding:
+        missing = ungrounded_values(query, calls)
+        if missing:
+            problem = f"curation: the request does not name {', '.join(missing[:4])}"
+    return problem
+
+
 def succeeded(steps: Sequence[tuple[ToolCall | None, Observation]]) -> list[Interaction]:
     """The calls that ran without an error, in order, each once: failed calls change nothing
     to replay, and a call made again with the same arguments (a small policy looks the same
@@ -219,13 +239,7 @@ class TaskWriter:
                 reason = f"writer reply unreadable: {err}"
                 rejected.append(RejectedCandidate(description=description, reason=reason))
                 continue
-            problem = repeats([query], given)
-            if problem is None and normalise(query) in queries:
-                problem = "duplicates another candidate of this item"
-            if problem is None and self.grounding:
-                missing = ungrounded_values(query, calls)
-                if missing:
-                    problem = f"curation: the request does not name {', '.join(missing[:4])}"
+            problem = curation_problem(query, calls, given, queries, self.grounding)
             if problem is not None:
                 rejected.append(RejectedCandidate(description=description, reason=problem))
                 continue

@@ -41,7 +41,7 @@ from ...envs.parsing import render_call
 from ...records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
 from ..policy.policy_interface import parse_assistant_text
 from ..prompts import TEACHER_FOLLOW_UP, TEACHER_PROMPT
-from .abstractor import normalise, repeats
+from .abstractor import normalise
 from .explorer import LLMExplorer
 from .llm import ReplyError, ask
 from .role_interfaces import (
@@ -56,10 +56,10 @@ from .role_interfaces import (
 )
 from .task_writer import (
     OBSERVATION_CHARS,
+    curation_problem,
     parse_answer,
     parse_writing,
     succeeded,
-    ungrounded_values,
 )
 
 log = logging.getLogger("coevolve.agents.teacher")  # its name from before agents/roles/ (run.log)
@@ -287,15 +287,11 @@ class TeacherAbstractor:
                 continue
             query, answer = exploration.written.request, exploration.written.answer
             calls = succeeded([(i.call, i.observation) for i in exploration.interactions])
-            problem = None if calls else "no call of the teacher's round succeeded"
-            if problem is None:
-                problem = repeats([query], given)
-            if problem is None and normalise(query) in queries:
-                problem = "duplicates another candidate of this item"
-            if problem is None and self.grounding:
-                missing = ungrounded_values(query, calls)
-                if missing:
-                    problem = f"curation: the request does not name {', '.join(missing[:4])}"
+            problem = (
+                curation_problem(query, calls, given, queries, self.grounding)
+                if calls
+                else "no call of the teacher's round succeeded"
+            )
             if problem is not None:
                 rejected.append(
                     RejectedCandidate(description=f"{description}: {query}", reason=problem)
