@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import HumanMessage, SystemMessage
-
 from ...records import CandidateTask, ToolCall
 from ..prompts import WRITER_PROMPT
 from .abstractor import actions_key, normalise, repeats
 from .composer import composed_calls
 from .llm import model_label
-from .replies import ask, raise_unless_one_replied
+from .replies import raise_unless_one_replied
 from .role_interfaces import (
     Abstraction,
     AbstractionInput,
@@ -27,7 +25,7 @@ from .role_interfaces import (
     candidate_setup,
     primary_signal,
 )
-from .task_writer import OBSERVATION_CHARS, parse_writing, render_calls, ungrounded_values
+from .task_writer import OBSERVATION_CHARS, parse_writing, render_calls, ungrounded_values, write
 
 JOINER = ", then "
 
@@ -182,7 +180,4 @@ class ClauseWriter:
         return clauses
 
     async def _write(self, material: str) -> str:
-        messages = [SystemMessage(self.prompt), HumanMessage(material)]
-        reply = await ask(self.model, messages, self.limiter)
-        content = getattr(reply, "content", reply)
-        return content if isinstance(content, str) else str(content)
+        return await write(self.model, self.prompt, material, self.limiter)

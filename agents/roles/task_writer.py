@@ -259,7 +259,13 @@ class TaskWriter:
         return Abstraction(candidates=chosen, rejections=rejected)
 
     async def _write(self, calls: Sequence[Interaction]) -> str:
-        messages = [SystemMessage(self.prompt), HumanMessage(render_calls(calls))]
-        reply = await ask(self.model, messages, self.limiter)
-        content = getattr(reply, "content", reply)
-        return content if isinstance(content, str) else str(content)
+        return await write(self.model, self.prompt, render_calls(calls), self.limiter)
+
+
+async def write(
+    model: Any, prompt: str, material: str, limiter: asyncio.Semaphore | None = None
+) -> str:
+    """The writer model's reply text to one piece of material (the writer's input)."""
+    reply = await ask(model, [SystemMessage(prompt), HumanMessage(material)], limiter)
+    content = getattr(reply, "content", reply)
+    return content if isinstance(content, str) else str(content)
