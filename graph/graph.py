@@ -21,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from ..agents.roles.llm import counting_reply_errors
+from ..agents.roles.llm import ReplyCounts, counting_replies
 from ..agents.roles.role_interfaces import AbstractionInput, candidate_to_task, primary_signal
 from ..common.errors import PROGRAMMING_ERRORS
 from ..envs.base import SupportsVariants
@@ -36,6 +36,7 @@ from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
 from .context import SynthesisRuntime
 from .state import (
     REPLY_ERRORS,
+    TOKENS,
     BranchState,
     JudgedCandidate,
     Rejection,
@@ -148,11 +149,15 @@ class SynthesisError(RuntimeError):
     """Every flagged item of a pass failed with an exception: the pass did not run."""
 
 
-def _with_reply_errors(update: BranchState, errors: Mapping[str, int]) -> BranchState:
-    """A node's update with the reply errors its role met added to its counts."""
-    if not errors:
+def _with_reply_counts(update: BranchState, replies: ReplyCounts) -> BranchState:
+    """A node's update with the reply errors its role met and the tokens its replies took
+    added to its counts."""
+    counts = {REPLY_ERRORS + kind: n for kind, n in replies.errors.items()}
+    if replies.prompt_tokens or replies.completion_tokens:
+        counts[TOKENS + "prompt"] = replies.prompt_tokens
+        counts[TOKENS + "completion"] = replies.completion_tokens
+    if not counts:
         return update
-    counts = {REPLY_ERRORS + kind: n for kind, n in errors.items()}
     return {**update, "counts": add_counts(update.get("counts"), counts)}
 
 
@@ -169,12 +174,14 @@ def _crashed(stage: str, item: FlaggedTrajectory, err: Exception) -> BranchState
 
 async def summarize(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
     rt, item = runtime.context, state["item"]
-    with counting_reply_errors() as errors:
+    with counting_replies() as replies:
         try:
             context = await rt.roles.summarizer.summarize(item, state["parent"])
         except Exception as err:  # boundary: one unreachable endpoint or bad reply, not the pass
-            return _with_reply_errors({"context": None, **_crashed("summarize", item, err)}, errors)
-    return _with_reply_errors({"context": context}, errors)
+            return _with_reply_counts(
+                {"context": None, **_crashed("summarize", item, err)}, replies
+            )
+    return _with_reply_counts({"context": context}, replies)
 
 
 async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
@@ -185,11 +192,11 @@ async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Bra
         # Its material is the flagged episode itself: the item passes this stage unexplored
         # (a policy round is a generation per item on a CPU, for nothing).
         return {"rounds": [], "counts": {"explored": 1}}
-    with counting_reply_errors() as errors:
+    with counting_replies() as replies:
         try:
             rounds = await rt.roles.explorer.explore(item, state["parent"], context, rt.make_env)
         except Exception as err:  # boundary: the explorer's endpoint and environment
-            return _with_reply_errors({"rounds": [], **_crashed("explore", item, err)}, errors)
+            return _with_reply_counts({"rounds": [], **_crashed("explore", item, err)}, replies)
     explored = any(r.interactions for r in rounds)
     rejections = [] if explored else [_reject("explore", item, "exploration made no interactions")]
     update: BranchState = {
@@ -197,7 +204,7 @@ async def explore(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Bra
         "counts": {"explored": int(explored)},
         "rejections": rejections,
     }
-    return _with_reply_errors(update, errors)
+    return _with_reply_counts(update, replies)
 
 
 async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> BranchState:
@@ -207,11 +214,11 @@ async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Br
         return {"proposals": []}
     neighbours = state.get("parent_neighbours", [])
     given = AbstractionInput(item, state["parent"], context, rounds, neighbours, rt.make_env)
-    with counting_reply_errors() as errors:
+    with counting_replies() as replies:
         try:
             abstraction = await rt.roles.abstractor.abstract(given)
         except Exception as err:  # boundary: the abstractor's endpoint
-            return _with_reply_errors({"proposals": [], **_crashed("abstract", item, err)}, errors)
+            return _with_reply_counts({"proposals": [], **_crashed("abstract", item, err)}, replies)
     proposals = abstraction.candidates
     rejections = [
         _reject("abstract", item, d.reason, d.description) for d in abstraction.rejections
@@ -221,8 +228,8 @@ async def abstract(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Br
     signal = primary_signal(item) or "none"
     kinds = Counter(f"kind:{signal}:{proposal.kind}" for proposal in proposals)
     counts = {"candidates": len(proposals), **kinds}
-    return _with_reply_errors(
-        {"proposals": proposals, "counts": counts, "rejections": rejections}, errors
+    return _with_reply_counts(
+        {"proposals": proposals, "counts": counts, "rejections": rejections}, replies
     )
 
 
@@ -230,7 +237,7 @@ async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Branc
     rt, item = runtime.context, state["item"]
     judged, rejections = [], []
     signal = primary_signal(item)
-    with counting_reply_errors() as errors:
+    with counting_replies() as replies:
         verdicts = [await _verdict(rt, candidate) for candidate in state.get("proposals", [])]
     for candidate, verdict in zip(state.get("proposals", []), verdicts, strict=True):
         if verdict.is_accepted(rt.judge_veto):
@@ -250,7 +257,7 @@ async def judge(state: BranchState, runtime: Runtime[SynthesisRuntime]) -> Branc
         "counts": {"judged_ok": len(judged)},
         "rejections": rejections,
     }
-    return _with_reply_errors(update, errors)
+    return _with_reply_counts(update, replies)
 
 
 async def _verdict(rt: SynthesisRuntime, candidate: CandidateTask) -> Verdict:

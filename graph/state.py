@@ -88,11 +88,14 @@ class BranchState(TypedDict, total=False):
 
 # Counts of endpoint replies that could not be read, by kind: "reply_errors:<kind>".
 REPLY_ERRORS = "reply_errors:"
+# Tokens the endpoints reported for the roles' replies: "tokens:prompt", "tokens:completion".
+TOKENS = "tokens:"
 
 
 class SynthesisResult(BaseModel):
     accepted: list[Task]
-    # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>, reply_errors:<kind>
+    # the funnel (FUNNEL_STAGES), crashed items, kind:<signal>:<kind>, reply_errors:<kind>,
+    # tokens:prompt|completion
     counts: dict[str, int]
     rejections: list[Rejection]
     roles: dict[str, str]
@@ -104,9 +107,9 @@ class SynthesisResult(BaseModel):
         counts = {stage: found.get(stage, 0) for stage in FUNNEL_STAGES}
         counts["crashed"] = found.get("crashed", 0)
         # candidates by "kind:<signal>:<kind>" (what the abstractor made for each signal), and
-        # unreadable endpoint replies by "reply_errors:<kind>"
+        # unreadable endpoint replies by "reply_errors:<kind>", the replies' tokens
         counts.update(
-            {key: n for key, n in found.items() if key.startswith(("kind:", REPLY_ERRORS))}
+            {key: n for key, n in found.items() if key.startswith(("kind:", REPLY_ERRORS, TOKENS))}
         )
         if "at_frontier" in found:  # only a pass with the frontier check has the stage
             counts["at_frontier"] = found["at_frontier"]

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..agents.policy.eval_report import left_out_note
-from ..graph.state import REPLY_ERRORS, SynthesisResult
+from ..graph.state import REPLY_ERRORS, TOKENS, SynthesisResult
 from ..outputs.summary import (
     EvaluationFigures,
     FamilyFlags,
@@ -238,7 +238,9 @@ def record_synthesis(
     counts = result.counts
     figures = SynthesisFigures.model_validate(
         {
-            **{k: v for k, v in counts.items() if not k.startswith(("kind:", REPLY_ERRORS))},
+            **{
+                k: v for k, v in counts.items() if not k.startswith(("kind:", REPLY_ERRORS, TOKENS))
+            },
             "accepted": len(result.accepted),
             "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
             "by_family": dict(Counter(task.family for task in result.accepted)),
@@ -255,6 +257,9 @@ def record_synthesis(
                 key.removeprefix(REPLY_ERRORS): n
                 for key, n in counts.items()
                 if key.startswith(REPLY_ERRORS)
+            },
+            "tokens": {
+                key.removeprefix(TOKENS): n for key, n in counts.items() if key.startswith(TOKENS)
             },
             "top_rejections": dict(reasons.most_common(3)),
             "rejections": len(result.rejections),

@@ -111,6 +111,12 @@ class SynthesisFigures(BaseModel):
         "body, too_long); each was retried under the endpoint's retry policy, and an item "
         "whose retries ran out is a rejection.",
     )
+    tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="Tokens the synthesis roles' endpoints reported for their replies: "
+        "'prompt' and 'completion' (empty: no role asked an endpoint, or none reported "
+        "usage). The frontier check's in-process policy is not counted.",
+    )
     top_rejections: dict[str, int] = Field(
         default_factory=dict, description="The three most common rejection reasons."
     )

@@ -36,7 +36,7 @@ from coevolve.agents.roles.llm import (
     ReplyError,
     ask,
     chat_model,
-    counting_reply_errors,
+    counting_replies,
     structured_call,
 )
 from coevolve.agents.roles.role_factory import build_roles
@@ -155,12 +155,14 @@ def check_outcome(result: SynthesisResult, items: list[FlaggedTrajectory]) -> No
 
 def test_null_choices_are_a_reply_error_that_is_retried_and_counted(scripted_server):
     server = scripted_server([NULL_CHOICES, Reply.json_content({"a": 3})])
-    with counting_reply_errors() as errors:
+    with counting_replies() as replies:
         reply = asyncio.run(
             structured_call(chat_model(endpoint(server)), Pair, [HumanMessage("hi")])
         )
-    assert reply.a == 3 and dict(errors) == {"body": 1}
+    assert reply.a == 3 and dict(replies.errors) == {"body": 1}
     assert len(server.chat_bodies()) == 2  # the same request, asked again
+    # Only the reply that came counts its tokens, as the server reported them.
+    assert replies.prompt_tokens > 0 and replies.completion_tokens > 0
 
 
 def test_when_retries_run_out_the_reply_error_says_why(scripted_server):

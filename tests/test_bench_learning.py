@@ -417,6 +417,12 @@ def test_quick_bench_runs_end_to_end(tmp_path):
         assert all(t.cycle == 1 and t.call_count == len(t.calls) >= 1 for t in tasks)
         [trained] = run["training_by_cycle"]
         assert trained["cycle"] == 1 and trained["steps"] == 2  # --quick's training.max_steps
+        # and each cycle's synthesis funnel and its seconds (static flags nothing)
+        [synthesized] = run["synthesis_by_cycle"]
+        assert synthesized["cycle"] == 1 and synthesized["time_s"] >= 0
+        assert synthesized["accepted"] == run["accepted_by_cycle"][0]
+        assert synthesized["judged_ok"] >= synthesized["accepted"]
+        assert (synthesized["flagged"] == 0) == (run["arm"] == "static")
         rows = CycleFiles(run["run_dir"], 1).train_data()
         assert {row["source"] for row in rows} <= {"seed", "synthesized", "rollout"}
         counted = {s: sum(row["source"] == s for row in rows) for s in {r["source"] for r in rows}}

@@ -103,6 +103,7 @@ CURRENT: dict[str, Any] = {
         "by_calls": {"1": 4, "2": 6},  # added with the teacher and the composer
         "candidate_kinds": {},
         "reply_errors": {},
+        "tokens": {"prompt": 9000, "completion": 400},  # added with the teacher's cost
         "top_rejections": {"replay failed": 5, "judge: wrong tool": 3},
         "rejections": 10,
         "roles": {"summarizer": "offline", "judge": "offline"},

@@ -262,6 +262,8 @@ def test_the_llm_loop_calls_no_task_generator_and_reads_no_evaluation_task_outsi
     assert touched == []
     [_, first] = result.cycles
     assert first.synthesize is not None and first.synthesize.accepted >= 1
+    # The endpoint's replies cost tokens, as its usage reported them (the cost a cycle).
+    assert first.synthesize.tokens["prompt"] > 0 and first.synthesize.tokens["completion"] > 0
     rows = [json.loads(line) for line in Path(result.run_dir, "synthesized_tasks.jsonl").open()]
     assert rows and all(row["source"] == "synthesized" for row in rows)
     if synthesizer == "teacher":  # the scripted policy cannot do a new task: all at the frontier

@@ -26,7 +26,7 @@ Messages go out as the chat-completions API has them (tool calls a reply carried
 unreadable ones included, so every tool message answers a call the request names);
 a reply comes back as an ``AIMessage`` with its tool calls parsed by langchain-core's
 parser (``parse_tool_call``), unreadable ones as invalid tool calls, and its token
-usage.
+usage, also added to the caller's ``counting_replies``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 from ...common.http import HttpClient, RequestTimeout, Response, TransportError
 from ..policy.completion_body import encode_request, shown
 from ..policy.policy_interface import function_call
-from .replies import check_reply_length, mark_answered
+from .replies import check_reply_length, count_reply_tokens, mark_answered
 
 
 class EndpointChatModel(BaseChatModel):
@@ -123,7 +123,11 @@ class EndpointChatModel(BaseChatModel):
     ) -> ChatResult:
         reply = await self._post(self._request(messages, stop, kwargs))
         check_reply_length(reply, self.max_reply_chars, self.model_name)
-        return chat_result(reply, self.model_name)
+        result = chat_result(reply, self.model_name)
+        usage = _usage(reply.get("usage"))
+        if usage is not None:
+            count_reply_tokens(usage["input_tokens"], usage["output_tokens"])
+        return result
 
     def _generate(
         self,

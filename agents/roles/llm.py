@@ -42,12 +42,13 @@ from pydantic import BaseModel, SecretStr
 from .chat_endpoint import EndpointChatModel
 from .json_reply import SchemaT, balanced_spans, iter_json_values, parse_json_reply
 from .replies import (
+    ReplyCounts,
     ReplyError,
     ReplyKind,
     ReplyTooLongError,
     ask,
     check_reply_length,
-    counting_reply_errors,
+    counting_replies,
     describe_error,
     field_of,
     limited,
@@ -63,6 +64,7 @@ log = logging.getLogger("coevolve.agents.llm")  # its name from before agents/ro
 
 __all__ = [
     "EndpointChatModel",
+    "ReplyCounts",
     "ReplyError",
     "ReplyKind",
     "ReplyTooLongError",
@@ -71,7 +73,7 @@ __all__ = [
     "balanced_spans",
     "chat_model",
     "check_reply_length",
-    "counting_reply_errors",
+    "counting_replies",
     "forget_endpoint_capabilities",
     "iter_json_values",
     "json_instruction",

@@ -7,7 +7,8 @@ not a chat completion, the client library's own parsing of it:
 ``ReplyError`` with its kind and reason. Failed attempts are retried under the
 endpoint's retry policy (``max_retries``, backoff from ``retry_base_s``; the
 chat model itself asks once, so there is one policy), and counted where the
-caller asked (``counting_reply_errors``). The chat model (``chat_endpoint.py``)
+caller asked (``counting_replies``), with the tokens of the replies that came
+(``count_reply_tokens``). The chat model (``chat_endpoint.py``)
 marks an attempt answered once a response arrives (``mark_answered``): an exception
 raised before that is ours (a bad argument, a bug) and is raised as it is, so a
 programming error still ends a pass. Replies are bounded before anything reads
@@ -23,6 +24,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
@@ -107,9 +109,22 @@ class _Attempt:
 _ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
     "coevolve_reply_attempt", default=None
 )
-# Where reply errors are counted, by kind (``counting_reply_errors``); None: not counted.
-_REPLY_ERRORS: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar(
-    "coevolve_reply_errors", default=None
+
+
+@dataclass
+class ReplyCounts:
+    """What the requests made inside ``counting_replies`` cost and lost: failed attempts by
+    kind (each once, retried or not), and the tokens the endpoints reported for the replies
+    that came (``usage``; a server that reports none adds nothing)."""
+
+    errors: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+# Where replies are counted (``counting_replies``); None: not counted.
+_REPLY_COUNTS: contextvars.ContextVar[ReplyCounts | None] = contextvars.ContextVar(
+    "coevolve_reply_counts", default=None
 )
 
 
@@ -120,16 +135,24 @@ def mark_answered() -> None:
         attempt.answered = True
 
 
+def count_reply_tokens(prompt_tokens: int, completion_tokens: int) -> None:
+    """Add one reply's token usage to the counts of the enclosing ``counting_replies``."""
+    counts = _REPLY_COUNTS.get()
+    if counts is not None:
+        counts.prompt_tokens += prompt_tokens
+        counts.completion_tokens += completion_tokens
+
+
 @contextmanager
-def counting_reply_errors() -> Iterator[Counter[str]]:
-    """Count the reply errors of every ``ask`` made inside the block (and in the tasks it
-    starts), by kind: each failed attempt once, retried or not."""
-    counter: Counter[str] = Counter()
-    token = _REPLY_ERRORS.set(counter)
+def counting_replies() -> Iterator[ReplyCounts]:
+    """Count the reply errors and the tokens of every request made inside the block (and
+    in the tasks it starts)."""
+    counts = ReplyCounts()
+    token = _REPLY_COUNTS.set(counts)
     try:
-        yield counter
+        yield counts
     finally:
-        _REPLY_ERRORS.reset(token)
+        _REPLY_COUNTS.reset(token)
 
 
 def _as_reply_error(err: Exception, answered: bool, model: str) -> ReplyError | None:
@@ -207,9 +230,9 @@ async def ask(
                 raise
         finally:
             _ATTEMPT.reset(token)
-        counter = _REPLY_ERRORS.get()
-        if counter is not None:
-            counter[error.kind] += 1
+        counts = _REPLY_COUNTS.get()
+        if counts is not None:
+            counts.errors[error.kind] += 1
         raise error from error.cause
 
     def retryable(error: BaseException) -> bool:

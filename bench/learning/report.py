@@ -70,6 +70,25 @@ class CycleTraining(BaseModel):
     skipped: str | None = None  # why nothing was trained (no data)
 
 
+class CycleSynthesis(BaseModel):
+    """What one cycle's synthesize stage made and what it cost (its SynthesisFigures): the
+    funnel, accepted tasks by number of calls, seconds, and the tokens the roles'
+    endpoints reported."""
+
+    cycle: int
+    flagged: int
+    candidates: int
+    judged_ok: int
+    at_frontier: int | None = None  # None: no frontier check ran
+    duplicates: int
+    accepted: int
+    by_calls: dict[str, int] = {}
+    rejections: int = 0
+    top_rejections: dict[str, int] = {}
+    time_s: float
+    tokens: dict[str, int] = {}
+
+
 class ArmRun(BaseModel):
     arm: str
     seed: int
@@ -93,6 +112,8 @@ class ArmRun(BaseModel):
     code_fingerprint: str | None = None
     # per cycle from 1, what its training step learned from (empty in older units)
     training_by_cycle: list[CycleTraining] = []
+    # each cycle's synthesis funnel and cost (empty in units saved before it was kept)
+    synthesis_by_cycle: list[CycleSynthesis] = []
     # the file beside the unit that lists its accepted synthesized tasks, one a line
     # (units.AcceptedTask; None in older units)
     accepted_tasks_file: str | None = None

@@ -20,6 +20,7 @@ from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
     AblationReport,
     ArmRun,
+    CycleSynthesis,
     CycleTraining,
     family_pairs,
     seed_families,
@@ -92,6 +93,15 @@ def training_by_cycle(result: RunResult) -> list[CycleTraining]:
         )
         for cycle in result.cycles[1:]
         if cycle.train is not None
+    ]
+
+
+def synthesis_by_cycle(result: RunResult) -> list[CycleSynthesis]:
+    """Each cycle's synthesize stage as a unit keeps it: the funnel, seconds and tokens."""
+    return [
+        CycleSynthesis.model_validate({"cycle": cycle.cycle, **cycle.synthesize.model_dump()})
+        for cycle in result.cycles[1:]
+        if cycle.synthesize is not None
     ]
 
 
@@ -361,6 +371,7 @@ def run_ablation(
                     commit=commit,
                     code_fingerprint=today,
                     training_by_cycle=training_by_cycle(result),
+                    synthesis_by_cycle=synthesis_by_cycle(result),
                     accepted_tasks_file=tasks_file.name,
                 )
             )
