@@ -42,6 +42,10 @@ from ..records import (
 from ..run_files import RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..outputs.tracking import TrainTracking
+    from ..training.config import TrainingConfig
+    from ..training.datasets import PreferencePair
+    from ..training.hard_negatives.agents import Objective
     from .runtime import CycleRuntime
 
 
@@ -76,6 +80,41 @@ def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str 
     return start
 
 
+async def _preference_step(
+    rt: CycleRuntime,
+    cycle: int,
+    seed_label: str,
+    training: TrainingConfig,
+    objective: Objective,
+    pairs: Sequence[PreferencePair],
+    *,
+    output_dir: Path,
+    previous_adapter: str | None,
+    tracking: TrainTracking | None = None,
+) -> TrainResult:
+    """One preference adapter of the step (the failure agent's or the target's): the one a
+    killed run finished, else trained now, seeded by the cycle and ``seed_label``."""
+    from ..training.hard_negatives.agents import train_preference_adapter
+    from ..training.trainers import is_adapter_complete, load_train_result
+    from .runtime import seed_everything
+
+    if is_adapter_complete(output_dir):
+        return load_train_result(output_dir)
+    assert rt.model_dir is not None, "train_with_hard_negatives checks the base model first"
+    seed_everything(rt.config.seed, cycle, seed_label)
+    return await asyncio.to_thread(
+        train_preference_adapter,
+        training,
+        objective,
+        model_dir=rt.model_dir,
+        output_dir=output_dir,
+        previous_adapter=previous_adapter,
+        pairs=pairs,
+        progress=rt.progress,
+        tracking=tracking,
+    )
+
+
 async def train_with_hard_negatives(
     rt: CycleRuntime, cycle: int, previous_adapter: str | None, rollouts: Sequence[Trajectory]
 ) -> HardNegativeTrainResult:
@@ -94,10 +133,9 @@ async def train_with_hard_negatives(
         hard_negative_share,
         target_objective,
         target_pairs,
-        train_preference_adapter,
         with_failure_grades,
     )
-    from ..training.trainers import is_adapter_complete, load_train_result
+    from ..training.trainers import is_adapter_complete
     from .runtime import seed_everything
 
     config = rt.config
@@ -176,9 +214,7 @@ async def train_with_hard_negatives(
     )
     train_started = time.perf_counter()
     if settings.failure_agent:
-        if is_adapter_complete(failure_out):
-            failure_result = load_train_result(failure_out)
-        elif not settings.trains_failure_agent(cycle):
+        if not is_adapter_complete(failure_out) and not settings.trains_failure_agent(cycle):
             failure_result = TrainResult(
                 algorithm="dpo",
                 adapter_dir=failure_before,
@@ -186,19 +222,17 @@ async def train_with_hard_negatives(
                 skipped=f"failure agent frozen after cycle {settings.freeze_failure_after}",
             )
         else:
-            objective = failure_objective(settings).model_copy(
-                update={"pairs": len(f_pairs), "hard_pairs": sum(p.hard for p in f_pairs)}
-            )
-            seed_everything(config.seed, cycle, "train-failure")
-            failure_result = await asyncio.to_thread(
-                train_preference_adapter,
+            failure_result = await _preference_step(
+                rt,
+                cycle,
+                "train-failure",
                 settings.failure_config(config.training),
-                objective,
-                model_dir=rt.model_dir,
+                failure_objective(settings).model_copy(
+                    update={"pairs": len(f_pairs), "hard_pairs": sum(p.hard for p in f_pairs)}
+                ),
+                f_pairs,
                 output_dir=failure_out,
                 previous_adapter=failure_before,
-                pairs=f_pairs,
-                progress=rt.progress,
             )
         failure_after = failure_result.adapter_dir
     failure_train_time = time.perf_counter() - train_started
@@ -218,28 +252,23 @@ async def train_with_hard_negatives(
     by_source = {
         agent: sum(p.rejected_agent == agent for p in t_pairs) for agent in ("target", "failure")
     }
-    if is_adapter_complete(target_out):
-        target = load_train_result(target_out)
-    else:
-        objective = target_objective(settings).model_copy(
+    target = await _preference_step(
+        rt,
+        cycle,
+        "train",
+        settings.target_config(config.training),
+        target_objective(settings).model_copy(
             update={
                 "pairs": len(t_pairs),
                 "hard_pairs": sum(p.hard for p in t_pairs),
                 "pairs_by_source": by_source,
             }
-        )
-        seed_everything(config.seed, cycle, "train")
-        target = await asyncio.to_thread(
-            train_preference_adapter,
-            settings.target_config(config.training),
-            objective,
-            model_dir=rt.model_dir,
-            output_dir=target_out,
-            previous_adapter=previous_adapter,
-            pairs=t_pairs,
-            progress=rt.progress,
-            tracking=for_training(config, rt.run_dir, cycle),
-        )
+        ),
+        t_pairs,
+        output_dir=target_out,
+        previous_adapter=previous_adapter,
+        tracking=for_training(config, rt.run_dir, cycle),
+    )
     figures: HardNegativeFigures = {
         "threshold": settings.hard_threshold,
         "target": target_share,
