@@ -124,7 +124,8 @@ class EndpointChatModel(BaseChatModel):
         reply = await self._post(self._request(messages, stop, kwargs))
         check_reply_length(reply, self.max_reply_chars, self.model_name)
         result = chat_result(reply, self.model_name)
-        usage = _usage(reply.get("usage"))
+        # chat_result read the reply's usage onto every message: count it once
+        usage = getattr(result.generations[0].message, "usage_metadata", None)
         if usage is not None:
             count_reply_tokens(usage["input_tokens"], usage["output_tokens"])
         return result
