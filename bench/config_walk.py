@@ -32,12 +32,20 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 
+def _package_root() -> Path:
+    """The folder of the coevolve that is imported (a worktree's, on its PYTHONPATH)."""
+    import coevolve
+
+    assert coevolve.__file__ is not None, "coevolve is a regular package"
+    return Path(coevolve.__file__).resolve().parent
+
+
 def _config_dict(run_dir: Path) -> dict[str, Any]:
     import yaml
 
     from coevolve.config import load_config
 
-    root = Path(__import__("coevolve").__file__).parent
+    root = _package_root()
     base = load_config(root / "configs" / "quickstart.yaml").model_dump(mode="json")
     quick = yaml.safe_load((root / "training" / "presets" / "bench-quick.yaml").read_text())
     tiny = yaml.safe_load((root / "training" / "presets" / "bootstrap-tiny.yaml").read_text())
@@ -69,7 +77,7 @@ def walk() -> list[tuple[str, str]]:
     from coevolve.config import CoevolveConfig
     from coevolve.runner import run
 
-    package = Path(__import__("coevolve").__file__).resolve().parent
+    package = _package_root()
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["COEVOLVE_CACHE"] = str(Path(scratch) / "cache")
         config = CoevolveConfig.model_validate(_config_dict(Path(scratch) / "run"))
@@ -103,7 +111,7 @@ def walk() -> list[tuple[str, str]]:
             run(config, progress=False)
         finally:
             sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
+            threading.setprofile(None)
     return list(stops)
 
 
