@@ -211,7 +211,31 @@ def _execute(
     )
 
 
+# The modules whose classes a run's checkpoint holds. langgraph reads an unnamed class
+# back with a warning today and refuses it under LANGGRAPH_STRICT_MSGPACK=true (its
+# announced default to come): a killed run could then not resume.
+CHECKPOINTED_MODULES = (".records", ".graph.state", ".agents.roles.role_interfaces")
+
+
+def checkpoint_serializer() -> Any:
+    """langgraph's serializer, with every class of CHECKPOINTED_MODULES allowed by name."""
+    import importlib
+
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    allowed = []
+    for relative in CHECKPOINTED_MODULES:
+        module = importlib.import_module(relative, __package__)
+        allowed += [
+            (value.__module__, value.__name__)
+            for value in vars(module).values()
+            if isinstance(value, type) and value.__module__ == module.__name__
+        ]
+    return JsonPlusSerializer(allowed_msgpack_modules=allowed)
+
+
 async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], str | None]:
+    import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     from .loop.cycle import builder
@@ -224,7 +248,8 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], 
         "recursion_limit": 16 + 8 * config.cycles,
         "max_concurrency": config.synthesis.max_concurrency,
     }
-    async with AsyncSqliteSaver.from_conn_string(str(rt.run_dir / CHECKPOINTS)) as saver:
+    async with aiosqlite.connect(str(rt.run_dir / CHECKPOINTS)) as connection:
+        saver = AsyncSqliteSaver(connection, serde=checkpoint_serializer())
         compiled = builder.compile(checkpointer=saver)
         snapshot = await compiled.aget_state(thread)
         graph_input: Any = {"cycles": config.cycles, "adapter": config.policy.adapter}

@@ -338,14 +338,18 @@ def test_a_killed_run_resumes_without_redoing_or_duplicating(tmp_path, agent_ser
     killed_dir = tmp_path / "killed"
     assert not (killed_dir / "metrics.jsonl").exists()
 
+    # Strict, as langgraph means to make the default: a class the checkpoint holds and
+    # the runner's serializer does not name is refused on reading it back.
     resumed = subprocess.run(
         [sys.executable, str(script), "resume", str(killed_dir)],
-        env=env,
+        env={**env, "LANGGRAPH_STRICT_MSGPACK": "true"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert "RUN FINISHED" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    said = resumed.stdout + resumed.stderr + (killed_dir / "run.log").read_text()
+    assert "Blocked deserialization" not in said and "unregistered type" not in said, said[-3000:]
     # It continues in cycle 2 after the rollout (signals, if the kill beat their
     # checkpoint); nothing finished is run again.
     assert "resuming" in resumed.stdout and "cycle 2, next stage" in resumed.stdout
@@ -529,3 +533,39 @@ def test_the_stage_functions_run_a_cycle_by_hand(tmp_path, agent_server, tiny_bu
     assert pooled.added == len(synthesized.accepted) and sample.accepted == synthesized.accepted
     assert trained.steps == 2 and files.train_record.exists()
     assert evaluation.episodes == len(episodes) == 18 and files.evaluation_episodes.exists()
+
+
+def _models_in(annotation: Any, seen: set[type]) -> None:
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation not in seen:
+            seen.add(annotation)
+            for field in annotation.model_fields.values():
+                _models_in(field.annotation, seen)
+        return
+    for argument in typing.get_args(annotation):
+        _models_in(argument, seen)
+
+
+def test_the_checkpoint_serializer_names_every_record_the_graphs_state_holds():
+    import typing
+
+    from coevolve.graph.state import BranchState, SynthesisState
+    from coevolve.loop.cycle import CycleState
+    from coevolve.runner import checkpoint_serializer
+
+    seen: set[type] = set()
+    for state in (CycleState, SynthesisState, BranchState):
+        for annotation in typing.get_type_hints(state, include_extras=True).values():
+            _models_in(annotation, seen)
+    allowed = checkpoint_serializer()._allowed_msgpack_modules
+    assert {"Task", "FlaggedTrajectory", "ExplorationRound", "JudgedCandidate"} <= {
+        model.__name__ for model in seen
+    }
+    missing = sorted(
+        f"{m.__module__}.{m.__name__}" for m in seen if (m.__module__, m.__name__) not in allowed
+    )
+    assert not missing, f"add their modules to runner.CHECKPOINTED_MODULES: {missing}"
