@@ -91,6 +91,17 @@ def bench_learning(
         ),
     ] = False,
     overrides: SetOption = None,
+    arm_overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arm-set",
+            metavar="KEY=VALUE",
+            help="Override one config value in every arm's config, over the arm's own "
+            "changes (--set changes the base beneath them), e.g. --arm-set "
+            "pool.synthesized_weight=0.3 to tune a value the model arms set; repeatable, "
+            "the value is YAML. Each unit's config records it.",
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
@@ -106,7 +117,7 @@ def bench_learning(
         run_ablation,
     )
     from ..bench.learning.code import parse_fingerprints
-    from ..config import ConfigError
+    from ..config import ConfigError, apply_overrides
     from .common import load_config_or_fail
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
@@ -124,6 +135,13 @@ def bench_learning(
         check_arms(chosen)
     except ValueError as err:
         raise fail(str(err)) from None
+    for item in arm_overrides or []:  # a bad key or value fails here, before any unit runs
+        try:
+            apply_overrides(base, [item])
+        except ConfigError as err:
+            raise fail(str(err).replace("--set", "--arm-set", 1)) from None
+    if arm_overrides:
+        source += "".join(f" --arm-set {item}" for item in arm_overrides)
     if seed_sets not in ("fixed", "per-seed"):
         raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
     if seeds < 1:
@@ -161,6 +179,7 @@ def bench_learning(
             scale_arm_steps=quick,
             seed_sets=seed_sets,
             accept_code=CodeAcceptance(fingerprints=accepted, any_code=any_code),
+            arm_overrides=arm_overrides or [],
         )
     except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None

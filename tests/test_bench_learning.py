@@ -682,6 +682,58 @@ def test_the_llm_verdict_pairs_the_writer_arm_with_static_random_llm_and_the_ora
     assert report.paired["coevolve-llm - coevolve-oracle"].mean == pytest.approx(-0.08)
 
 
+def test_the_compose_verdict_pairs_it_with_static_random_compose_and_the_oracle():
+    arms = ["static", "coevolve-oracle", "coevolve-compose", "random-compose"]
+    finals = {"static": 0.5, "coevolve-oracle": 0.56, "coevolve-compose": 0.47,
+              "random-compose": 0.49}  # fmt: skip
+    runs = [_run(arm, seed, finals[arm] + 0.01 * seed) for arm in arms for seed in range(3)]
+    report = summarize(runs, arms, [0, 1, 2], "test")
+    assert report.paired["coevolve-compose - static"].mean == pytest.approx(-0.03)
+    assert report.paired["coevolve-compose - random-compose"].mean == pytest.approx(-0.02)
+    assert report.paired["coevolve-compose - coevolve-oracle"].mean == pytest.approx(-0.09)
+
+
+def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
+    """--set changes the base, which the compose arm's own pool share then replaces;
+    --arm-set (unit_config's arm_overrides) lands over it, for every arm, and the unit's
+    config records it."""
+    from coevolve.bench.learning.units import unit_config
+
+    root = Path(__file__).parents[1]
+    base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
+    base["endpoints"] = {"writer": {"base_url": "http://127.0.0.1:8011/v1", "model": "writer"}}
+    base["pool"]["synthesized_weight"] = 0.3  # what --set would do
+    plain = load_config(arm_config(base, "coevolve-compose", 0, tmp_path))
+    assert plain.pool.synthesized_weight == 1.0  # the arm's own value wins over --set
+    share = ["pool.synthesized_weight=0.3"]
+    tuned = {
+        arm: unit_config(base, arm, 0, tmp_path, arm_overrides=share)
+        for arm in ("coevolve-compose", "random-compose", "static")
+    }
+    assert {arm: c.pool.synthesized_weight for arm, c in tuned.items()} == {
+        "coevolve-compose": 0.3, "random-compose": 0.3, "static": 0.3
+    }  # fmt: skip
+    assert tuned["coevolve-compose"].synthesis.roles.composer  # the arm's other changes stay
+    assert not unit_still_counts(
+        plain.model_dump_json(), tuned["coevolve-compose"].model_dump_json()
+    )
+    with pytest.raises(ConfigError, match="synthesized_wieght"):
+        unit_config(base, "static", 0, tmp_path, arm_overrides=["pool.synthesized_wieght=1"])
+
+
+def test_a_bad_arm_override_fails_before_any_unit_runs(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", "static",
+         "--out", str(tmp_path), "--arm-set", "pool.synthesized_wieght=1"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    message = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "--arm-set pool.synthesized_wieght=1" in message, message
+    assert "synthesized_weight" in message  # the likely spelling
+    assert not (tmp_path / "units").exists()
+
+
 def test_reference_units_still_count_in_a_bench_that_serves_the_writer():
     """The LLM arms' bench gives the base config the writer's endpoint: static's and
     coevolve-oracle's committed N = 100 units, which name no endpoint, still count there

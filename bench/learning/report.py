@@ -40,6 +40,11 @@ REFERENCE_PAIRS = (
     # the writer from the environment's own generator?
     ("coevolve-llm", "random-llm"),
     ("coevolve-llm", "coevolve-oracle"),
+    # The user's path without an oracle (issues 70, 71): the larger model, composed exploration.
+    ("coevolve-teacher", "random-teacher"),
+    ("coevolve-teacher", "coevolve-oracle"),
+    ("coevolve-compose", "random-compose"),
+    ("coevolve-compose", "coevolve-oracle"),
 )
 
 # The paper's effects (points of success), for the power of the differences that test them;
