@@ -135,13 +135,11 @@ def bench_learning(
         check_arms(chosen)
     except ValueError as err:
         raise fail(str(err)) from None
-    for item in arm_overrides or []:  # a bad key or value fails here, before any unit runs
-        try:
-            apply_overrides(base, [item])
-        except ConfigError as err:
-            raise fail(str(err).replace("--set", "--arm-set", 1)) from None
-    if arm_overrides:
-        source += "".join(f" --arm-set {item}" for item in arm_overrides)
+    try:  # a bad key fails here, before any unit runs
+        over_arms = apply_overrides({}, arm_overrides or [])
+    except ConfigError as err:
+        raise fail(str(err).replace("--set", "--arm-set", 1)) from None
+    source += "".join(f" --arm-set {item}" for item in arm_overrides or [])
     if seed_sets not in ("fixed", "per-seed"):
         raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
     if seeds < 1:
@@ -179,7 +177,7 @@ def bench_learning(
             scale_arm_steps=quick,
             seed_sets=seed_sets,
             accept_code=CodeAcceptance(fingerprints=accepted, any_code=any_code),
-            arm_overrides=arm_overrides or [],
+            over_arms=over_arms,
         )
     except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None

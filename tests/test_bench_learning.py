@@ -695,9 +695,9 @@ def test_the_compose_verdict_pairs_it_with_static_random_compose_and_the_oracle(
 
 def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
     """--set changes the base, which the compose arm's own pool share then replaces;
-    --arm-set (unit_config's arm_overrides) lands over it, for every arm, and the unit's
-    config records it."""
-    from coevolve.bench.learning.units import unit_config
+    --arm-set (arm_config's over_arms) lands over it, for every arm, and the unit's config
+    records it."""
+    from coevolve.config import apply_overrides
 
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
@@ -705,9 +705,9 @@ def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
     base["pool"]["synthesized_weight"] = 0.3  # what --set would do
     plain = load_config(arm_config(base, "coevolve-compose", 0, tmp_path))
     assert plain.pool.synthesized_weight == 1.0  # the arm's own value wins over --set
-    share = ["pool.synthesized_weight=0.3"]
+    share = apply_overrides({}, ["pool.synthesized_weight=0.3"])  # as --arm-set reads it
     tuned = {
-        arm: unit_config(base, arm, 0, tmp_path, arm_overrides=share)
+        arm: load_config(arm_config(base, arm, 0, tmp_path, over_arms=share))
         for arm in ("coevolve-compose", "random-compose", "static")
     }
     assert {arm: c.pool.synthesized_weight for arm, c in tuned.items()} == {
@@ -718,7 +718,7 @@ def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
         plain.model_dump_json(), tuned["coevolve-compose"].model_dump_json()
     )
     with pytest.raises(ConfigError, match="synthesized_wieght"):
-        unit_config(base, "static", 0, tmp_path, arm_overrides=["pool.synthesized_wieght=1"])
+        apply_overrides({}, ["pool.synthesized_wieght=1"])
 
 
 def test_a_bad_arm_override_fails_before_any_unit_runs(tmp_path):

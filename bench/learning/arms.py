@@ -198,9 +198,13 @@ def arm_config(
     out_dir: Path,
     scale_steps: bool = False,
     seed_sets: str = "fixed",
+    over_arms: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The base config with the arm's changes, the seed and its own run directory.
 
+    ``over_arms``: sections laid over the arm's changes (``bench learning --arm-set``), where
+    ``--set`` changes the base beneath them: a value an arm sets itself (the model arms'
+    ``pool.synthesized_weight``) is tuned this way.
     ``scale_steps``: the arm's step counts scaled to the base's ``training.max_steps``
     (``steps_scaled``); off, they are taken as written, so finished units keep their config.
     ``seed_sets``: ``fixed`` (every seed learns from the base's seed set, from one bootstrap
@@ -215,7 +219,7 @@ def arm_config(
     if scale_steps:
         max_steps = int(base.get("training", {}).get("max_steps", ARM_STEPS_WRITTEN_FOR))
         changes = steps_scaled(changes, max_steps)
-    config = merged(json.loads(json.dumps(base)), changes)
+    config = merged(merged(json.loads(json.dumps(base)), changes), over_arms or {})
     config["seed"] = seed
     config["pool"] = {**config.get("pool", {}), "seed": seed}
     config["training"] = {**config.get("training", {}), "seed": seed}

@@ -8,7 +8,6 @@ import math
 import shutil
 import warnings
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from .report import (
 from .tables import curve_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...config import CoevolveConfig
     from ...records import Task
     from ...runner import RunResult
 
@@ -227,25 +225,6 @@ def _other_code_text(run: ArmRun, today: str) -> str:
     )
 
 
-def unit_config(
-    base: dict[str, Any],
-    arm: str,
-    seed: int,
-    out_dir: Path,
-    scale_steps: bool = False,
-    seed_sets: str = "fixed",
-    arm_overrides: Sequence[str] = (),
-) -> CoevolveConfig:
-    """The config of one (arm, seed) unit: ``arm_config``, then ``arm_overrides``
-    (``key.path=value``, ``bench learning --arm-set``) over the arm's own changes, where
-    ``--set`` changes the base beneath them: a value an arm sets itself (the model arms'
-    ``pool.synthesized_weight``) is tuned this way. A bad key is a ConfigError."""
-    from ...config import apply_overrides, load_config
-
-    config = arm_config(base, arm, seed, out_dir, scale_steps, seed_sets=seed_sets)
-    return load_config(apply_overrides(config, arm_overrides) if arm_overrides else config)
-
-
 def run_ablation(
     base: dict[str, Any],
     *,
@@ -258,7 +237,7 @@ def run_ablation(
     scale_arm_steps: bool = False,
     seed_sets: str = "fixed",
     accept_code: CodeAcceptance | None = None,
-    arm_overrides: Sequence[str] = (),
+    over_arms: dict[str, Any] | None = None,
 ) -> AblationReport:
     """Run every (arm, seed) unit not finished before, then write the report.
 
@@ -272,7 +251,7 @@ def run_ablation(
     counts follow the base's ``training.max_steps`` (``--quick``; see ``arm_config``).
     ``seed_sets``: ``per-seed`` gives each seed its own seed subset, bootstrap agent and
     held-out draw (``arm_config``), so the report's intervals cover them too.
-    ``arm_overrides``: settings over every arm's own changes (``unit_config``).
+    ``over_arms``: sections laid over every arm's own changes (``arm_config``).
     """
     from ...config import load_config
     from ...run_files import RunFiles
@@ -294,8 +273,8 @@ def run_ablation(
 
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
-            config = unit_config(
-                base, arm, seed, out_dir, scale_arm_steps, seed_sets, arm_overrides
+            config = load_config(
+                arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets, over_arms)
             )
             unit = units / f"{arm}-seed{seed}.json"
             # a unit saved under the arm's old name (RENAMED_ARMS) still counts, read as today's
@@ -435,7 +414,9 @@ def run_ablation(
         else _mean_families(
             [
                 seed_families(
-                    unit_config(base, arms[0], seed, out_dir, False, seed_sets, arm_overrides)
+                    load_config(
+                        arm_config(base, arms[0], seed, out_dir, False, seed_sets, over_arms)
+                    )
                 )
                 for seed in seeds
             ]
