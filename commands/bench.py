@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -10,6 +10,26 @@ from rich.console import Console
 from .common import PACKAGE_DIR, DebugOption, SetOption, console, display_path, fail
 
 bench_app = typer.Typer(help="Benchmarks of the method itself.", no_args_is_help=True)
+
+
+def sections_by_arm(items: list[str], arms: list[str]) -> dict[str, dict[str, Any]]:
+    """``--arm-set`` items as the sections each arm's config gets over its own changes:
+    ``KEY=VALUE`` for every arm of ``arms``, ``ARM:KEY=VALUE`` for one. ConfigError names an
+    item whose arm is not in ``arms`` or whose key is not a config key."""
+    from ..config import ConfigError, apply_overrides
+
+    sections: dict[str, dict[str, Any]] = {arm: {} for arm in arms}
+    for item in items:
+        key = item.split("=", 1)[0]
+        arm, setting = item.split(":", 1) if ":" in key else ("", item)
+        if arm and arm not in arms:
+            raise ConfigError(f"--arm-set {item}: {arm!r} is not one of --arms ({', '.join(arms)})")
+        try:
+            for name in [arm] if arm else arms:
+                sections[name] = apply_overrides(sections[name], [setting])
+        except ConfigError as err:
+            raise ConfigError(str(err).replace("--set", "--arm-set", 1)) from None
+    return sections
 
 
 @bench_app.command("learning")
@@ -96,10 +116,10 @@ def bench_learning(
         typer.Option(
             "--arm-set",
             metavar="KEY=VALUE",
-            help="Override one config value in every arm's config, over the arm's own "
-            "changes (--set changes the base beneath them), e.g. --arm-set "
-            "pool.synthesized_weight=0.3 to tune a value the model arms set; repeatable, "
-            "the value is YAML. Each unit's config records it.",
+            help="Override one config value over the arms' own changes (--set changes the "
+            "base beneath them): KEY=VALUE in every arm, ARM:KEY=VALUE in one, e.g. "
+            "--arm-set coevolve-compose:pool.synthesized_weight=0.3 to tune a value a model "
+            "arm sets itself; repeatable, the value is YAML. Each unit's config records it.",
         ),
     ] = None,
     debug: DebugOption = False,
@@ -117,7 +137,7 @@ def bench_learning(
         run_ablation,
     )
     from ..bench.learning.code import parse_fingerprints
-    from ..config import ConfigError, apply_overrides
+    from ..config import ConfigError
     from .common import load_config_or_fail
 
     source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
@@ -135,10 +155,10 @@ def bench_learning(
         check_arms(chosen)
     except ValueError as err:
         raise fail(str(err)) from None
-    try:  # a bad key fails here, before any unit runs
-        over_arms = apply_overrides({}, arm_overrides or [])
+    try:  # a bad arm or key fails here, before any unit runs
+        over_arms = sections_by_arm(arm_overrides or [], chosen)
     except ConfigError as err:
-        raise fail(str(err).replace("--set", "--arm-set", 1)) from None
+        raise fail(str(err)) from None
     source += "".join(f" --arm-set {item}" for item in arm_overrides or [])
     if seed_sets not in ("fixed", "per-seed"):
         raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")

@@ -695,9 +695,9 @@ def test_the_compose_verdict_pairs_it_with_static_random_compose_and_the_oracle(
 
 def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
     """--set changes the base, which the compose arm's own pool share then replaces;
-    --arm-set (arm_config's over_arms) lands over it, for every arm, and the unit's config
-    records it."""
-    from coevolve.config import apply_overrides
+    --arm-set lands over it (arm_config's over_arms), in every arm or in the one it names,
+    and the unit's config records it."""
+    from coevolve.commands.bench import sections_by_arm
 
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
@@ -705,20 +705,27 @@ def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
     base["pool"]["synthesized_weight"] = 0.3  # what --set would do
     plain = load_config(arm_config(base, "coevolve-compose", 0, tmp_path))
     assert plain.pool.synthesized_weight == 1.0  # the arm's own value wins over --set
-    share = apply_overrides({}, ["pool.synthesized_weight=0.3"])  # as --arm-set reads it
+    arms = ["static", "coevolve-compose", "random-compose"]
+    items = ["pool.synthesized_weight=0.3", "random-compose:pool.synthesized_weight=0.5"]
+    sections = sections_by_arm(items, arms)
     tuned = {
-        arm: load_config(arm_config(base, arm, 0, tmp_path, over_arms=share))
-        for arm in ("coevolve-compose", "random-compose", "static")
+        arm: load_config(arm_config(base, arm, 0, tmp_path, over_arms=sections[arm]))
+        for arm in arms
     }
     assert {arm: c.pool.synthesized_weight for arm, c in tuned.items()} == {
-        "coevolve-compose": 0.3, "random-compose": 0.3, "static": 0.3
+        "static": 0.3, "coevolve-compose": 0.3, "random-compose": 0.5
     }  # fmt: skip
     assert tuned["coevolve-compose"].synthesis.roles.composer  # the arm's other changes stay
     assert not unit_still_counts(
         plain.model_dump_json(), tuned["coevolve-compose"].model_dump_json()
     )
+    one = sections_by_arm(["coevolve-compose:pool.synthesized_weight=0.3"], arms)
+    assert one == {"static": {}, "coevolve-compose": {"pool": {"synthesized_weight": 0.3}},
+                   "random-compose": {}}  # fmt: skip
     with pytest.raises(ConfigError, match="synthesized_wieght"):
-        apply_overrides({}, ["pool.synthesized_wieght=1"])
+        sections_by_arm(["pool.synthesized_wieght=1"], arms)
+    with pytest.raises(ConfigError, match="'coevolve-oracle' is not one of --arms"):
+        sections_by_arm(["coevolve-oracle:pool.synthesized_weight=1"], arms)
 
 
 def test_a_bad_arm_override_fails_before_any_unit_runs(tmp_path):

@@ -237,7 +237,7 @@ def run_ablation(
     scale_arm_steps: bool = False,
     seed_sets: str = "fixed",
     accept_code: CodeAcceptance | None = None,
-    over_arms: dict[str, Any] | None = None,
+    over_arms: dict[str, dict[str, Any]] | None = None,
 ) -> AblationReport:
     """Run every (arm, seed) unit not finished before, then write the report.
 
@@ -251,7 +251,7 @@ def run_ablation(
     counts follow the base's ``training.max_steps`` (``--quick``; see ``arm_config``).
     ``seed_sets``: ``per-seed`` gives each seed its own seed subset, bootstrap agent and
     held-out draw (``arm_config``), so the report's intervals cover them too.
-    ``over_arms``: sections laid over every arm's own changes (``arm_config``).
+    ``over_arms``: by arm, sections laid over its own changes (``arm_config``).
     """
     from ...config import load_config
     from ...run_files import RunFiles
@@ -274,7 +274,9 @@ def run_ablation(
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
             config = load_config(
-                arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets, over_arms)
+                arm_config(
+                    base, arm, seed, out_dir, scale_arm_steps, seed_sets, (over_arms or {}).get(arm)
+                )
             )
             unit = units / f"{arm}-seed{seed}.json"
             # a unit saved under the arm's old name (RENAMED_ARMS) still counts, read as today's
@@ -415,7 +417,15 @@ def run_ablation(
             [
                 seed_families(
                     load_config(
-                        arm_config(base, arms[0], seed, out_dir, False, seed_sets, over_arms)
+                        arm_config(
+                            base,
+                            arms[0],
+                            seed,
+                            out_dir,
+                            False,
+                            seed_sets,
+                            (over_arms or {}).get(arms[0]),
+                        )
                     )
                 )
                 for seed in seeds
