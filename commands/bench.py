@@ -14,18 +14,22 @@ bench_app = typer.Typer(help="Benchmarks of the method itself.", no_args_is_help
 
 def sections_by_arm(items: list[str], arms: list[str]) -> dict[str, dict[str, Any]]:
     """``--arm-set`` items as the sections each arm's config gets over its own changes:
-    ``KEY=VALUE`` for every arm of ``arms``, ``ARM:KEY=VALUE`` for one. ConfigError names an
-    item whose arm is not in ``arms`` or whose key is not a config key."""
+    ``KEY=VALUE`` for every arm of ``arms``, ``ARM:KEY=VALUE`` for one. An item for a bench
+    arm that is not in ``arms`` sets nothing, so one set of options serves every piece of a
+    bench run in pieces; ConfigError names an item whose arm is no bench arm or whose key is
+    not a config key."""
+    from ..bench.learning import ARMS
     from ..config import ConfigError, apply_overrides
 
     sections: dict[str, dict[str, Any]] = {arm: {} for arm in arms}
     for item in items:
         key = item.split("=", 1)[0]
         arm, setting = item.split(":", 1) if ":" in key else ("", item)
-        if arm and arm not in arms:
-            raise ConfigError(f"--arm-set {item}: {arm!r} is not one of --arms ({', '.join(arms)})")
+        if arm and arm not in ARMS:
+            raise ConfigError(f"--arm-set {item}: {arm!r} is not a bench arm ({', '.join(ARMS)})")
         try:
-            for name in [arm] if arm else arms:
+            apply_overrides({}, [setting])  # the key checked, whether or not an arm here takes it
+            for name in ([arm] if arm in arms else []) if arm else arms:
                 sections[name] = apply_overrides(sections[name], [setting])
         except ConfigError as err:
             raise ConfigError(str(err).replace("--set", "--arm-set", 1)) from None

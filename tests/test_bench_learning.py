@@ -724,8 +724,14 @@ def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
                    "random-compose": {}}  # fmt: skip
     with pytest.raises(ConfigError, match="synthesized_wieght"):
         sections_by_arm(["pool.synthesized_wieght=1"], arms)
-    with pytest.raises(ConfigError, match="'coevolve-oracle' is not one of --arms"):
-        sections_by_arm(["coevolve-oracle:pool.synthesized_weight=1"], arms)
+    # an arm of the bench that this piece does not run: nothing set; no arm at all: an error
+    assert sections_by_arm(["coevolve-oracle:pool.synthesized_weight=1"], arms) == {
+        arm: {} for arm in arms
+    }
+    with pytest.raises(ConfigError, match="'coevolve-compse' is not a bench arm"):
+        sections_by_arm(["coevolve-compse:pool.synthesized_weight=1"], arms)
+    with pytest.raises(ConfigError, match="synthesized_wieght"):
+        sections_by_arm(["coevolve-oracle:pool.synthesized_wieght=1"], arms)
 
 
 def test_a_bad_arm_override_fails_before_any_unit_runs(tmp_path):
