@@ -19,6 +19,7 @@ def sections_by_arm(items: list[str], arms: list[str]) -> dict[str, dict[str, An
     bench run in pieces; ConfigError names an item whose arm is no bench arm or whose key is
     not a config key."""
     from ..bench.learning import ARMS
+    from ..common.config_base import merged
     from ..config import ConfigError, apply_overrides
 
     sections: dict[str, dict[str, Any]] = {arm: {} for arm in arms}
@@ -27,12 +28,12 @@ def sections_by_arm(items: list[str], arms: list[str]) -> dict[str, dict[str, An
         arm, setting = item.split(":", 1) if ":" in key else ("", item)
         if arm and arm not in ARMS:
             raise ConfigError(f"--arm-set {item}: {arm!r} is not a bench arm ({', '.join(ARMS)})")
-        try:
-            apply_overrides({}, [setting])  # the key checked, whether or not an arm here takes it
-            for name in ([arm] if arm in arms else []) if arm else arms:
-                sections[name] = apply_overrides(sections[name], [setting])
+        try:  # the key is checked whether or not an arm here takes it
+            section = apply_overrides({}, [setting])
         except ConfigError as err:
             raise ConfigError(str(err).replace("--set", "--arm-set", 1)) from None
+        for name in ([arm] if arm in arms else []) if arm else arms:
+            sections[name] = merged(sections[name], section)
     return sections
 
 

@@ -259,6 +259,7 @@ def run_ablation(
 
     check_arms(arms)
     accept_code = accept_code or CodeAcceptance()
+    over_arms = over_arms or {}
     commit = package_commit()
     today = code_fingerprint()
     runs: list[ArmRun] = []
@@ -274,9 +275,7 @@ def run_ablation(
     for seed in seeds:  # seed-major: an interrupted bench still has complete pairs
         for arm in arms:
             config = load_config(
-                arm_config(
-                    base, arm, seed, out_dir, scale_arm_steps, seed_sets, (over_arms or {}).get(arm)
-                )
+                arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets, over_arms.get(arm))
             )
             unit = units / f"{arm}-seed{seed}.json"
             # a unit saved under the arm's old name (RENAMED_ARMS) still counts, read as today's
@@ -424,7 +423,7 @@ def run_ablation(
                             out_dir,
                             False,
                             seed_sets,
-                            (over_arms or {}).get(arms[0]),
+                            over_arms.get(arms[0]),
                         )
                     )
                 )
