@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 71's verdict (docs/compose.md): static, coevolve-oracle, coevolve-compose and
+# random-compose at N = 100, held-out (216 tasks, every cycle), seeds 0-7, every unit at
+# one commit. A 2-core machine runs it in pieces over several sessions, and a session
+# keeps nothing outside the repo, so this script rebuilds what a piece needs and copies
+# each finished unit into the repo, where the next piece finds it and skips it.
+#
+#   scripts/verdict-compose-n100.sh setup            # worktree at the verdict's commit
+#   scripts/verdict-compose-n100.sh writer           # teach the task writer (cached)
+#   scripts/verdict-compose-n100.sh serve            # the writer on :8011 (background)
+#   scripts/verdict-compose-n100.sh run ARMS SEEDS   # e.g. run static,coevolve-oracle 0,1
+#   scripts/verdict-compose-n100.sh collect          # finished units -> $UNITS_DIR
+#   scripts/verdict-compose-n100.sh report           # the report over every collected unit
+#
+# Run from the repo root after `make setup`; the worktree uses this checkout's .venv with
+# its own code first on the path (a unit records the fingerprint of the code it ran).
+set -euo pipefail
+
+COMMIT=${VERDICT_COMMIT:-b34184c}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORKTREE=${VERDICT_WORKTREE:-$REPO/../wt-v71}
+PATHS=${VERDICT_PATHS:-$REPO/../wt-paths/v71}
+UNITS_DIR=$REPO/docs/figures/bench-compose-n100/units
+OUT=runs/bench-compose-n100
+PY=$REPO/.venv/bin/python
+CONFIG=configs/bench-lowresource-n100.yaml
+# The tuned shares (docs/compose.md, "Tuning for the verdict"): every piece passes the
+# same items, so the final --report-only counts every unit.
+ARM_SET=(--arm-set random-compose:pool.synthesized_weight=0.3
+         --arm-set coevolve-oracle:pool.synthesized_weight=1.0)
+WRITER=(--set endpoints.writer.base_url=http://127.0.0.1:8011/v1
+        --set endpoints.writer.model=runs/writer-n100 --set endpoints.writer.max_tokens=64
+        --set endpoints.writer.temperature=0.0 --set endpoints.writer.concurrency=2
+        --set endpoints.writer.timeout_s=600)
+
+in_worktree() {
+    cd "$WORKTREE"
+    OMP_NUM_THREADS=1 PYTHONPATH=$PATHS HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+        ANONYMIZED_TELEMETRY=False "$PY" -m coevolve "$@"
+}
+
+case ${1:-} in
+setup)
+    [ -d "$WORKTREE" ] || git -C "$REPO" worktree add --detach "$WORKTREE" "$COMMIT"
+    mkdir -p "$PATHS" "$WORKTREE/logs" "$WORKTREE/$OUT/units"
+    ln -sfn "$(cd "$WORKTREE" && pwd)" "$PATHS/coevolve"
+    # Units already collected count as finished: the bench skips them.
+    cp -n "$UNITS_DIR"/* "$WORKTREE/$OUT/units/" 2>/dev/null || true
+    echo "worktree $WORKTREE at $(git -C "$WORKTREE" rev-parse --short HEAD)"
+    ;;
+writer)
+    dir=$(in_worktree writer "$CONFIG" --path | tail -1)
+    ln -sfn "$dir" "$WORKTREE/runs/writer-n100"
+    echo "writer $dir"
+    ;;
+serve)
+    in_worktree serve configs/writer.yaml --endpoint writer \
+        --set endpoints.writer.model=runs/writer-n100 > "$WORKTREE/logs/writer-serve.log" 2>&1 &
+    echo "serving (log: $WORKTREE/logs/writer-serve.log); check: curl localhost:8011/v1/models"
+    ;;
+run)
+    in_worktree bench learning --config "$CONFIG" --arms "$2" --seed-list "$3" --out "$OUT" \
+        "${ARM_SET[@]}" "${WRITER[@]}"
+    ;;
+collect)
+    mkdir -p "$UNITS_DIR"
+    for unit in "$WORKTREE/$OUT"/units/*.json; do
+        [ -e "$unit" ] || continue
+        cp -n "$unit" "${unit%.json}.tasks.jsonl" "$UNITS_DIR/" 2>/dev/null || cp -n "$unit" "$UNITS_DIR/"
+    done
+    ls "$UNITS_DIR"
+    ;;
+report)
+    in_worktree bench learning --config "$CONFIG" \
+        --arms static,coevolve-oracle,coevolve-compose,random-compose \
+        --seed-list "${2:-0,1,2,3,4,5,6,7}" --out "$OUT" --report-only --json \
+        "${ARM_SET[@]}" "${WRITER[@]}"
+    ;;
+*)
+    sed -n 2,16p "$0"
+    exit 2
+    ;;
+esac
