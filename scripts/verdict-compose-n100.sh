@@ -24,6 +24,7 @@ UNITS_DIR=$REPO/docs/figures/bench-compose-n100/units
 OUT=runs/bench-compose-n100
 PY=$REPO/.venv/bin/python
 CONFIG=configs/bench-lowresource-n100.yaml
+WRITER_SHA256=fd2457fb2a409c42db6c065a39d863d6570d6228a954f38d4c18965ccb83eb1d
 # The tuned shares (docs/compose.md, "Tuning for the verdict"): every piece passes the
 # same items, so the final --report-only counts every unit.
 ARM_SET=(--arm-set random-compose:pool.synthesized_weight=0.3
@@ -51,7 +52,11 @@ setup)
 writer)
     dir=$(in_worktree writer "$CONFIG" --path | tail -1)
     ln -sfn "$dir" "$WORKTREE/runs/writer-n100"
-    echo "writer $dir"
+    # The compose arms' units count as one verdict only if every session's writer is the
+    # same model: the first session's weights hash, checked each time it is rebuilt.
+    echo "$WRITER_SHA256  $dir/model.safetensors" | sha256sum --check --quiet ||
+        { echo "writer $dir differs from the verdict's writer: stop before any compose unit" >&2; exit 1; }
+    echo "writer $dir (weights as the verdict's)"
     ;;
 serve)
     in_worktree serve configs/writer.yaml --endpoint writer \
