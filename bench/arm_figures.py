@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from coevolve.common.files import jsonl_lines
 from coevolve.run_files import CycleFiles, RunFiles
 
 RUN = re.compile(r"^(?P<arm>.+)-seed(?P<seed>\d+)$")
@@ -32,7 +33,9 @@ def cycle_figures(run_dir: Path) -> list[dict[str, Any]]:
     if not metrics.exists():
         return []
     rows = []
-    for line in metrics.read_text().splitlines():
+    for line in jsonl_lines(metrics.read_text(encoding="utf-8")):
+        if not line.strip():
+            continue
         record = json.loads(line)
         cycle = record["cycle"]
         stage = record.get("stage_time_s") or {}

@@ -16,13 +16,14 @@ def _read_trajectories(path: str) -> list[Any]:
 
     from pydantic import ValidationError
 
+    from ..common.files import jsonl_lines
     from ..records import Trajectory, split_transport_failures
 
     file = Path(path)
     if not file.is_file():
         raise fail(f"{path} does not exist (write rollouts with `coevolve eval --save FILE`)")
     trajectories = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(file.read_text(encoding="utf-8")), start=1):
         if not line.strip():
             continue
         try:

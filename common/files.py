@@ -56,11 +56,20 @@ def atomic_directory(target: str | Path, hidden: bool = False) -> Iterator[Path]
         shutil.rmtree(work, ignore_errors=True)
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSON-lines text, split at "\\n" only.
+
+    ``str.splitlines`` also splits at U+0085, U+2028 and U+2029, which JSON leaves
+    unescaped inside strings: a model's reply holding one would tear its record in two.
+    """
+    return text.split("\n")
+
+
 def load_jsonl(path: str | Path, record: type[RecordT]) -> list[RecordT]:
     """Records of one type from a JSON-lines file (blank lines skipped)."""
     return [
         record.model_validate_json(line)
-        for line in Path(path).read_text(encoding="utf-8").splitlines()
+        for line in jsonl_lines(Path(path).read_text(encoding="utf-8"))
         if line.strip()
     ]
 
@@ -72,7 +81,7 @@ def read_jsonl(path: str | Path, skip_torn: bool = False) -> list[Any]:
     kill is in a file that is appended to (the pool, the outcome history).
     """
     rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in jsonl_lines(Path(path).read_text(encoding="utf-8")):
         if not line.strip():
             continue
         try:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..common.files import jsonl_lines
 from ..records import Task, ToolCall, Turn
 
 SPLITS = ("train", "validation", "heldout")
@@ -175,7 +176,7 @@ def read_task_file(path: str | Path, env: str) -> TaskFile:
     path = Path(path)
     result = TaskFile(path)
     text = path.read_text(encoding="utf-8")
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip() or line.lstrip().startswith("//"):
             continue
         guessed = _ID_IN_TEXT.search(line)

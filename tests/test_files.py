@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from coevolve.commands.synthesis import _read_trajectories
 from coevolve.common.files import (
     atomic_directory,
     dump_jsonl,
@@ -11,7 +12,8 @@ from coevolve.common.files import (
     read_jsonl,
     write_atomically,
 )
-from coevolve.records import Task, Turn
+from coevolve.envs.task_file import read_task_file
+from coevolve.records import Task, Trajectory, Turn
 
 
 def test_atomic_directory_replaces_the_target_only_when_complete(tmp_path):
@@ -45,6 +47,27 @@ def test_jsonl_round_trip_and_torn_lines(tmp_path):
     assert len(read_jsonl(path, skip_torn=True)) == 1
     write_atomically(path, "")
     assert read_jsonl(path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
+
+
+def test_a_record_holding_unicode_line_separators_stays_one_line(tmp_path):
+    """JSON leaves U+0085, U+2028 and U+2029 raw inside strings, and str.splitlines splits
+    at them: a tiny model's reply holding one tore `coevolve eval --save`'s file in two."""
+    odd = "moved\x85to 08:30\u2028then\u2029done"
+    episode = Trajectory(id="e1", task_id="t1", env="world", family="f", score=0.0)
+    episode.final_answer = odd
+    path = tmp_path / "rollouts.jsonl"
+    dump_jsonl(path, [episode, episode.model_copy(update={"id": "e2"})])
+    assert [t.final_answer for t in load_jsonl(path, Trajectory)] == [odd, odd]
+    assert [row["id"] for row in read_jsonl(path)] == ["e1", "e2"]
+    assert [t.id for t in _read_trajectories(str(path))] == ["e1", "e2"]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        json.dumps({"id": "t1", "family": "f", "turns": [{"user": odd}]}, ensure_ascii=False)
+        + "\n",
+        encoding="utf-8",
+    )
+    loaded = read_task_file(tasks, "world")
+    assert not loaded.problems and loaded.tasks[0].turns[0].query == odd
 
 
 def test_cycle_files_write_the_files_their_docstring_names_and_read_them_back(tmp_path) -> None:
