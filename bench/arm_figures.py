@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from coevolve.common.files import jsonl_lines
+from coevolve.common.files import read_jsonl
 from coevolve.run_files import CycleFiles, RunFiles
 
 RUN = re.compile(r"^(?P<arm>.+)-seed(?P<seed>\d+)$")
@@ -33,10 +33,7 @@ def cycle_figures(run_dir: Path) -> list[dict[str, Any]]:
     if not metrics.exists():
         return []
     rows = []
-    for line in jsonl_lines(metrics.read_text(encoding="utf-8")):
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in read_jsonl(metrics):
         cycle = record["cycle"]
         stage = record.get("stage_time_s") or {}
         steps = record.get("train_steps") or 0

@@ -69,10 +69,7 @@ run)
     ;;
 collect)
     mkdir -p "$UNITS_DIR"
-    for unit in "$WORKTREE/$OUT"/units/*.json; do
-        [ -e "$unit" ] || continue
-        cp -n "$unit" "${unit%.json}.tasks.jsonl" "$UNITS_DIR/" 2>/dev/null || cp -n "$unit" "$UNITS_DIR/"
-    done
+    cp -n "$WORKTREE/$OUT"/units/* "$UNITS_DIR/" 2>/dev/null || true
     ls "$UNITS_DIR"
     ;;
 report)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from ...agents.policy.eval_report import split_label
-from ...common.files import jsonl_lines
+from ...common.files import load_jsonl
 from .arms import RENAMED_ARMS, arm_config, check_arms
 from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
 from .figures import plot_curves, plot_family_curves, plot_family_differences
@@ -79,8 +79,7 @@ def accepted_tasks_of(unit: Path) -> list[AcceptedTask]:
             "its run directory's synthesized_tasks.jsonl has them, if it is still there"
         )
     path = unit.parent / run.accepted_tasks_file
-    lines = jsonl_lines(path.read_text(encoding="utf-8"))
-    return [AcceptedTask.model_validate_json(line) for line in lines if line.strip()]
+    return load_jsonl(path, AcceptedTask)
 
 
 def training_by_cycle(result: RunResult) -> list[CycleTraining]:
