@@ -8,6 +8,7 @@
 #   scripts/verdict-compose-n100.sh setup            # worktree at the verdict's commit
 #   scripts/verdict-compose-n100.sh writer           # teach the task writer (cached)
 #   scripts/verdict-compose-n100.sh serve            # the writer on :8011 (background)
+#   scripts/verdict-compose-n100.sh check-writer     # weights differ: does it write the same?
 #   scripts/verdict-compose-n100.sh run ARMS SEEDS   # e.g. run static,coevolve-oracle 0,1
 #   scripts/verdict-compose-n100.sh collect          # finished units -> $UNITS_DIR
 #   scripts/verdict-compose-n100.sh report           # the report over every collected unit
@@ -53,17 +54,43 @@ writer)
     dir=$(in_worktree writer "$CONFIG" --path | tail -1)
     ln -sfn "$dir" "$WORKTREE/runs/writer-n100"
     # The compose arms' units count as one verdict only if every session's writer is the
-    # same model: the first session's weights hash, checked each time it is rebuilt.
-    echo "$WRITER_SHA256  $dir/model.safetensors" | sha256sum --check --quiet ||
-        { echo "writer $dir differs from the verdict's writer: stop before any compose unit" >&2; exit 1; }
-    echo "writer $dir (weights as the verdict's)"
+    # same model: the first session's weights hash, checked each time it is rebuilt. Another
+    # CPU rounds the same training differently (an AVX-512 machine did): then `check-writer`
+    # decides, by what the writer writes.
+    if echo "$WRITER_SHA256  $dir/model.safetensors" | sha256sum --check --quiet 2>/dev/null; then
+        echo "writer $dir (weights as the verdict's)"
+    else
+        echo "writer $dir: weights differ from the verdict's; serve it, then run check-writer" \
+            "before any compose unit" >&2
+        exit 1
+    fi
     ;;
 serve)
     in_worktree serve configs/writer.yaml --endpoint writer \
         --set endpoints.writer.model=runs/writer-n100 > "$WORKTREE/logs/writer-serve.log" 2>&1 &
     echo "serving (log: $WORKTREE/logs/writer-serve.log); check: curl localhost:8011/v1/models"
     ;;
+check-writer)
+    # Every collected compose unit's accepted tasks written again, clause by clause, by the
+    # writer served now (bench/writer_replay_check.py): the same text for every task, or no
+    # compose unit runs. A pass is kept beside the weights it checked.
+    weights=$(readlink -f "$WORKTREE/runs/writer-n100")/model.safetensors
+    for tasks in "$UNITS_DIR"/*compose-seed*.tasks.jsonl; do
+        name=$(basename "$tasks" .tasks.jsonl)
+        (cd "$WORKTREE" && OMP_NUM_THREADS=1 PYTHONPATH=$PATHS HF_HUB_OFFLINE=1 \
+            "$PY" "$REPO/bench/writer_replay_check.py" "$tasks" --strict) |
+            tee "$WORKTREE/logs/writer-check-$name.log" | tail -n 1
+    done
+    sha256sum "$weights" > "$WORKTREE/logs/writer-checked.sha256"
+    echo "the writer served now writes every collected compose task as its unit did"
+    ;;
 run)
+    if [[ $2 == *compose* ]] &&
+        ! sha256sum --check --quiet <<< "$WRITER_SHA256  $(readlink -f "$WORKTREE/runs/writer-n100")/model.safetensors" &>/dev/null &&
+        ! sha256sum --check --quiet "$WORKTREE/logs/writer-checked.sha256" &>/dev/null; then
+        echo "the writer is neither the verdict's weights nor passed check-writer" >&2
+        exit 1
+    fi
     in_worktree bench learning --config "$CONFIG" --arms "$2" --seed-list "$3" --out "$OUT" \
         "${ARM_SET[@]}" "${WRITER[@]}"
     ;;
@@ -79,7 +106,7 @@ report)
         "${ARM_SET[@]}" "${WRITER[@]}"
     ;;
 *)
-    sed -n 2,16p "$0"
+    sed -n 2,17p "$0"
     exit 2
     ;;
 esac
