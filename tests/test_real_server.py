@@ -13,7 +13,11 @@ records what it does differently:
   that from the first structured reply and then ask for JSON in plain requests;
 - it has no LoRA API (``POST /v1/load_lora_adapter`` is 404): a run whose policy it
   serves trains adapters and, with ``policy.hot_load: best_effort``, keeps serving the
-  base model with a warning.
+  base model with a warning;
+- from transformers 5.25 it refuses (HTTP 400) a prompt that leaves no room for a reply
+  in the model's context, as vLLM does with ``--max-model-len``: a rollout's prompt, the
+  world's tool schemas in it, is about 5,100 of the tiny tokenizer's tokens, so the
+  fixture's tiny model takes 8,192 positions (the preset has 1,024).
 
 One server serves the whole module; the tests count the requests it saw in its
 own access log.
@@ -90,7 +94,8 @@ class RealServer:
 def real_server(tmp_path_factory):
     """`transformers serve` preloading the tiny bootstrap model (a RealServer)."""
     root = tmp_path_factory.mktemp("real-server")
-    model_dir = bootstrap(tiny_bootstrap(), cache_dir=root / "cache", progress=False)
+    model = tiny_bootstrap(max_position_embeddings=8192)  # room for the tool schemas
+    model_dir = bootstrap(model, cache_dir=root / "cache", progress=False)
     port = _free_port()
     (root / "hub").mkdir()
     env = {
