@@ -15,6 +15,8 @@
 #
 # Run from the repo root after `make setup`; the worktree uses this checkout's .venv with
 # its own code first on the path (a unit records the fingerprint of the code it ran).
+# Never edit this file while a piece runs: bash reads it as it goes, and a running `run`
+# went on, when its unit ended, to read a line of a changed file from the middle.
 set -euo pipefail
 
 COMMIT=${VERDICT_COMMIT:-b34184c}
