@@ -118,7 +118,7 @@ report)
         "${ARM_SET[@]}" "${WRITER[@]}"
     ;;
 *)
-    sed -n 2,17p "$0"
+    sed -n 2,19p "$0"
     exit 2
     ;;
 esac
