@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,10 +47,11 @@ class Rewritten:
 
 def rewrite(
     records: Sequence[dict[str, Any]], model: Any, unit: Sequence[dict[str, Any]] = ()
-) -> list[Rewritten]:
+) -> Iterator[Rewritten]:
     """Each record (a line of a unit's ``.tasks.jsonl``) written again by ``model``, clause by
-    clause, from a replay of its calls in its seed task's state; ``unit`` holds the unit's
-    other records, where a synthesized parent is looked up."""
+    clause, from a replay of its calls in its seed task's state, one at a time as it is
+    written; ``unit`` holds the unit's other records, where a synthesized parent is looked
+    up."""
     from coevolve.agents.prompts import WRITER_PROMPT
     from coevolve.agents.roles.clause_writer import JOINER, clause_input, join_clauses
     from coevolve.agents.roles.judge import execute_candidate
@@ -73,7 +74,6 @@ def rewrite(
             record = parent
         return candidate_setup(seeds[record["parent_task_id"]].setup)
 
-    rewritten = []
     for record in records:
         calls = [ToolCall(name=c["name"], arguments=c["arguments"]) for c in record["calls"]]
         candidate = CandidateTask(
@@ -90,13 +90,13 @@ def rewrite(
         now, then = join_clauses(clauses, calls), record["requests"][0]
         then_parts = then.split(JOINER)
         same = sum(a == b for a, b in zip(now.split(JOINER), then_parts, strict=False))
-        rewritten.append(Rewritten(record["id"], then, now, len(then_parts), same))
-    return rewritten
+        yield Rewritten(record["id"], then, now, len(then_parts), same)
 
 
 def main() -> None:
     from coevolve.agents.config import EndpointConfig
     from coevolve.agents.roles.llm import chat_model
+    from coevolve.common.files import read_jsonl
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("tasks", type=Path, help="a unit's accepted tasks (.tasks.jsonl)")
@@ -112,12 +112,11 @@ def main() -> None:
         base_url=args.base_url, model=args.model, temperature=0.0, max_tokens=64, timeout_s=600
     )
     model = chat_model(endpoint)
-    records = [json.loads(line) for line in args.tasks.read_text().split("\n") if line.strip()]
+    records = read_jsonl(args.tasks)
     chosen = [r for r in records if args.cycle is None or r.get("cycle") == args.cycle]
     chosen = chosen[: args.limit]
     rows = []
-    for number, record in enumerate(chosen, 1):
-        (row,) = rewrite([record], model, unit=records)  # one at a time: a person sees it go
+    for number, row in enumerate(rewrite(chosen, model, unit=records), 1):
         rows.append(row)
         print(f"[{number}/{len(chosen)}] {'same' if row.same else 'DIFFERS'}: {row.task_id}")
         if not row.same:

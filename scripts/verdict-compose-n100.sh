@@ -40,11 +40,16 @@ WRITER=(--set endpoints.writer.base_url=http://127.0.0.1:8011/v1
         --set endpoints.writer.temperature=0.0 --set endpoints.writer.concurrency=2
         --set endpoints.writer.timeout_s=600)
 
+# The weights of the writer linked in the worktree.
+writer_weights() {
+    echo "$(readlink -f "$WORKTREE/runs/writer-n100")/model.safetensors"
+}
+
 # Whether the writer linked in the worktree may write a compose unit: the verdict's
 # weights, weights checked in an earlier session, or weights check-writer passed here.
 writer_counts() {
     local sum
-    sum=$(sha256sum "$(readlink -f "$WORKTREE/runs/writer-n100")/model.safetensors" | cut -d' ' -f1)
+    sum=$(sha256sum "$(writer_weights)" | cut -d' ' -f1)
     [[ $sum == "$WRITER_SHA256" || " ${WRITER_CHECKED[*]} " == *" $sum "* ]] ||
         sha256sum --check --quiet "$WORKTREE/logs/writer-checked.sha256" &>/dev/null
 }
@@ -88,14 +93,13 @@ check-writer)
     # Every collected compose unit's accepted tasks written again, clause by clause, by the
     # writer served now (bench/writer_replay_check.py): the same text for every task, or no
     # compose unit runs. A pass is kept beside the weights it checked.
-    weights=$(readlink -f "$WORKTREE/runs/writer-n100")/model.safetensors
     for tasks in "$UNITS_DIR"/*compose-seed*.tasks.jsonl; do
         name=$(basename "$tasks" .tasks.jsonl)
         (cd "$WORKTREE" && OMP_NUM_THREADS=1 PYTHONPATH=$PATHS HF_HUB_OFFLINE=1 \
             "$PY" "$REPO/bench/writer_replay_check.py" "$tasks" --strict) |
             tee "$WORKTREE/logs/writer-check-$name.log" | tail -n 1
     done
-    sha256sum "$weights" > "$WORKTREE/logs/writer-checked.sha256"
+    sha256sum "$(writer_weights)" > "$WORKTREE/logs/writer-checked.sha256"
     echo "the writer served now writes every collected compose task as its unit did"
     ;;
 run)

@@ -53,7 +53,7 @@ def test_a_rewritten_request_is_the_same_or_differs_and_a_cycle_2_parent_is_foun
         model = chat_model(
             EndpointConfig(base_url=server.base_url, model=server.model, temperature=0.0)
         )
-        rows = rewrite([first, second], model)
+        rows = list(rewrite([first, second], model))
         assert len(server.chat_bodies()) == 6  # one request a clause
     assert [row.same for row in rows] == [True, False]
     assert rows[0].now == expected
@@ -69,4 +69,4 @@ def test_a_task_whose_parent_is_not_found_is_an_error():
         "calls": [],
     }
     with pytest.raises(ValueError, match="syn-c1-gone"):
-        rewrite([record], model=None)
+        list(rewrite([record], model=None))
