@@ -93,7 +93,13 @@ check-writer)
     # Every collected compose unit's accepted tasks written again, clause by clause, by the
     # writer served now (bench/writer_replay_check.py): the same text for every task, or no
     # compose unit runs. A pass is kept beside the weights it checked.
-    for tasks in "$UNITS_DIR"/*compose-seed*.tasks.jsonl; do
+    shopt -s nullglob
+    collected=("$UNITS_DIR"/*compose-seed*.tasks.jsonl)
+    if [ ${#collected[@]} -eq 0 ]; then
+        echo "no compose unit collected in $UNITS_DIR: nothing to check the writer against" >&2
+        exit 1
+    fi
+    for tasks in "${collected[@]}"; do
         name=$(basename "$tasks" .tasks.jsonl)
         (cd "$WORKTREE" && OMP_NUM_THREADS=1 PYTHONPATH=$PATHS HF_HUB_OFFLINE=1 \
             "$PY" "$REPO/bench/writer_replay_check.py" "$tasks" --strict) |
