@@ -632,6 +632,40 @@ def test_committed_bench_units_still_load():
             assert len(run.training_by_cycle) == len(run.accepted_by_cycle), unit
 
 
+def test_the_compose_verdict_is_drawn_at_one_commit_from_its_committed_units():
+    """Issue 71: docs/figures/bench-compose-n100-report.json pairs coevolve-compose with
+    static, random-compose and coevolve-oracle over 8 seeds, every unit of one commit and
+    one code, and its figures are what the committed units give."""
+    from coevolve.bench.learning import accepted_tasks_of
+
+    figures = Path(__file__).parents[1] / "docs" / "figures"
+    report = AblationReport.model_validate_json(
+        (figures / "bench-compose-n100-report.json").read_text()
+    )
+    units = sorted((figures / "bench-compose-n100" / "units").glob("*.json"))
+    runs = [ArmRun.model_validate(json.loads(unit.read_text())["run"]) for unit in units]
+    assert report.seeds == list(range(8))
+    assert {(run.arm, run.seed) for run in runs} == {
+        (arm, seed) for arm in report.arms for seed in report.seeds
+    }
+    assert (
+        len({run.commit for run in runs}) == 1 and len({run.code_fingerprint for run in runs}) == 1
+    )
+    assert all(len(run.success_by_cycle) == 3 for run in runs)  # held-out at every cycle
+    for unit, run in zip(units, runs, strict=True):
+        assert len(accepted_tasks_of(unit)) == sum(run.accepted_by_cycle), unit
+    again = summarize(runs, report.arms, report.seeds, report.config)
+    for pair in (
+        "coevolve-compose - static",
+        "coevolve-compose - random-compose",
+        "coevolve-compose - coevolve-oracle",
+    ):
+        assert report.paired[pair].n == 8
+        assert report.paired[pair].mean == pytest.approx(again.paired[pair].mean)
+        assert report.paired[pair].low == pytest.approx(again.paired[pair].low)
+        assert pair in report.power
+
+
 def test_committed_signals_units_still_count_under_todays_config():
     """A later session continues the signals bench from these units (docs/benchmarks.md,
     configs/bench-quickstart.yaml: the quickstart as they ran it):
