@@ -148,6 +148,7 @@ def eval_command(
     from ..agents.policy.policy_interface import EndpointUnreachable, PolicyError
     from ..agents.policy.rollout import run_rollouts
     from ..config import ConfigError
+    from ..envs.limits import tool_limits
 
     if max_steps is not None:
         err_console.print("--max-steps is now --max-tool-calls (the old name goes in a release)")
@@ -220,7 +221,9 @@ def eval_command(
     console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
     table = Table()
     table.add_column(spec.family_label, no_wrap=True)
-    for column in ("episodes", "success", "tool seq", "calls", "errors", "cut off"):
+    # "failed calls" sums the kinds the footer lists; "policy errors" counts episodes.
+    columns = ("episodes", "success", "tool seq", "calls", "failed calls", "policy errors")
+    for column in (*columns, "cut off"):
         table.add_column(column, justify="right", no_wrap=True)
     rows = [*report.by_family.items(), ("overall", report.overall)]
     for name, stats in rows:
@@ -230,6 +233,7 @@ def eval_command(
             f"{stats.success_rate:.1%} ({stats.successes})",
             f"{stats.tool_sequence_accuracy:.1%}",
             f"{stats.call_accuracy:.1%}",
+            str(stats.failed_calls),
             str(stats.errors),
             str(stats.cut_off),
         )
@@ -239,7 +243,15 @@ def eval_command(
         console.print(_calls_by_form_table(spec.family_label, rows))
     if report.overall.call_errors:
         kinds = ", ".join(f"{kind} {n}" for kind, n in report.overall.call_errors.items())
-        err_console.print(f"[yellow]failed tool calls by kind: {kinds}[/yellow]")
+        err_console.print(
+            f"[yellow]failed tool calls by kind ({report.overall.failed_calls}): {kinds}[/yellow]"
+        )
+    if report.overall.observations_cut:
+        err_console.print(
+            f"[yellow]{report.overall.observations_cut} observations reached the agent cut to "
+            f"env.max_observation_chars ({tool_limits().max_observation_chars} characters)"
+            "[/yellow]"
+        )
     if report.overall.left_out:
         # The rates above are over the episodes that ran; say what they leave out.
         err_console.print(

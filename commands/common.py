@@ -151,7 +151,7 @@ def note_skipped_lines(env: str) -> None:
         err_console.print(f"  {escape(str(problem))}", soft_wrap=True)
     rest = len(user.problems) - SKIPPED_SHOWN
     more = f"and {rest} more; " if rest > 0 else ""
-    err_console.print(f"  {more}coevolve env check {escape(env)} lists them all", soft_wrap=True)
+    err_console.print(f"  {more}{escape(user.check_command)} lists them all", soft_wrap=True)
 
 
 def task_progress(description: str, enabled: bool):

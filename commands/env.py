@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from ..envs.limits import DEFAULT_TOOL_TIMEOUT_S
 from .common import (
     ENV_HELP,
     console,
@@ -175,8 +176,38 @@ def env_check(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     show_failures: Annotated[int, typer.Option(help="Failures to print per task set.")] = 5,
     tasks_file: TasksOption = None,
+    tool_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-timeout",
+            min=0.001,
+            help="Seconds a tool call may take (env.tool_timeout_s; default "
+            f"{DEFAULT_TOOL_TIMEOUT_S:g}).",
+        ),
+    ] = None,
 ) -> None:
-    """Replay every reference solution through the environment and its verifier."""
+    """Replay every reference solution through the environment and its verifier.
+
+    Exit code 2 when a user's task file is refused (a bad line, a reference that does not
+    replay, a split with no task), as `coevolve run` and `coevolve eval` refuse it; 1 when
+    a built-in environment's reference fails."""
+    from contextlib import nullcontext
+
+    from ..envs.limits import limits_set
+
+    bounded = limits_set(timeout_s=tool_timeout) if tool_timeout is not None else nullcontext()
+    with bounded:
+        _check(env, split, category, as_json, show_failures, tasks_file)
+
+
+def _check(
+    env: str,
+    split: str | None,
+    category: str | None,
+    as_json: bool,
+    show_failures: int,
+    tasks_file: str | None,
+) -> None:
     from rich.markup import escape
 
     from ..envs.base import check_references
@@ -218,13 +249,38 @@ def env_check(
         )
         for failure in report.failures[:show_failures]:
             console.print(f"  [red]failed[/red] {failure}")
+    if user is not None and not as_json:
+        _note_families_not_held_out(user)
     if problems and not as_json:
         console.print(
             f"{env}: [red]{len(problems)} task(s) cannot be used[/red]; `coevolve run` refuses "
             "the environment until they are fixed"
         )
-    if not all_verified or problems:
+    if problems or (user is not None and not all_verified):
+        raise typer.Exit(REFUSED_TASK_FILE)
+    if not all_verified:
         raise typer.Exit(1)
+
+
+# The exit code of a refused task file, in env check as in run and eval (commands.common.fail).
+REFUSED_TASK_FILE = 2
+
+
+def _note_families_not_held_out(user: Any) -> None:
+    """A family with no held-out task is measured by no evaluation: say which, and how to
+    put one there (a task's split comes from its id, so a small family may have none)."""
+    from rich.markup import escape
+
+    from ..envs.task_file import families_missing
+
+    missing = families_missing(user.tasks("all"), "heldout")
+    if missing:
+        console.print(
+            f"[yellow]note[/yellow] no held-out task in {len(missing)} families: "
+            f"{escape(', '.join(missing))}; name the split on one of their lines "
+            '("split": "heldout") to measure them',
+            soft_wrap=True,
+        )
 
 
 @env_app.command("show")

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..records import Observation, Step, Task, ToolCall, is_success
+from .limits import TIMEOUT, ToolTimeout, call_with_time_limit, stopped_message, tool_limits
 from .parsing import ToolCallParseError, check_arguments, parse_tool_calls
 
 
@@ -222,12 +223,17 @@ class ToolEnvironment:
 
     Subclasses fill ``tools()``, ``_execute``, ``reset`` and ``score``; ``end_turn`` moves
     to the task's next user turn for those that keep ``task``, ``turn`` and ``answer``.
+    Every call runs within this process's time limit (``envs/limits.py``): one past it is
+    answered with an error of kind ``timeout`` naming the tool and the limit.
     """
 
     name = "base"
     task: Task | None = None
     turn: int = 0
     answer: str | None = None
+    # Why the tools answer nothing more this episode (a call past the time limit that the
+    # environment could not recover from); each subclass's reset() clears it.
+    _stopped_by: str | None = None
 
     def tools(self) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -263,12 +269,31 @@ class ToolEnvironment:
         problem = check_arguments(action.arguments, schema.get("parameters", {}))
         if problem:
             return Observation(text=f"error: {action.name}: {problem}", error="bad_arguments")
+        return self._run_checked(action)
+
+    def _run_checked(self, call: ToolCall) -> Observation:
+        """Run a call the dispatcher accepted, within the time limit (envs/limits.py)."""
+        if self._stopped_by is not None:
+            return Observation(text=f"error: {self._stopped_by}", error=TIMEOUT)
         # Anything but a ToolError is a bug in the tool and propagates; an environment whose
         # tools are third-party code turns their failures into ToolErrors (BfclEnvironment).
         try:
-            return Observation(text=self._execute(action))
+            text = call_with_time_limit(
+                call.name, lambda: self._execute(call), tool_limits().timeout_s
+            )
         except ToolError as err:
             return Observation(text=f"error: {err}", error=err.kind)
+        except ToolTimeout as err:
+            if not self._recover_after_timeout():
+                self._stopped_by = stopped_message(err)
+            return Observation(text=f"error: {err}", error=TIMEOUT)
+        return Observation(text=text)
+
+    def _recover_after_timeout(self) -> bool:
+        """Put the episode's state back as the calls before the late one left it, out of the
+        late call's reach (it runs on in its thread); False when this environment cannot, and
+        every later step of the episode then answers with a timeout error instead."""
+        return False
 
     def end_turn(self, answer: str | None = None) -> str | None:
         if self.task is None:

@@ -302,6 +302,7 @@ class BfclEnvironment(ToolEnvironment):
         self._task = task
         self._turn = 0
         self._done = False
+        self._stopped_by = None  # a new episode: no earlier call's time-out stops its tools
         self._current_calls = []
         self._closed_turns = []
         self._steps = []

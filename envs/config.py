@@ -5,6 +5,12 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from ..common.config_base import Section
+from .limits import (
+    DEFAULT_MAX_OBSERVATION_CHARS,
+    DEFAULT_TOOL_TIMEOUT_S,
+    ToolLimits,
+    set_tool_limits,
+)
 from .registry import ENVIRONMENTS, get_environment, per_environment
 from .user_env import find_user_environment, register_user_environment
 
@@ -39,6 +45,27 @@ class EnvConfig(Section):
         "directory), replacing the one its factory names; needed with a module of tool "
         "functions.",
     )
+
+    tool_timeout_s: float = Field(
+        default=DEFAULT_TOOL_TIMEOUT_S,
+        gt=0,
+        description="Seconds a tool call may take: one past it is answered with an error "
+        "of kind timeout naming the tool and the limit, and the episode goes on "
+        "(docs/environments.md, what a tool may do).",
+    )
+    max_observation_chars: int = Field(
+        default=DEFAULT_MAX_OBSERVATION_CHARS,
+        ge=100,
+        description="Characters of a tool's observation the agent sees; the rest is cut, "
+        "marked in the text and counted (observations_cut); the verifier and the replays "
+        "see it whole.",
+    )
+
+    @model_validator(mode="after")
+    def _process_limits(self) -> EnvConfig:
+        # Every path that runs a tool reads them at the call (envs/limits.py).
+        set_tool_limits(ToolLimits(self.tool_timeout_s, self.max_observation_chars))
+        return self
 
     @model_validator(mode="after")
     def _known_task_set(self) -> EnvConfig:

@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter
 
-from ..records import Task, ToolCall
+from ..records import Observation, Task, ToolCall
 from .base import (
     EnvironmentBrief,
     ToolEnvironment,
@@ -56,6 +56,7 @@ from .base import (
     schema_brief,
     tool_schema,
 )
+from .limits import TIMEOUT
 
 # The error kind of a tool that raised something other than a ToolError.
 TOOL_FAILED = "tool_failed"
@@ -238,6 +239,9 @@ class FunctionEnvironment(ToolEnvironment):
         self.description = description or default_description or f"{len(self._schemas)} tools"
         self.task: Task | None = None
         self._state: Any = None  # the state class instance, or the functions' dict
+        # The calls that reached a tool this episode (those that failed with a ToolError
+        # too: a tool may change the state before it raises), to rebuild the state from.
+        self._ran: list[ToolCall] = []
         self.answer: str | None = None
         self.turn = 0
 
@@ -263,11 +267,18 @@ class FunctionEnvironment(ToolEnvironment):
     def replay_state(self, initial: Mapping[str, Any], calls: Sequence[ToolCall]) -> dict[str, Any]:
         """The state ``calls`` leave, started from ``initial``; a failing call changes
         nothing as far as the tools keep it so, as in an episode."""
-        replica = copy.copy(self)  # shares the tools, not the episode
-        replica._state = self.new_state(initial)
+        replica = self._replica(initial)
         for call in calls:
             replica.step(call)
         return replica.current_state()
+
+    def _replica(self, initial: Mapping[str, Any]) -> FunctionEnvironment:
+        """A copy that shares the tools, not the episode, started from ``initial``."""
+        replica = copy.copy(self)
+        replica._state = self.new_state(initial)
+        replica._ran = []
+        replica._stopped_by = None
+        return replica
 
     # ------------------------------------------------------------ protocol
 
@@ -277,9 +288,29 @@ class FunctionEnvironment(ToolEnvironment):
     def reset(self, task: Task) -> str:
         self.task = task
         self._state = self.new_state(task.setup.get("state", {}))
+        self._ran = []
+        self._stopped_by = None
         self.answer = None
         self.turn = 0
         return task.turns[0].query
+
+    def _run_checked(self, call: ToolCall) -> Observation:
+        observation = super()._run_checked(call)
+        if observation.error not in (TIMEOUT, "not_started"):
+            self._ran.append(call)
+        return observation
+
+    def _recover_after_timeout(self) -> bool:
+        """A new state object, as the episode's earlier calls left the task's initial state:
+        the late call runs on against the old object, which nothing reads any more."""
+        if self.task is None:
+            return False
+        replica = self._replica(self.task.setup.get("state", {}))
+        for call in self._ran:
+            if replica.step(call).error == TIMEOUT:  # a call that ran in time before, not now
+                return False
+        self._state = replica._state
+        return True
 
     def _execute(self, call: ToolCall) -> str:
         if self._state is None:
@@ -331,8 +362,7 @@ class FunctionEnvironment(ToolEnvironment):
             delivered order (reason: damaged).
 
         Offline synthesis writes its tasks' text with it (``SupportsDescribe``)."""
-        replica = copy.copy(self)  # shares the tools, not the episode
-        replica._state = self.new_state(setup.get("state", {}))
+        replica = self._replica(setup.get("state", {}))
         sentences = {
             schema["function"]["name"]: _first_sentence(schema["function"]["description"])
             for schema in self._schemas

@@ -9,12 +9,13 @@ A line::
      "answer": null}
 
 - ``id`` (required, unique), ``family`` (optional: default the reference's tool sequence),
-  ``split`` (optional: ``train``, ``validation`` or ``heldout``; lines without one are cut
-  by coevolve, ``assign_splits``);
+  ``split`` (optional: ``train``, ``validation`` or ``heldout``; a line without one goes
+  where its id and ``env.seed`` put it, ``split_of``);
 - ``state``: the initial state ``reset`` starts from (the state class's constructor
   arguments, or the tool functions' dict);
-- ``turns``: the user messages, each with the reference calls that answer it; a one-turn
-  task may write ``"user"`` and ``"calls"`` at the top level instead;
+- ``turns``: the user messages, each with the reference calls that answer it (at least one
+  call in the task: a task with none is refused, ``NO_CALLS``); a one-turn task may write
+  ``"user"`` and ``"calls"`` at the top level instead;
 - ``answer`` (optional): text the agent's final answer must contain.
 
 Reading never stops at a bad line: every problem is collected with its line number and
@@ -25,10 +26,9 @@ first loads and the second is a problem.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
-import random
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +115,13 @@ class TaskFile:
         return TaskProblem(self.path, self.lines.get(task_id, 0), task_id, message)
 
 
+# Why a task whose reference makes no call is refused: an agent that does nothing matches it.
+NO_CALLS = (
+    'its reference makes no call ("calls" is empty in every turn), so an agent that does '
+    "nothing would score 1.00; give it the calls that answer the request (a question's "
+    "answer comes from a call's result: add the lookup that shows it)"
+)
+
 _ID_IN_TEXT = re.compile(r'"id"\s*:\s*"([^"]+)"')
 
 
@@ -196,6 +203,9 @@ def read_task_file(path: str | Path, env: str) -> TaskFile:
             message = _validation_message(err, shorthand)
             result.problems.append(TaskProblem(path, number, task_id, message))
             continue
+        if not any(turn.calls for turn in task_line.turns):
+            result.problems.append(TaskProblem(path, number, task_line.id, NO_CALLS))
+            continue
         if task_line.id in result.lines:
             first = result.lines[task_line.id]
             message = (
@@ -211,30 +221,29 @@ def read_task_file(path: str | Path, env: str) -> TaskFile:
     return result
 
 
+def split_of(task_id: str, seed: int) -> str:
+    """The split coevolve gives a task whose line names none, from its id and ``seed`` alone:
+    a hash of the two, read as a number in [0, 1), falls in heldout's quarter, validation's
+    quarter or train's half (``SPLIT_SHARES``). Adding, removing or fixing another line
+    never moves a task, so figures before and after an edit of the file compare."""
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    share = int.from_bytes(digest[:8], "big") / 2**64
+    heldout = SPLIT_SHARES["heldout"]
+    if share < heldout:
+        return "heldout"
+    return "validation" if share < heldout + SPLIT_SHARES["validation"] else "train"
+
+
 def assign_splits(tasks: Sequence[Task], named: set[str], seed: int) -> list[Task]:
     """The tasks with every split not named in the file (ids not in ``named``) cut by
-    coevolve: within each family, shuffled with ``seed``, a quarter to validation, a quarter
-    to heldout (at least one each once a family has three and four tasks), the rest train.
-    So each split covers every family that has enough tasks, with different tasks."""
-    by_family: dict[str, list[Task]] = defaultdict(list)
-    for task in tasks:
-        if task.id not in named:
-            by_family[task.family].append(task)
-    chosen: dict[str, str] = {}
-    for family in sorted(by_family):
-        members = sorted(by_family[family], key=lambda task: task.id)
-        random.Random(f"{seed}:{family}").shuffle(members)
-        count = len(members)
-        heldout = max(round(count * SPLIT_SHARES["heldout"]), 1 if count >= 3 else 0)
-        validation = max(round(count * SPLIT_SHARES["validation"]), 1 if count >= 4 else 0)
-        for index, task in enumerate(members):
-            if index < heldout:
-                chosen[task.id] = "heldout"
-            elif index < heldout + validation:
-                chosen[task.id] = "validation"
-            else:
-                chosen[task.id] = "train"
+    coevolve, each by its own id (``split_of``). A family is not sure to have a task in
+    each split; ``families_missing`` names those that have none."""
     return [
-        task.model_copy(update={"split": chosen[task.id]}) if task.id in chosen else task
+        task if task.id in named else task.model_copy(update={"split": split_of(task.id, seed)})
         for task in tasks
     ]
+
+
+def families_missing(tasks: Sequence[Task], split: str) -> list[str]:
+    """The families of ``tasks`` with no task in ``split``, sorted."""
+    return sorted({task.family for task in tasks} - {t.family for t in tasks if t.split == split})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from ..records import Task, ToolCall, Trajectory, is_success
 from .base import (
     TASK_ERRORS,
     Environment,
+    ToolEnvironment,
     answer_in_observations,
     replay_reference,
     unsupported_answer,
@@ -54,6 +56,7 @@ from .diagnosis import (
     step_error_label,
 )
 from .function_tools import TOOL_FAILED, FunctionEnvironment
+from .limits import bound_tool_calls
 from .parsing import UNREADABLE_CALL, render_call
 from .spec import EnvironmentSpec
 from .task_file import SPLITS, TaskFile, TaskProblem, assign_splits, read_task_file
@@ -74,16 +77,28 @@ class UserEnvironment:
     tasks_path: Path
     title: str
     description: str
+    # The task file as the user named it (--tasks, env.tasks); None: the factory's own.
+    tasks_option: str | None = None
     task_file: TaskFile = field(init=False)
 
     def __post_init__(self) -> None:
         self.task_file = read_task_file(self.tasks_path, self.name)
 
     def make_env(self) -> Environment:
-        """A fresh environment, named as configs and tasks name it."""
+        """A fresh environment, named as configs and tasks name it. One that is not a
+        ``ToolEnvironment`` (whose step bounds every call itself) gets a step that does."""
         env = self.make()
         env.name = self.name
+        if not isinstance(env, ToolEnvironment):
+            bound_tool_calls(env)
         return env
+
+    @property
+    def check_command(self) -> str:
+        """The ``coevolve env check`` command for this environment and task file, with the
+        options the user gave, so that run as printed it checks the same file."""
+        tasks = f" --tasks {shlex.quote(self.tasks_option)}" if self.tasks_option else ""
+        return f"coevolve env check {shlex.quote(self.name)}{tasks}"
 
     @cached_property
     def problems(self) -> list[TaskProblem]:
@@ -132,15 +147,15 @@ class UserEnvironment:
         elif not cut:
             why = (
                 f"none of its {len(self.problems)} task lines can be used "
-                f"(coevolve env check {self.name} says why)"
+                f"({self.check_command} says why)"
             )
         else:
             held = [f"{split} ({count})" for split, count in sizes.items() if count]
             where = f"all in {held[0]}" if len(held) == 1 else f"in {', '.join(held)}"
             why = (
-                f"its {len(cut)} usable tasks are {where}. A family whose lines name no split "
-                "gets a heldout task from 3 tasks and a validation task from 4; or name the "
-                'split on a line ("split": "heldout")'
+                f"its {len(cut)} usable tasks are {where}. A line that names no split goes to "
+                "heldout or validation with a chance of a quarter each, by its id and env.seed; "
+                'name the split on a line ("split": "heldout")'
             )
         return f"environment {self.name}: {which} no task in {self.tasks_path}: {why}"
 
@@ -152,7 +167,7 @@ class UserEnvironment:
         more = f"; and {len(self.problems) - 5} more" if len(self.problems) > 5 else ""
         raise ConfigError(
             f"environment {self.name}: {len(self.problems)} of the tasks in {self.tasks_path} "
-            f"cannot be used: {shown}{more} (coevolve env check {self.name} lists them all)"
+            f"cannot be used: {shown}{more} ({self.check_command} lists them all)"
         )
 
     @cached_property
@@ -206,7 +221,7 @@ class UserEnvironment:
         families = {task.family for task in self.good_tasks}
         status = f"{len(self.good_tasks)} tasks from {self.tasks_path}"
         if self.problems:
-            status += f"; {len(self.problems)} problems: coevolve env check {self.name}"
+            status += f"; {len(self.problems)} problems: {self.check_command}"
         return {
             "task_sets": sizes,
             "tools": len(probe.tools()),
@@ -240,7 +255,17 @@ def reference_problem(make_env: Callable[[], Environment], task: Task) -> str | 
         steps, task.reference_answer
     ):
         return unsupported_answer(task.reference_answer)
+    # A reference of lookups alone, with no answer asked: doing nothing matches it too.
+    nothing, _ = replay_reference(make_env(), task, calls=False)
+    if is_success(nothing):
+        return DOING_NOTHING_SCORES
     return None
+
+
+DOING_NOTHING_SCORES = (
+    "an agent that makes no call scores 1.00 on it: its reference changes nothing and it asks "
+    'for no answer; give it the "answer" its lookups show, or the call that changes the state'
+)
 
 
 # --------------------------------------------------------------------------- finding
@@ -323,6 +348,7 @@ def _remember(name: str, factory: Any, tasks: str | Path | None) -> UserEnvironm
         tasks_path=Path(path),
         title=title,
         description=description.splitlines()[0],
+        tasks_option=str(tasks) if tasks is not None else None,
     )
     _FOUND[name] = found
     return found

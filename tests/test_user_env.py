@@ -220,7 +220,7 @@ def test_the_example_is_found_by_import_path_and_derives_its_spec():
     assert spec.max_tool_calls == 6  # twice the longest reference turn (3 calls)
     assert spec.environment().name == EXAMPLE  # tasks and synthesized tasks find it again
     inventory = spec.inventory()
-    assert inventory["task_sets"] == {"train": 28, "validation": 14, "heldout": 14}
+    assert inventory["task_sets"] == {"train": 33, "validation": 10, "heldout": 13}
     assert inventory["tools"] == 7 and inventory["families"] == 7
     train, heldout = spec.load_tasks("train", "", 0), spec.load_tasks("heldout", "", 0)
     assert {t.family for t in train} == {t.family for t in heldout}  # every family in both
@@ -236,7 +236,7 @@ def test_the_example_is_found_by_import_path_and_derives_its_spec():
 def test_env_check_passes_on_the_example_and_names_a_broken_task(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["env", "check", EXAMPLE])
     assert result.exit_code == 0, result.output
-    assert "verified 28/28" in result.output and "verified 14/14" in result.output
+    assert "verified 33/33" in result.output and "verified 13/13" in result.output
 
     lines = EXAMPLE_TASKS.read_text().splitlines()
     broken = json.loads(lines[9])
@@ -252,7 +252,7 @@ def test_env_check_passes_on_the_example_and_names_a_broken_task(tmp_path, monke
             return FunctionEnvironment(SupportDesk, tasks=Path(__file__).with_name("tasks.jsonl"))
     """)  # fmt: skip
     result = CliRunner().invoke(app, ["env", "check", f"{name}:make_env"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"tasks.jsonl line 10 (task {broken['id']}): reference" in result.output
     assert "1 task(s) cannot be used" in result.output
     # and a run refuses it, naming the task
@@ -296,7 +296,7 @@ def test_each_bad_line_gets_one_line_and_the_rest_load(tmp_path, monkeypatch):
     ]
     assert all("\n" not in problem for problem in problems)
     result = CliRunner().invoke(app, ["env", "check", name])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     for problem in problems:
         assert f"problem {problem}\n" in result.output  # one line each, its text as it is
     with pytest.raises(
@@ -337,7 +337,7 @@ def test_an_empty_task_file_or_split_stops_every_command(tmp_path, monkeypatch):
 
     name = bank_env(tmp_path, monkeypatch, ["", "   ", ""])
     result = CliRunner().invoke(app, ["env", "check", name])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a refused task file: as run and eval refuse it
     assert (
         f"problem environment {name}: splits train, validation, heldout have no task in "
         f"{tmp_path}/bank.jsonl: the file holds no task (a task is one JSON object a line)\n"
@@ -354,15 +354,15 @@ def test_an_empty_task_file_or_split_stops_every_command(tmp_path, monkeypatch):
     assert result.exit_code != 0 and not (tmp_path / "run").exists()
     assert f"splits train, heldout have no task in {tmp_path}/bank.jsonl" in result.output
 
-    # Two tasks of one family: all train, so the held-out split a run evaluates is empty.
+    # Two tasks whose ids both fall in train, so the held-out split a run evaluates is empty.
     (tmp_path / "two").mkdir()
-    lines = [bank_line(f"t{i}", [GOOD_CALL]) for i in range(2)]
+    lines = [bank_line(task_id, [GOOD_CALL]) for task_id in ("t0", "t3")]
     two = bank_env(tmp_path / "two", monkeypatch, lines)
     message = (
         f"environment {two}: split heldout has no task in {tmp_path}/two/bank.jsonl: its 2 usable "
-        "tasks are all in train (2). A family whose lines name no split gets a heldout task "
-        'from 3 tasks and a validation task from 4; or name the split on a line ("split": '
-        '"heldout")'
+        "tasks are all in train (2). A line that names no split goes to heldout or validation "
+        "with a chance of a quarter each, by its id and env.seed; name the split on a line "
+        '("split": "heldout")'
     )
     with pytest.raises(ConfigError) as caught:
         load_config({"env": {"name": two}})
@@ -386,7 +386,7 @@ def test_a_reference_answer_no_observation_shows_is_refused(tmp_path, monkeypatc
         ],
     )
     result = CliRunner().invoke(app, ["env", "check", name])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert (
         "problem bank.jsonl line 2 (task made-up): the expected answer '99' appears in no "
         "observation of the reference replay, so an agent could only make it up\n"
@@ -468,11 +468,11 @@ def test_a_module_of_tools_with_env_tasks(tmp_path, monkeypatch):
     spec = get_environment(config.env.name)
     env = spec.environment()
     assert [tool["function"]["name"] for tool in env.tools()] == ["balance", "transfer"]
-    assert env.name == module and len(spec.load_tasks("train", "", 0)) == 4
+    assert env.name == module and len(spec.load_tasks("train", "", 0)) == 6
     result = CliRunner().invoke(
-        app, ["env", "check", module, "--tasks", str(tmp_path / "mine.jsonl")]
+        app, ["env", "check", module, "--tasks", str(tmp_path / "mine.jsonl"), "--split", "train"]
     )
-    assert result.exit_code == 0 and "verified 4/4" in result.output, result.output
+    assert result.exit_code == 0 and "verified 6/6" in result.output, result.output
 
 
 def test_an_entry_point_names_an_environment(monkeypatch):
@@ -500,14 +500,14 @@ def test_env_list_shows_an_environment_named_by_import_path():
     out = result.stdout
     assert out.startswith(f"support desk ({EXAMPLE}): ")
     assert (
-        "56 tasks from" in out and "task sets (--split): train 28, validation 14, heldout 14" in out
+        "56 tasks from" in out and "task sets (--split): train 33, validation 10, heldout 13" in out
     )
-    assert "7 families" in out and re.search(r"plan_lookup\s+│\s+4\s+│\s+2\s+│\s+2", out)
+    assert "7 families" in out and re.search(r"plan_lookup\s+│\s+6\s+│\s+1\s+│\s+1", out)
     assert "7 tools" in out and re.search(r"find_customer\s+│ Find a customer by email", out)
     row = json.loads(CliRunner().invoke(app, ["env", "list", EXAMPLE, "--json"]).stdout)
-    assert row["task_sets"] == {"train": 28, "validation": 14, "heldout": 14}
+    assert row["task_sets"] == {"train": 33, "validation": 10, "heldout": 13}
     assert list(row["tool_descriptions"])[:2] == ["find_customer", "list_orders"]
-    assert row["families_by_split"]["refund"] == {"train": 4, "validation": 2, "heldout": 2}
+    assert row["families_by_split"]["refund"] == {"train": 5, "validation": 2, "heldout": 1}
     world = CliRunner().invoke(app, ["env", "list", "world"])
     assert world.exit_code == 0 and "send_message" in world.stdout  # a tool of the world
     listed = CliRunner().invoke(app, ["env", "list"]).stdout
@@ -530,14 +530,18 @@ def test_help_names_user_environments_and_is_whole():
     assert "the value is YAML: 10, 0.5, true, [tensorboard])" in help_of("run")
 
 
-def test_splits_named_in_the_file_are_kept_and_the_rest_cut_per_family(tmp_path):
+def test_splits_named_in_the_file_are_kept_and_the_rest_cut_by_id(tmp_path):
     lines = [bank_line(f"t{i}", [GOOD_CALL]) for i in range(8)]
-    lines.append(bank_line("fixed", [GOOD_CALL], split="heldout"))
+    lines.append(bank_line("fixed", [GOOD_CALL], split="validation"))
     tasks = read_task_file_from_lines(lines, tmp_path / "s")
     cut = assign_splits(tasks.tasks, tasks.named_splits, seed=0)
     by_split = {split: [t.id for t in cut if t.split == split] for split in ("train", "validation", "heldout")}  # fmt: skip
-    assert len(by_split["train"]) == 4 and len(by_split["validation"]) == 2
-    assert "fixed" in by_split["heldout"] and len(by_split["heldout"]) == 3
+    # Each task's split is its id's (split_of), whatever else the file holds.
+    assert by_split == {
+        "train": ["t0", "t3", "t4", "t5", "t6", "t7"],
+        "validation": ["fixed"],
+        "heldout": ["t1", "t2"],
+    }
     assert cut == assign_splits(tasks.tasks, tasks.named_splits, seed=0)
 
 
@@ -604,9 +608,7 @@ def test_the_loop_runs_on_the_example_with_the_tiny_model(tmp_path, cache_dir, t
             "policy": {"max_new_tokens": 16},
             "pool": {"rollout_tasks": 6, "replay_demonstrations": 4},
             "signals": {"budget": 4},
-            # no policy-driven rounds: the explorer perturbs the reference (the desk has no
-            # sampler), which the tiny model's calls could not replace
-            "synthesis": {"max_accepted": 2, "roles": {"explorer_policy_rounds": 0}},
+            "synthesis": {"max_accepted": 2},  # variations of the failed desk tasks
             "training": {"max_steps": 2, "batch_size": 2},
             "evaluation": {"per_family": 1},
         }
@@ -707,7 +709,7 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
     main = EndpointConfig(
         base_url=server.base_url, model=server.model, timeout_s=5.0, max_retries=0
     )
-    roles = build_roles(config, {"main": main}, make_env=spec.environment)
+    roles = build_roles(config, {"main": main}, make_env=spec.environment, synthesizer="llm")
     trajectory = Trajectory(id="x", task_id=task.id, env=EXAMPLE, family=task.family, score=0.0)
     signal = Signal(kind="unsolved", trajectory_id="x", task_id=task.id, family=task.family)
     item = FlaggedTrajectory(trajectory=trajectory, signals=[signal])

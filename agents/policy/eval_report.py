@@ -7,9 +7,10 @@ position by position). Episodes the endpoint gave no reply for are counted apart
 (``left_out``) and in no rate. Beside them: how the calls that were read were written
 (``calls_by_form``: the server's tool_calls field, <tool_call> tags, bare or fenced JSON,
 call lines), how many replies looked like a call and could not be read
-(``unreadable_calls``), and every failed call by its error kind (``call_errors``), so a
-model whose calls go unread shows it, instead of ending every episode on a "final
-answer".
+(``unreadable_calls``), and every failed call by its error kind (``call_errors``, summed in
+``failed_calls``; a call past the time limit is kind ``timeout``), so a model whose calls go
+unread shows it, instead of ending every episode on a "final answer". ``observations_cut``
+counts the observations the agent saw cut to ``env.max_observation_chars``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from ...envs.parsing import UNREADABLE_CALL
 from ...records import CALL_FORMS, Task, Trajectory, is_success, split_transport_failures
+from .conversation import observations_cut
 from .policy_interface import EndpointUnreachable
 
 
@@ -31,7 +33,9 @@ class GroupStats(BaseModel):
     tool_sequence_accuracy: float = 0.0
     call_accuracy: float = 0.0
     errors: int = Field(
-        default=0, description="Episodes the policy failed on (endpoint down, ...)."
+        default=0,
+        description="Episodes that ended on a policy error (endpoint down, a reply cut by a "
+        "token budget, ...); failed tool calls are ``failed_calls``.",
     )
     cut_off: int = Field(default=0, description="Episodes stopped by the step limit.")
     left_out: int = Field(
@@ -52,7 +56,15 @@ class GroupStats(BaseModel):
     call_errors: dict[str, int] = Field(
         default_factory=dict,
         description="Failed calls by error kind (unknown_tool, bad_arguments, "
-        "unreadable_call, not_found, ...), most frequent first.",
+        "unreadable_call, not_found, timeout, ...), most frequent first.",
+    )
+    failed_calls: int = Field(
+        default=0, description="Failed tool calls, every kind: the sum of ``call_errors``."
+    )
+    observations_cut: int = Field(
+        default=0,
+        description="Observations the agent saw cut to env.max_observation_chars (the steps "
+        "keep them whole).",
     )
 
     @property
@@ -125,6 +137,7 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
                 stats.calls_by_form[step.call_form] += 1
             if step.observation.error is not None:
                 errors[step.observation.error] += 1
+        stats.observations_cut += observations_cut(trajectory)
         stats.successes += is_success(trajectory.score)
         stats.errors += trajectory.error is not None
         stats.cut_off += not trajectory.finished and trajectory.error is None
@@ -138,6 +151,7 @@ def _group(trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> GroupS
         )
     stats.unreadable_calls = errors[UNREADABLE_CALL]
     stats.call_errors = dict(sorted(errors.items(), key=lambda item: (-item[1], item[0])))
+    stats.failed_calls = sum(errors.values())
     stats.tool_sequence_accuracy = sequence_hits / len(trajectories)
     stats.call_accuracy = call_hits / call_total if call_total else 0.0
     return stats

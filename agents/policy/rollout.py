@@ -29,7 +29,7 @@ from ...common.errors import PROGRAMMING_ERRORS
 from ...envs.base import Environment
 from ...records import ModelTurn, Observation, Step, Task, Trajectory
 from ..prompts import POLICY_SYSTEM_PROMPT
-from .conversation import opening_messages
+from .conversation import opening_messages, shown_observation
 from .policy_interface import AssistantMessage, Message, Policy
 from .rendering import turn_from_ids
 
@@ -117,15 +117,16 @@ def _advance(episode: _Episode, reply: AssistantMessage, max_tool_calls: int) ->
 
 def act(env: Environment, reply: AssistantMessage, turn: int) -> tuple[list[Step], list[Message]]:
     """Step ``env`` with every call of ``reply``: the steps, and the tool messages that answer
-    them (an unreadable call is answered with its error, as an observation)."""
+    them (an unreadable call is answered with its error, as an observation). A message holds
+    what the agent may see of its observation (``shown_observation``: cut past
+    ``env.max_observation_chars``, and marked); the step keeps it whole for the verifier."""
     steps: list[Step] = []
     results: list[Message] = []
     for call in reply.tool_calls:
         observation = env.step(call)
         steps.append(Step(turn=turn, call=call, call_form=reply.call_form, observation=observation))
-        results.append(
-            {"role": "tool", "tool_call_id": call.id or "call", "content": observation.text}
-        )
+        shown = shown_observation(observation.text)
+        results.append({"role": "tool", "tool_call_id": call.id or "call", "content": shown})
     for bad in reply.invalid_tool_calls:
         observation = Observation(text=f"error: {bad.message}", error=bad.error)
         steps.append(Step(turn=turn, raw=bad.raw, observation=observation))

@@ -60,6 +60,7 @@ class WorldEnvironment(ToolEnvironment):
         self.task = task
         self.world = World(clone(task.setup["state"]))
         self.answer = None
+        self._stopped_by = None  # a new episode: no earlier call's time-out stops its tools
         self.turn = 0
         return task.turns[0].query
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...agents.policy.conversation import shown_observation
 from ...agents.policy.policy_interface import Message
 from ...envs.base import Environment
 from ...records import Step, Task, ToolCall, Trajectory
@@ -60,7 +61,7 @@ class EpisodeEnvironment:
         call = ToolCall(name=name, arguments=arguments)
         observation = self._env.step(call)
         self._steps.append(Step(turn=0, call=call, observation=observation))
-        return observation.text
+        return shown_observation(observation.text)  # what a rollout shows the agent
 
     def _finish(self, answer: str | None) -> float:
         """Close the turn with the final answer (None: cut off) and return the verifier's score."""
