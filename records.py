@@ -288,26 +288,15 @@ class CandidateTask(Record):
     parent_task_id: str | None = None
     signal: SignalKind | None = None
     setup: dict[str, Any] = Field(default_factory=dict)
-    kind: Literal[
-        "structure_variant",
-        "prefix",
-        "transition",
-        "window",
-        "llm",
-        "hindsight",
-        "explored",
-        "teacher",
-        "composed",
-    ] = Field(
-        default="window",
-        description="How it was made: structure_variant (the parent's whole tool graph on new "
-        "values and state), prefix (the first calls of that graph, a step toward it), "
-        "transition (the failing call and the one before it, on their own), window "
-        "(an explored action window: a sub-skill or composition), llm (an LLM abstractor), "
-        "hindsight (the task writer's request for the calls of the flagged trajectory that "
-        "succeeded), explored (the writer's request for an exploration round's calls), teacher "
-        "(a request the larger model wrote and carried out itself), composed (a chain the "
-        "composer built from the tool schemas, written by the task writer clause by clause).",
+    kind: Literal["structure_variant", "prefix", "transition", "window", "llm", "variation"] = (
+        Field(
+            default="window",
+            description="How it was made: structure_variant (the environment's generator: the "
+            "parent's whole tool graph on new values and state), prefix (the first calls of that "
+            "graph, a step toward it), transition (the failing call and the one before it, on their "
+            "own), window (an explored action window: a sub-skill or composition), llm (an LLM "
+            "abstractor), variation (the parent's calls and request with new values, no generator).",
+        )
     )
 
 

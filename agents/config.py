@@ -23,12 +23,12 @@ class LlamaCppConfig(Section):
     gguf_file: str | None = Field(
         default=None,
         description="The GGUF model file llama-server loads (None: the larger model `make "
-        "teacher` joins, $COEVOLVE_CACHE/teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf).",
+        "larger-model` joins, $COEVOLVE_CACHE/larger-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf).",
     )
     binary: str | None = Field(
         default=None,
         description="The llama-server program (None: llama-server on PATH, else the one `make "
-        "teacher` builds, $COEVOLVE_CACHE/llama.cpp/bin/llama-server).",
+        "larger-model` builds, $COEVOLVE_CACHE/llama.cpp/bin/llama-server).",
     )
     threads: int | None = Field(
         default=None,
@@ -107,7 +107,7 @@ class EndpointConfig(Section):
         "hot-loading, tool parsing), transformers (`transformers serve`, the CPU path: it "
         "serves any local model directory by its path as the model name, and has no LoRA API) "
         "or llama.cpp (`llama-server`, a GGUF model on a CPU with a prompt cache per slot; "
-        "`make teacher` builds it; see the llama_cpp section).",
+        "`make larger-model` builds it; see the llama_cpp section).",
     )
     llama_cpp: LlamaCppConfig = Field(
         default_factory=LlamaCppConfig,

@@ -145,35 +145,6 @@ actions are a correct solution.
 
 Answer with a JSON object with exactly these fields."""
 
-# The task writer's system prompt (agents/roles/task_writer.py): short, because the writer is a small
-# model taught on the seed tasks with this very prompt (training/writer_model.py), not a model
-# that follows long instructions. Its input is a numbered list of calls and their results.
-WRITER_PROMPT = (
-    "Write the user's request that these tool calls carry out, as the user would say it. "
-    "Reply with 'Request: <the request>' and, when the request asks for a value, "
-    "'Answer: <the value>'."
-)
-
-TEACHER_PROMPT = """\
-You write new training tasks for a smaller tool-using agent by doing them yourself, in \
-{environment} Every call you write runs for real against a fresh copy of the environment, \
-and you are told its real result. Errors are normal results: read them and adapt.
-
-You are shown the tools and worked examples: requests a user made, the calls that carried \
-them out with their real results, and the answer. Write ONE new request of the same kind \
-about other people, items, events or values, then carry it out completely:
-- first reply: the line REQUEST: <the request, as the user would write it, naming every \
-value it needs>, then the first call as a numbered line, e.g. 1. find_contact(name="Ana");
-- then one numbered call a reply, using the values the results show (never guess an id);
-- make only the calls the request needs, as the examples do; as soon as it is done, reply \
-with the line ANSWER: <the value the request asks for, or none>."""
-
-TEACHER_FOLLOW_UP = (
-    "Reply with the two lines REQUEST: <the request your calls carried out> and "
-    "ANSWER: <the value it asks for, or none>."
-)
-
-
 def describe_environment(brief: EnvironmentBrief) -> str:
     """The text the ``{environment}`` slot holds: what it is, its tools, how its ids look."""
     parts = [brief.description.strip().rstrip(".") + "."]

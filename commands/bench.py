@@ -55,15 +55,12 @@ def bench_learning(
         str | None,
         typer.Option(
             help="Comma-separated arms (default: all): static, random, coevolve-oracle "
-            "(synthesis by the environment's own task generator: an oracle synthesizer; was "
-            "'coevolve'), coevolve-paper, oracle-targeted (reads validation: a reference ceiling), "
-            "no-forgetting, no-boundary, no-rare, no-unsolved, grpo, grpo-spread, "
-            "grpo-demonstrations, grpo-reference, seal, "
+            "(synthesis by the environment's own task generator: the reference), coevolve-paper, "
+            "oracle-targeted (reads validation: a reference ceiling), no-forgetting, no-boundary, "
+            "no-rare, no-unsolved, grpo, grpo-spread, grpo-demonstrations, grpo-reference, seal, "
             "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
-            "coevolve-llm, random-llm (the task writer at the config's endpoint 'writer'), "
-            "coevolve-teacher, random-teacher (the larger model at the endpoint 'teacher'), "
-            "coevolve-compose, random-compose (composed exploration, written by the writer); "
-            "a model arm is in the default only when the config has its endpoint. "
+            "coevolve-variation, random-variation (variations of the flagged / random tasks: "
+            "no model, no generator). "
             "Finished (arm, seed) units are skipped on a rerun."
         ),
     ] = None,
@@ -135,9 +132,9 @@ def bench_learning(
     import yaml
 
     from ..bench.learning import (
+        ARMS,
         CodeAcceptance,
         check_arms,
-        default_arms,
         print_report,
         run_ablation,
     )
@@ -155,7 +152,7 @@ def bench_learning(
     if overrides:  # after --quick: what the command line sets wins
         base = load_config_or_fail(base, overrides).model_dump(mode="json")
         source += "".join(f" --set {item}" for item in overrides)
-    chosen = [a.strip() for a in arms.split(",")] if arms else default_arms(base)
+    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
     try:
         check_arms(chosen)
     except ValueError as err:

@@ -88,6 +88,7 @@ def run_command(
             quiet.print(
                 f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
                 f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
+                f"synthesizer {config.synthesis.synthesizer if config.synthesis.enabled else 'none'}, "
                 f"training {config.training.algorithm} → {config.run_dir}"
             )
             target = config.run_dir

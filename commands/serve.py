@@ -154,7 +154,7 @@ def transformers_command(config: Any, endpoint: str) -> tuple[dict[str, str], li
 # Context a llama-server slot holds when the endpoint sets no max_model_len: the world's
 # tool prompt (2.3k tokens) with worked examples and a few turns of exploration.
 LLAMA_CPP_SLOT_CONTEXT = 8192
-TEACHER_GGUF = "teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+LARGER_MODEL_GGUF = "larger-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 LLAMA_SERVER = "llama.cpp/bin/llama-server"
 
 
@@ -167,7 +167,7 @@ def llama_cpp_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[
     served, host, port = _served_here(config, endpoint)
     settings = served.llama_cpp
     cache = default_cache_dir()
-    gguf = Path(settings.gguf_file).expanduser() if settings.gguf_file else cache / TEACHER_GGUF
+    gguf = Path(settings.gguf_file).expanduser() if settings.gguf_file else cache / LARGER_MODEL_GGUF
     binary = settings.binary or shutil.which("llama-server") or str(cache / LLAMA_SERVER)
     slots = served.concurrency
     per_slot = served.max_model_len or LLAMA_CPP_SLOT_CONTEXT
@@ -189,12 +189,12 @@ def _missing_llama_cpp(argv: list[str]) -> str | None:
     binary, gguf = Path(argv[0]), Path(argv[argv.index("-m") + 1])
     if shutil.which(str(binary)) is None:
         return (
-            f"llama-server is not at {binary}: `make teacher` builds it "
+            f"llama-server is not at {binary}: `make larger-model` builds it "
             "(--dry-run prints the command)"
         )
     if not gguf.is_file():
         return (
-            f"the GGUF file {gguf} is not there: `make teacher` joins the larger model, or set "
+            f"the GGUF file {gguf} is not there: `make larger-model` joins the larger model, or set "
             "llama_cpp.gguf_file"
         )
     return None

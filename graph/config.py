@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..agents.config import EndpointConfig
-from ..agents.roles.role_interfaces import RolesConfig
+from ..agents.roles.role_interfaces import FIELDS_READ_BY, SYNTHESIZERS, RolesConfig, Synthesizer
 from ..common.config_base import Section
 
 
 class SynthesisConfig(Section):
-    """The synthesis pass: its roles, the task store and dedup."""
+    """The synthesis pass: which synthesizer, its roles' settings, the task store and dedup."""
 
+    synthesizer: Synthesizer = Field(
+        default="variation",
+        description="What makes the synthesized tasks: "
+        + "; ".join(f"{name} = {what}" for name, what in SYNTHESIZERS.items())
+        + ". A roles field the chosen synthesizer does not read is refused.",
+    )
     roles: RolesConfig = Field(
-        default_factory=RolesConfig, description="Which implementation each role uses."
+        default_factory=RolesConfig, description="The settings of the synthesizer's roles."
     )
     store_path: str | None = Field(
         default=None, description="Chroma store directory (None: <run_dir>/task_store)."
@@ -78,3 +84,20 @@ class SynthesisConfig(Section):
         "agrees (an LLM judge's no rejects it). False: the paper's rule, judged successful OR "
         "rewarded by the environment.",
     )
+
+    @model_validator(mode="after")
+    def _roles_fields_the_synthesizer_reads(self) -> SynthesisConfig:
+        if not self.enabled:
+            return self
+        for name in sorted(self.roles.model_fields_set):
+            readers = FIELDS_READ_BY.get(name)
+            if readers is None or self.synthesizer in readers:
+                continue
+            # a field written at its default asks for nothing (a bench arm resets one so)
+            if getattr(self.roles, name) != RolesConfig.model_fields[name].default:
+                raise ValueError(
+                    f"synthesis.roles.{name} is read by synthesizer {' or '.join(readers)}, "
+                    f"not by {self.synthesizer!r} (synthesis.synthesizer): remove it, or set "
+                    f"synthesis.synthesizer: {readers[0]}"
+                )
+        return self

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from ..agents.policy.policy_interface import Policy
+    from ..agents.roles.role_interfaces import Synthesizer
     from ..config import CoevolveConfig
     from ..memory.store import TaskStore
     from ..records import Task
@@ -177,7 +178,12 @@ def build_runtime(
         patterns=PatternCounts(files.patterns),
         store=store,
         roles=build_roles(
-            config.synthesis.roles, config.endpoints, policy, make_env, seed_tasks=seeds
+            config.synthesis.roles,
+            config.endpoints,
+            policy,
+            make_env,
+            seed_tasks=seeds,
+            synthesizer=config.synthesis.synthesizer,
         ),
         eval_tasks=evaluation_tasks(config),
         model_dir=model_dir,
@@ -201,6 +207,7 @@ def build_synthesis_runtime(
             config.endpoints,
             make_env=make_env,
             seed_tasks=seed_tasks(config),
+            synthesizer=config.synthesis.synthesizer,
         ),
         make_env=make_env,
         store=build_store(config, store_path),
@@ -214,19 +221,29 @@ def spec_synthesis_runtime(
     endpoints: Mapping[str, Mapping[str, object]] | None = None,
     store_path: str | None = None,
     threshold: float = 0.8,
+    synthesizer: Synthesizer = "variation",
 ) -> SynthesisRuntime:
     """A synthesis runtime from a JSON spec (LangGraph Studio's context): the
-    environment, the roles config and its endpoints, the store (None: in memory)."""
+    environment, the synthesizer, the roles config and its endpoints, the store (None:
+    in memory). Variations take other values from the environment's train tasks."""
     from ..agents.config import EndpointConfig
     from ..agents.roles.role_factory import build_roles
     from ..agents.roles.role_interfaces import RolesConfig
+    from ..envs.catalog import load_tasks
     from ..envs.registry import get_environment
     from ..memory.store import TaskStore
 
     named = {name: EndpointConfig.model_validate(e) for name, e in (endpoints or {}).items()}
     make_env = get_environment(env).environment
+    seeds = load_tasks(env, split="train") if synthesizer == "variation" else []
     return SynthesisRuntime(
-        roles=build_roles(RolesConfig.model_validate(roles or {}), named, make_env=make_env),
+        roles=build_roles(
+            RolesConfig.model_validate(roles or {}),
+            named,
+            make_env=make_env,
+            seed_tasks=seeds,
+            synthesizer=synthesizer,
+        ),
         make_env=make_env,
         store=TaskStore(store_path, threshold=threshold),
     )

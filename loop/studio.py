@@ -20,6 +20,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph_sdk.runtime import ServerRuntime
 from pydantic import JsonValue
 
+from ..agents.roles.role_interfaces import Synthesizer
 from ..graph.context import SynthesisRuntime
 from ..graph.graph import graph as synthesis_graph
 from .compose import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
@@ -40,9 +41,11 @@ class StudioCycleContext:
 @dataclass
 class StudioSynthesisContext:
     """Studio's context form for the synthesis graph (defaults: the built-in world,
-    offline roles and an in-memory task store, so a pass runs without a model)."""
+    variations of the flagged tasks and an in-memory task store, so a pass runs without a
+    model)."""
 
     env: str = "world"
+    synthesizer: Synthesizer = "variation"  # synthesis.synthesizer: variation, generator, llm
     roles: dict[str, JsonValue] = field(default_factory=dict)  # a RolesConfig, as JSON
     endpoints: dict[str, JsonValue] = field(default_factory=dict)  # name -> EndpointConfig
     store_path: str | None = None

@@ -388,10 +388,11 @@ def synthesizer_line(cycles: list[CycleSummary]) -> str | None:
             kind = key.rsplit(":", 1)[-1]
             kinds[kind] = kinds.get(kind, 0) + count
     generated = sum(count for kind, count in kinds.items() if kind in GENERATOR_KINDS)
-    if abstractor.startswith("abstractor:writer("):
-        how = "the task writer, from what the agent did and explored: no task generator"
-    elif abstractor.startswith("abstractor:llm("):
-        how = "an LLM abstractor on the explorer's log: no task generator"
+    synthesizer = ran[-1].roles.get("synthesizer")
+    if synthesizer == "variation":
+        how = "variations of the failed tasks (their calls with new values): no model, no task generator"
+    elif synthesizer == "llm" or abstractor.startswith("abstractor:llm("):
+        how = "the LLM roles on their endpoints: no task generator"
     elif generated:
         how = (
             f"the environment's own task generator ({generated} of "
@@ -400,7 +401,8 @@ def synthesizer_line(cycles: list[CycleSummary]) -> str | None:
         )
     else:
         how = "explored windows described by the environment: no task generator"
-    return f"synthesizer: {abstractor}: {how}"
+    name = synthesizer or abstractor
+    return f"synthesizer: {name}: {how}"
 
 
 def _cycle_columns_that_fit(

@@ -127,6 +127,7 @@ def run_pass(server: ScriptedOpenAIServer, items, **endpoint_options) -> Synthes
     roles = build_roles(
         RolesConfig(default_endpoint="main", llm_concurrency=2, explorer_rounds=1),
         {"main": endpoint(server, **endpoint_options)},
+        synthesizer="llm",
     )
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
     return asyncio.run(run_synthesis(items, TASKS, runtime, cycle=1, max_concurrency=2))
@@ -451,7 +452,11 @@ def one_cycle_config(tmp_path, server, model_dir, roles_endpoint: dict[str, Any]
         "rollout": {"k": 2, "max_tool_calls": 6},
         "pool": {"rollout_tasks": 12, "replay_demonstrations": 2},
         "signals": {"budget": 4},
-        "synthesis": {"max_concurrency": 2, "roles": {"default_endpoint": "roles"}},
+        "synthesis": {
+            "synthesizer": "llm",
+            "max_concurrency": 2,
+            "roles": {"default_endpoint": "roles"},
+        },
         "training": {"max_steps": 1, "batch_size": 2},
         "evaluation": {"per_family": 1},
     }
@@ -510,7 +515,11 @@ def test_coevolve_synthesize_finishes_on_a_faulty_endpoint_and_keeps_the_reasons
         options = {"timeout_s": 5, "max_retries": 2, "retry_base_s": 0.01}
         config = {
             "endpoints": {"main": {"base_url": server.base_url, "model": server.model, **options}},
-            "synthesis": {"roles": {"default_endpoint": "main"}, "store_path": str(tmp_path / "s")},
+            "synthesis": {
+                "synthesizer": "llm",
+                "roles": {"default_endpoint": "main"},
+                "store_path": str(tmp_path / "s"),
+            },
         }
         path = tmp_path / "roles.yaml"
         path.write_text(yaml.safe_dump(config))

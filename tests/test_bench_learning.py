@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 
 from coevolve.bench.learning import (
-    ARM_ENDPOINTS,
     ARMS,
     REFERENCE_EFFECT,
     AblationReport,
     ArmRun,
     CodeAcceptance,
     arm_config,
-    default_arms,
     family_pairs,
     interval,
     package_commit,
@@ -281,27 +279,14 @@ def test_each_seal_arm_pairs_with_grpo():
 
 def test_arm_configs_differ_only_where_the_arm_says(tmp_path):
     base = load_config("configs/bench-learning.yaml").model_dump(mode="json")
-    assert "coevolve-llm" not in default_arms(base)  # no endpoint to serve the writer at
-    base["endpoints"] = {"writer": {"base_url": "http://127.0.0.1:8001/v1", "model": "w"}}
-    assert "coevolve-llm" in default_arms(base) and "coevolve-teacher" not in default_arms(base)
-    assert "coevolve-compose" in default_arms(base)
-    base["endpoints"]["teacher"] = {"base_url": "http://127.0.0.1:8020/v1", "model": "t"}
-    assert default_arms(base) == list(ARMS)
     configs = {arm: load_config(arm_config(base, arm, 2, tmp_path)) for arm in ARMS}
     assert not configs["static"].synthesis.enabled
     assert configs["random"].signals.selection == "random"
-    for arm in ("coevolve-teacher", "random-teacher"):  # the larger model, its own judge
-        roles = configs[arm].synthesis.roles
-        assert roles.teacher == "teacher" == roles.judge and roles.writer is None
-        assert configs[arm].synthesis.frontier_samples == 2
-    for arm in ("coevolve-compose", "random-compose"):  # composed chains, the writer's words
-        roles = configs[arm].synthesis.roles
-        assert roles.composer and roles.writer == "writer" and roles.teacher is None
-    for arm in ("coevolve-llm", "random-llm"):  # the writer path: no task generator
-        roles = configs[arm].synthesis.roles
-        assert roles.writer == "writer" and roles.explorer_policy_rounds == roles.explorer_rounds
-    assert configs["random-llm"].signals.selection == "random"
-    assert configs["coevolve-llm"].signals == configs["coevolve-oracle"].signals
+    assert configs["coevolve-oracle"].synthesis.synthesizer == "generator"
+    for arm in ("coevolve-variation", "random-variation"):  # no model, no task generator
+        assert configs[arm].synthesis.synthesizer == "variation"
+    assert configs["random-variation"].signals.selection == "random"
+    assert configs["coevolve-variation"].signals == configs["coevolve-oracle"].signals
     assert configs["oracle-targeted"].signals.selection == "oracle"
     seal = {arm: configs[arm].training.seal for arm in ARMS if arm.startswith("seal")}
     assert {arm: (s.reweight.enable, s.adaptation.enable) for arm, s in seal.items()} == {
@@ -703,64 +688,54 @@ def test_committed_signals_units_still_count_under_todays_config():
     assert not unit_still_counts('{"cycles": -3}', config.model_dump_json())
 
 
-def test_the_llm_verdict_pairs_the_writer_arm_with_static_random_llm_and_the_oracle():
-    arms = ["static", "coevolve-oracle", "coevolve-llm", "random-llm"]
-    finals = {"static": 0.47, "coevolve-oracle": 0.53, "coevolve-llm": 0.45, "random-llm": 0.48}
+def test_the_variation_verdict_pairs_it_with_static_random_variation_and_the_oracle():
+    arms = ["static", "coevolve-oracle", "coevolve-variation", "random-variation"]
+    finals = {"static": 0.5, "coevolve-oracle": 0.56, "coevolve-variation": 0.53,
+              "random-variation": 0.49}  # fmt: skip
     runs = [_run(arm, seed, finals[arm] + 0.01 * seed) for arm in arms for seed in range(3)]
     report = summarize(runs, arms, [0, 1, 2], "test")
-    for pair in ("coevolve-llm - static", "coevolve-llm - random-llm"):
-        assert report.paired[pair].n == 3
-    assert report.paired["coevolve-llm - coevolve-oracle"].mean == pytest.approx(-0.08)
-
-
-def test_the_compose_verdict_pairs_it_with_static_random_compose_and_the_oracle():
-    arms = ["static", "coevolve-oracle", "coevolve-compose", "random-compose"]
-    finals = {"static": 0.5, "coevolve-oracle": 0.56, "coevolve-compose": 0.47,
-              "random-compose": 0.49}  # fmt: skip
-    runs = [_run(arm, seed, finals[arm] + 0.01 * seed) for arm in arms for seed in range(3)]
-    report = summarize(runs, arms, [0, 1, 2], "test")
-    assert report.paired["coevolve-compose - static"].mean == pytest.approx(-0.03)
-    assert report.paired["coevolve-compose - random-compose"].mean == pytest.approx(-0.02)
-    assert report.paired["coevolve-compose - coevolve-oracle"].mean == pytest.approx(-0.09)
+    assert report.paired["coevolve-variation - static"].mean == pytest.approx(0.03)
+    assert report.paired["coevolve-variation - random-variation"].mean == pytest.approx(0.04)
+    assert report.paired["coevolve-variation - coevolve-oracle"].mean == pytest.approx(-0.03)
 
 
 def test_arm_overrides_set_a_value_over_the_arms_own_changes(tmp_path):
-    """--set changes the base, which the compose arm's own pool share then replaces;
+    """--set changes the base, which an arm's own setting then replaces;
     --arm-set lands over it (arm_config's over_arms), in every arm or in the one it names,
     and the unit's config records it."""
     from coevolve.commands.bench import sections_by_arm
 
     root = Path(__file__).parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
-    base["endpoints"] = {"writer": {"base_url": "http://127.0.0.1:8011/v1", "model": "writer"}}
-    base["pool"]["synthesized_weight"] = 0.3  # what --set would do
-    plain = load_config(arm_config(base, "coevolve-compose", 0, tmp_path))
-    assert plain.pool.synthesized_weight == 1.0  # the arm's own value wins over --set
-    arms = ["static", "coevolve-compose", "random-compose"]
-    items = ["pool.synthesized_weight=0.3", "random-compose:pool.synthesized_weight=0.5"]
+    base["synthesis"]["synthesizer"] = "llm"  # what --set would do
+    plain = load_config(arm_config(base, "coevolve-variation", 0, tmp_path))
+    assert plain.synthesis.synthesizer == "variation"  # the arm's own value wins over --set
+    base["synthesis"]["synthesizer"] = "generator"
+    arms = ["static", "coevolve-variation", "random-variation"]
+    items = ["pool.synthesized_weight=0.3", "random-variation:pool.synthesized_weight=0.5"]
     sections = sections_by_arm(items, arms)
     tuned = {
         arm: load_config(arm_config(base, arm, 0, tmp_path, over_arms=sections[arm]))
         for arm in arms
     }
     assert {arm: c.pool.synthesized_weight for arm, c in tuned.items()} == {
-        "static": 0.3, "coevolve-compose": 0.3, "random-compose": 0.5
+        "static": 0.3, "coevolve-variation": 0.3, "random-variation": 0.5
     }  # fmt: skip
-    assert tuned["coevolve-compose"].synthesis.roles.composer  # the arm's other changes stay
+    assert tuned["coevolve-variation"].synthesis.synthesizer == "variation"  # the arm's own stays
     assert not unit_still_counts(
-        plain.model_dump_json(), tuned["coevolve-compose"].model_dump_json()
+        plain.model_dump_json(), tuned["coevolve-variation"].model_dump_json()
     )
-    one = sections_by_arm(["coevolve-compose:pool.synthesized_weight=0.3"], arms)
-    assert one == {"static": {}, "coevolve-compose": {"pool": {"synthesized_weight": 0.3}},
-                   "random-compose": {}}  # fmt: skip
+    one = sections_by_arm(["coevolve-variation:pool.synthesized_weight=0.3"], arms)
+    assert one == {"static": {}, "coevolve-variation": {"pool": {"synthesized_weight": 0.3}},
+                   "random-variation": {}}  # fmt: skip
     with pytest.raises(ConfigError, match="synthesized_wieght"):
         sections_by_arm(["pool.synthesized_wieght=1"], arms)
     # an arm of the bench that this piece does not run: nothing set; no arm at all: an error
     assert sections_by_arm(["coevolve-oracle:pool.synthesized_weight=1"], arms) == {
         arm: {} for arm in arms
     }
-    with pytest.raises(ConfigError, match="'coevolve-compse' is not a bench arm"):
-        sections_by_arm(["coevolve-compse:pool.synthesized_weight=1"], arms)
+    with pytest.raises(ConfigError, match="'coevolve-variaton' is not a bench arm"):
+        sections_by_arm(["coevolve-variaton:pool.synthesized_weight=1"], arms)
     with pytest.raises(ConfigError, match="synthesized_wieght"):
         sections_by_arm(["coevolve-oracle:pool.synthesized_wieght=1"], arms)
 
@@ -776,35 +751,6 @@ def test_a_bad_arm_override_fails_before_any_unit_runs(tmp_path):
     assert out.returncode == 2 and "--arm-set pool.synthesized_wieght=1" in message, message
     assert "synthesized_weight" in message  # the likely spelling
     assert not (tmp_path / "units").exists()
-
-
-def test_reference_units_still_count_in_a_bench_that_serves_the_writer():
-    """The LLM arms' bench gives the base config the writer's endpoint: static's and
-    coevolve-oracle's committed N = 100 units, which name no endpoint, still count there
-    (the verdict pairs them); a unit whose writer was another endpoint does not. They were
-    evaluated every 2 cycles, the config's setting then; today's evaluates every cycle."""
-    root = Path(__file__).parents[1]
-    base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
-    assert base["evaluation"]["every"] == 1  # issue 71: the verdict's units, every cycle
-    saved = json.loads(
-        (root / "docs/figures/bench-lowresource-n100-heldout/units/static-seed0.json").read_text()
-    )["config"]
-    today = load_config(arm_config(base, "static", 0, Path("runs/bench-llm-n100")))
-    assert not unit_still_counts(saved, today.model_dump_json())
-    base["evaluation"]["every"] = 2
-    writer = {"base_url": "http://127.0.0.1:8011/v1", "model": "runs/writer-n100"}
-    served = {**base, "endpoints": {"writer": writer}}
-    units = root / "docs" / "figures" / "bench-lowresource-n100-heldout" / "units"
-    for arm in ("static", "coevolve-oracle"):
-        saved = json.loads((units / f"{arm}-seed0.json").read_text())["config"]
-        config = load_config(arm_config(served, arm, 0, Path("runs/bench-llm-n100")))
-        assert config.endpoints, "the bench's base serves the writer"
-        assert unit_still_counts(saved, config.model_dump_json()), arm
-    llm = load_config(arm_config(served, "coevolve-llm", 0, Path("runs/bench-llm-n100")))
-    assert llm.synthesis.roles.writer == "writer" and llm.pool.synthesized_weight == 1.0
-    other = {**served, "endpoints": {"writer": {**writer, "model": "runs/another-writer"}}}
-    moved = load_config(arm_config(other, "coevolve-llm", 0, Path("runs/bench-llm-n100")))
-    assert not unit_still_counts(llm.model_dump_json(), moved.model_dump_json())
 
 
 def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
@@ -837,64 +783,14 @@ def test_package_commit_names_the_checkouts_commit_and_its_changes(tmp_path):
     assert f"{head[:12]}+modified (1), not recorded (1)" in console.export_text()
 
 
-@pytest.mark.parametrize(
-    "arms, message",
-    [
-        ("static,best", "unknown arms ['best']"),
-        # `coevolve` was the generator arm's name before issue 55: the error names the new one.
-        (
-            "static,coevolve",
-            "arm 'coevolve' is now 'coevolve-oracle': pass --arms static,coevolve-oracle",
-        ),
-    ],
-)
-def test_an_unknown_or_renamed_arm_is_a_clear_error(arms, message):
+def test_an_unknown_arm_is_a_clear_error():
+    arms, message = "static,best", "unknown arms ['best']"
     out = subprocess.run(
         [sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--arms", arms],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 2 and message in " ".join(out.stderr.split())
-
-
-def test_units_and_reports_of_the_old_arm_name_count_as_coevolve_oracle(tmp_path):
-    """A unit saved as coevolve-seedN.json (arm "coevolve") and a report with its pairs still
-    count, read as coevolve-oracle with a FutureWarning that says to rename them."""
-    root = Path(__file__).parents[1]
-    saved = json.loads(
-        (
-            root / "docs" / "figures" / "bench-signals-units" / "coevolve-oracle-seed0.json"
-        ).read_text()
-    )
-    saved["run"]["arm"] = "coevolve"
-    (tmp_path / "units").mkdir()
-    (tmp_path / "units" / "coevolve-seed0.json").write_text(json.dumps(saved))
-    base = load_config(root / "configs" / "bench-quickstart.yaml").model_dump(mode="json")
-    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
-        report = run_ablation(
-            base,
-            seeds=[0],
-            arms=["coevolve-oracle"],
-            out_dir=tmp_path,
-            config_name="test",
-            run_missing=False,
-            accept_code=CodeAcceptance(any_code=True),  # it predates code fingerprints
-        )
-    assert [(run.arm, run.seed) for run in report.runs] == [("coevolve-oracle", 0)]
-
-    runs = [_run("static", s, 0.3) for s in (0, 1)]
-    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
-        runs += [_run("coevolve", s, 0.4) for s in (0, 1)]
-    assert {run.arm for run in runs} == {"static", "coevolve-oracle"}
-    old = summarize(runs, ["static", "coevolve-oracle"], [0, 1], "test").model_dump_json()
-    old = old.replace('"coevolve-oracle', '"coevolve')
-    assert '"coevolve - static"' in old
-    with pytest.warns(FutureWarning, match="'coevolve' is now 'coevolve-oracle'"):
-        read = AblationReport.model_validate_json(old)
-    assert read.arms == ["static", "coevolve-oracle"]
-    assert set(read.final) == set(read.curves) == {"static", "coevolve-oracle"}
-    assert list(read.paired) == ["coevolve-oracle - static"]
-    assert read.paired["coevolve-oracle - static"].mean == pytest.approx(0.1)
 
 
 def test_the_help_names_every_arm():
@@ -990,7 +886,7 @@ def test_quick_scales_the_arms_step_counts_to_its_steps(tmp_path):
     base = load_config(None).model_dump(mode="json")
     base.update(quick_sections())
     quick_steps = base["training"]["max_steps"]
-    for arm in default_arms(base):  # every arm loads at --quick's steps once scaled ...
+    for arm in ARMS:  # every arm loads at --quick's steps once scaled ...
         config = load_config(arm_config(base, arm, 0, tmp_path, scale_steps=True))
         assert config.training.max_steps == quick_steps
     demonstrations = load_config(
@@ -1020,8 +916,7 @@ def test_quick_bench_runs_every_default_arm(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
-    arms = [arm for arm in ARMS if arm not in ARM_ENDPOINTS]
-    assert [run["arm"] for run in report["runs"]] == arms  # the model arms need their server
+    assert [run["arm"] for run in report["runs"]] == list(ARMS)
     for run in report["runs"]:
         assert len(run["success_by_cycle"]) == 2
 

@@ -176,16 +176,8 @@ TOUR: dict[str, list[str] | str] = {
     "coevolve synthesize runs/demo/rollouts.jsonl": [
         "synthesize", "{tmp}/runs/demo/rollouts.jsonl", "--store", "{tmp}/store",
     ],
-    "coevolve writer configs/writer.yaml": [
-        "writer", "configs/writer.yaml", "--base", "{model}", "--cache-dir", "{tmp}/cache",
-        "--set", "writer.max_steps=1", "--set", "pool.seed_tasks=8",
-        "--set", "endpoints.writer.model={tmp}/runs/writer",
-    ],
-    "coevolve serve configs/writer.yaml --endpoint writer --dry-run": [
-        "serve", "configs/writer.yaml", "--endpoint", "writer", "--dry-run",
-    ],
-    "coevolve serve configs/teacher.yaml --endpoint teacher --dry-run": [
-        "serve", "configs/teacher.yaml", "--endpoint", "teacher", "--dry-run",
+    "coevolve serve configs/llama-cpp.yaml --endpoint larger --dry-run": [
+        "serve", "configs/llama-cpp.yaml", "--endpoint", "larger", "--dry-run",
     ],
     "coevolve bench learning --seeds 3": [
         "bench", "learning", "--quick", "--seeds", "1", "--arms", "static",

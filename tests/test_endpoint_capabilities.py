@@ -28,7 +28,7 @@ from coevolve.config import CoevolveConfig, EndpointConfig
 from coevolve.loop.training_step import use_adapter
 from coevolve.testing.openai_server import Reply
 
-LLM_LOGGER = "coevolve.agents.llm"
+LLM_LOGGER = "coevolve.agents.roles"
 
 
 class Pair(BaseModel):

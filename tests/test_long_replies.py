@@ -191,7 +191,9 @@ def test_a_pass_whose_endpoint_sends_only_200kb_replies_stops_with_the_reason(
 
     server = scripted_server(script)
     roles = build_roles(
-        RolesConfig(default_endpoint="main", llm_concurrency=4), {"main": endpoint(server)}
+        RolesConfig(default_endpoint="main", llm_concurrency=4),
+        {"main": endpoint(server)},
+        synthesizer="llm",
     )
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
     started = time.perf_counter()

@@ -52,6 +52,7 @@ def test_named_entries_and_inline_sections():
             "endpoints.main.base_url=http://127.0.0.1:8000/v1",
             "endpoints.main.model=qwen",
             "endpoints.main.max_reply_chars=4000",
+            "synthesis.synthesizer=llm",
             "synthesis.roles.default_endpoint=main",
         ],
     )

@@ -192,7 +192,7 @@ def test_real_server_ignores_response_format_and_the_roles_learn_it_once(real_se
     forget_endpoint_capabilities()
     model = chat_model(real_server.endpoint())
     before = real_server.requests("chat/completions")
-    with caplog.at_level(logging.WARNING, logger="coevolve.agents.llm"):
+    with caplog.at_level(logging.WARNING, logger="coevolve.agents.roles"):
         for _ in range(3):
             # The tiny model's reply is no JSON: a clear error, never a crash.
             with pytest.raises(StructuredOutputError, match="JSON reply unreadable"):
@@ -257,7 +257,7 @@ def synthesis_on_the_real_server(real_server, real_flagged, caplog, **roles):
         default_endpoint="real", llm_concurrency=2, explorer_rounds=1, explorer_steps=2, **roles
     )
     runtime = SynthesisRuntime(
-        roles=build_roles(config, {"real": real_server.endpoint()}),
+        roles=build_roles(config, {"real": real_server.endpoint()}, synthesizer="llm"),
         make_env=WorldEnvironment,
         store=TaskStore(None),
     )

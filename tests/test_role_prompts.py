@@ -32,7 +32,10 @@ def llm_role_prompts(env: str, roles: dict | None = None) -> dict[str, str]:
     ``coevolve synthesize``'s composition); the endpoint is never called."""
     endpoint = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_retries": 0}
     runtime = spec_synthesis_runtime(
-        env=env, roles={"default_endpoint": "main", **(roles or {})}, endpoints={"main": endpoint}
+        env=env,
+        roles={"default_endpoint": "main", **(roles or {})},
+        endpoints={"main": endpoint},
+        synthesizer="llm",
     )
     return {role: getattr(runtime.roles, role).prompt for role in ROLE_NAMES}
 

@@ -359,41 +359,69 @@ def endpoint(server, **options) -> EndpointConfig:
     return EndpointConfig(**{**settings, "max_retries": 0, **options})
 
 
-def test_build_roles_offline_default_and_overrides(scripted_server):
+def test_build_roles_follows_the_one_synthesizer_switch(scripted_server):
     server = scripted_server()
     endpoints = {"big": endpoint(server), "small": endpoint(server, model="small-model")}
-    roles = build_roles(RolesConfig(), endpoints)
+    roles = build_roles(RolesConfig(), endpoints)  # the default: variations, no model
     assert roles.names() == {
+        "synthesizer": "variation",
+        "summarizer": "summarizer:offline",
+        "explorer": "explorer:variation",
+        "abstractor": "abstractor:variation",
+        "judge": "judge:offline",
+    }
+    assert roles.limiter is None
+
+    roles = build_roles(
+        RolesConfig(), endpoints, synthesizer="generator", make_env=WorldEnvironment
+    )
+    assert roles.names() == {
+        "synthesizer": "generator",
         "summarizer": "summarizer:offline",
         "explorer": "explorer:offline",
         "abstractor": "abstractor:offline",
         "judge": "judge:offline",
     }
-    assert roles.limiter is None
+    roles = build_roles(
+        RolesConfig(explorer_rounds=5), endpoints, SlipPolicy(), synthesizer="generator"
+    )
+    assert roles.names()["explorer"] == "explorer:offline+policy(slip)"
+    assert roles.explorer.rounds == 5
 
-    roles = build_roles(RolesConfig(default_endpoint="big", llm_concurrency=3), endpoints)
+    config = RolesConfig(default_endpoint="big", llm_concurrency=3)
+    roles = build_roles(config, endpoints, synthesizer="llm")
     assert roles.names()["summarizer"] == "summarizer:llm(scripted-model)"
     assert roles.names()["judge"] == "judge:llm(scripted-model)"
     limiters = {id(getattr(roles, r).limiter) for r in ("summarizer", "explorer", "abstractor")}
     assert limiters == {id(roles.limiter)} and roles.limiter._value == 3
 
     config = RolesConfig(default_endpoint="big", explorer="small", judge="offline")
-    roles = build_roles(config, endpoints, policy=SlipPolicy())
+    roles = build_roles(config, endpoints, policy=SlipPolicy(), synthesizer="llm")
     assert roles.names()["explorer"] == "explorer:llm(small-model)"
     assert roles.names()["judge"] == "judge:offline"
     assert roles.names()["abstractor"] == "abstractor:llm(scripted-model)"
-    roles = build_roles(RolesConfig(judge="big", explorer_rounds=5), endpoints, SlipPolicy())
+    roles = build_roles(RolesConfig(judge="big"), endpoints, SlipPolicy(), synthesizer="llm")
     assert roles.names()["judge"] == "judge:llm(scripted-model)"
-    assert roles.names()["explorer"] == "explorer:offline+policy(slip)"
-    assert roles.explorer.rounds == 5
+    # an offline abstractor among LLM roles relabels explored windows, never the generator
+    assert roles.names()["abstractor"] == "abstractor:offline" and not roles.abstractor.steer
+
+
+def test_a_synthesizer_the_environment_or_the_endpoints_cannot_serve_is_refused(scripted_server):
+    from coevolve.envs.registry import get_environment
+
+    desk = get_environment("examples.support_desk.env:make_env").environment
+    with pytest.raises(ValueError, match="has none: use synthesizer: variation"):
+        build_roles(RolesConfig(), {}, synthesizer="generator", make_env=desk)
+    with pytest.raises(ValueError, match="'llm' needs an endpoint"):
+        build_roles(RolesConfig(), {}, synthesizer="llm")
 
 
 def test_build_roles_unknown_endpoint_names_the_known_ones(scripted_server):
     endpoints = {"big": endpoint(scripted_server())}
     with pytest.raises(ValueError, match=r"'nope'.*known: big"):
-        build_roles(RolesConfig(abstractor="nope"), endpoints)
+        build_roles(RolesConfig(abstractor="nope"), endpoints, synthesizer="llm")
     with pytest.raises(ValueError, match=r"default_endpoint.*known: none defined"):
-        build_roles(RolesConfig(default_endpoint="big"), {})
+        build_roles(RolesConfig(default_endpoint="big"), {}, synthesizer="llm")
     with pytest.raises(ValueError, match="extra"):
         RolesConfig(summariser="offline")
     assert all(field.description for field in RolesConfig.model_fields.values())
@@ -683,7 +711,9 @@ def test_llm_judge(scripted_server):
 def test_llm_concurrency_limit_is_shared(scripted_server):
     server = scripted_server([Reply.json_content(VERDICT)], delay_s=0.05, repeat_last=True)
     roles = build_roles(
-        RolesConfig(default_endpoint="main", llm_concurrency=2), {"main": endpoint(server)}
+        RolesConfig(default_endpoint="main", llm_concurrency=2),
+        {"main": endpoint(server)},
+        synthesizer="llm",
     )
     task = TASKS["send_message"]
     candidate = CandidateTask(
@@ -747,7 +777,9 @@ def role_script(body):
 
 def test_llm_pipeline_through_build_roles(scripted_server):
     server = scripted_server(role_script)
-    roles = build_roles(RolesConfig(default_endpoint="main"), {"main": endpoint(server)})
+    roles = build_roles(
+        RolesConfig(default_endpoint="main"), {"main": endpoint(server)}, synthesizer="llm"
+    )
     task = TASKS["send_message"]
     [item] = flagged([task])
 

@@ -89,7 +89,7 @@ def test_an_endpoint_on_transformers_serve_gets_its_command(tmp_path):
     config.write_text(
         "endpoints:\n  writer:\n    base_url: http://127.0.0.1:8011/v1\n"
         "    model: /models/writer-1\n    server: transformers\n"
-        "synthesis:\n  roles:\n    writer: writer\n"
+        "synthesis:\n  synthesizer: llm\n  roles:\n    default_endpoint: writer\n"
     )
     out = dry_run(str(config), "--endpoint", "writer", "--dry-run")
     assert out.returncode == 0, out.stderr
@@ -159,7 +159,7 @@ def _llama_cpp_config(tmp_path: Path, section: str = "") -> Path:
         "endpoints:\n  teacher:\n    base_url: http://127.0.0.1:8020/v1\n"
         "    model: teacher\n    server: llama.cpp\n    concurrency: 2\n"
         f"    max_model_len: 4096\n{section}"
-        "synthesis:\n  roles:\n    explorer: teacher\n"
+        "synthesis:\n  synthesizer: llm\n  roles:\n    explorer: teacher\n"
     )
     return config
 
@@ -185,7 +185,7 @@ def test_an_endpoint_on_llama_cpp_gets_llama_server_with_its_flags(tmp_path):
     assert " -c 8192 " not in replaced.stdout and replaced.stdout.strip().endswith("-c 2048")
 
 
-def test_llama_cpp_defaults_to_what_make_teacher_installs_and_says_so_when_absent(tmp_path):
+def test_llama_cpp_defaults_to_what_make_larger_model_installs_and_says_so_when_absent(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "COEVOLVE_CACHE": str(cache), "PATH": os.path.dirname(sys.executable)}
     command = [sys.executable, "-m", "coevolve", "serve", str(_llama_cpp_config(tmp_path))]
@@ -196,12 +196,12 @@ def test_llama_cpp_defaults_to_what_make_teacher_installs_and_says_so_when_absen
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.startswith(
         f"{cache}/llama.cpp/bin/llama-server -m "
-        f"{cache}/teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf "
+        f"{cache}/larger-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf "
     )
     absent = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert absent.returncode == 2
     [line] = absent.stderr.strip().splitlines()
-    assert line.startswith("error: llama-server is not at ") and "`make teacher`" in line
+    assert line.startswith("error: llama-server is not at ") and "`make larger-model`" in line
 
 
 def test_a_llama_cpp_section_on_another_server_is_refused(tmp_path):
@@ -215,17 +215,19 @@ def test_a_llama_cpp_section_on_another_server_is_refused(tmp_path):
     assert "the llama_cpp section is for server: llama.cpp" in out.stderr
 
 
-def _teacher_installed() -> tuple[Path, Path] | None:
-    from coevolve.commands.serve import LLAMA_SERVER, TEACHER_GGUF
+def _larger_model_installed() -> tuple[Path, Path] | None:
+    from coevolve.commands.serve import LLAMA_SERVER, LARGER_MODEL_GGUF
     from coevolve.training.bootstrap.bootstrap_config import default_cache_dir
 
     binary = shutil.which("llama-server") or str(default_cache_dir() / LLAMA_SERVER)
-    gguf = default_cache_dir() / TEACHER_GGUF
+    gguf = default_cache_dir() / LARGER_MODEL_GGUF
     return (Path(binary), gguf) if Path(binary).is_file() and gguf.is_file() else None
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_teacher_installed() is None, reason="`make teacher` has not run here")
+@pytest.mark.skipif(
+    _larger_model_installed() is None, reason="`make larger-model` has not run here"
+)
 def test_the_teacher_served_by_coevolve_serve_answers_and_caches_its_prompt(tmp_path):
     """The wiring end to end, when `make teacher` has installed llama-server and the model:
     `coevolve serve` starts it from the config; a chat request with a tool gets a reply, and

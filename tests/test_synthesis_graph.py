@@ -66,7 +66,9 @@ def test_graph_exposes_builder_and_compiled_graph():
 
 def test_offline_pass_on_the_world(flagged, store):
     runtime = SynthesisRuntime(
-        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
+        roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
+        make_env=WorldEnvironment,
+        store=store,
     )
     result = asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=3))
     counts = result.counts
@@ -77,6 +79,7 @@ def test_offline_pass_on_the_world(flagged, store):
     kinds = {key: n for key, n in counts.items() if key.startswith("kind:boundary:")}
     assert kinds and sum(kinds.values()) == counts["candidates"]
     assert set(result.roles.values()) == {
+        "generator",
         "summarizer:offline",
         "explorer:offline",
         "abstractor:offline",
@@ -97,7 +100,9 @@ def test_offline_pass_on_the_world(flagged, store):
 
 def test_missing_parent_is_a_rejection_not_a_crash(flagged, store):
     runtime = SynthesisRuntime(
-        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=store
+        roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
+        make_env=WorldEnvironment,
+        store=store,
     )
     result = asyncio.run(run_synthesis(flagged[:1], [], runtime))
     assert result.counts["flagged"] == 1 and result.counts["accepted"] == 0
@@ -106,7 +111,9 @@ def test_missing_parent_is_a_rejection_not_a_crash(flagged, store):
 
 def test_builder_compiles_with_a_checkpointer(flagged):
     runtime = SynthesisRuntime(
-        roles=build_roles(RolesConfig(), {}), make_env=WorldEnvironment, store=TaskStore(None)
+        roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
+        make_env=WorldEnvironment,
+        store=TaskStore(None),
     )
     graph = synthesis.builder.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t1"}}
@@ -126,7 +133,7 @@ def test_dedup_run_again_replaces_what_its_cycle_stored(flagged, replace_cycle):
     accepted; without it they would be dropped as duplicates of themselves."""
     store = TaskStore(None)
     runtime = SynthesisRuntime(
-        roles=build_roles(RolesConfig(), {}),
+        roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
         make_env=WorldEnvironment,
         store=store,
         replace_cycle=replace_cycle,
@@ -164,10 +171,16 @@ def test_llm_pass_against_the_test_server(flagged, scripted_server):
     endpoint = EndpointConfig(
         base_url=server.base_url, model=server.model, timeout_s=10, max_retries=0
     )
-    roles = build_roles(RolesConfig(default_endpoint="main", llm_concurrency=4), {"main": endpoint})
+    roles = build_roles(
+        RolesConfig(default_endpoint="main", llm_concurrency=4),
+        {"main": endpoint},
+        synthesizer="llm",
+    )
     runtime = SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
     result = asyncio.run(run_synthesis(flagged, TASKS, runtime, max_concurrency=8))
-    assert all(name.endswith(")") and ":llm(" in name for name in result.roles.values())
+    roles_ran = dict(result.roles)
+    assert roles_ran.pop("synthesizer") == "llm"
+    assert all(name.endswith(")") and ":llm(" in name for name in roles_ran.values())
     assert result.counts["flagged"] == len(flagged) and result.counts["explored"] == len(flagged)
     assert result.counts["accepted"] >= 1
     assert server.max_in_flight <= 4
@@ -178,7 +191,7 @@ def test_llm_pass_against_the_test_server(flagged, scripted_server):
 def test_max_accepted_caps_what_a_pass_stores(flagged):
     capped_store = TaskStore(None)
     runtime = SynthesisRuntime(
-        roles=build_roles(RolesConfig(), {}),
+        roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
         make_env=WorldEnvironment,
         store=capped_store,
         max_accepted=2,
@@ -190,7 +203,7 @@ def test_max_accepted_caps_what_a_pass_stores(flagged):
             flagged,
             TASKS,
             SynthesisRuntime(
-                roles=build_roles(RolesConfig(), {}),
+                roles=build_roles(RolesConfig(), {}, synthesizer="generator"),
                 make_env=WorldEnvironment,
                 store=TaskStore(None),
             ),
@@ -217,7 +230,9 @@ class _FailingSummarizer:
 def _runtime_with(summarizer):
     import dataclasses
 
-    roles = dataclasses.replace(build_roles(RolesConfig(), {}), summarizer=summarizer)
+    roles = dataclasses.replace(
+        build_roles(RolesConfig(), {}, synthesizer="generator"), summarizer=summarizer
+    )
     return SynthesisRuntime(roles=roles, make_env=WorldEnvironment, store=TaskStore(None))
 
 
@@ -264,7 +279,7 @@ class _BuggyVerifier(WorldEnvironment):
 def test_a_type_error_under_a_role_ends_the_pass_with_that_error(flagged, make_env, message):
     """Not a rejection reason of a pass that "succeeds" with nothing accepted."""
     # Explored windows (steer off): the offline abstractor words each with the describer.
-    roles = build_roles(RolesConfig(steer=False), {})
+    roles = build_roles(RolesConfig(steer=False), {}, synthesizer="generator")
     runtime = SynthesisRuntime(roles=roles, make_env=make_env, store=TaskStore(None))
     with pytest.raises(TypeError, match=message):
         asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))

@@ -35,8 +35,9 @@ from ..prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .llm import ReplyError, ask, model_label
 from .replies import raise_unless_one_replied
 from .role_interfaces import EnvFactory, ExplorationRound, Interaction, WrittenRequest
+from .variation import NotVaried, vary
 
-log = logging.getLogger("coevolve.agents.explorer")  # its name from before agents/roles/ (run.log)
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z_][\w.]*")
 
@@ -287,6 +288,68 @@ class OfflineExplorer:
         return logs
 
 
+# --------------------------------------------------------------------------- variation
+
+
+class VariationExplorer:
+    """Variations of the flagged task itself: its calls in its order, new values, no model.
+
+    Each round is one variant (``agents/roles/variation.py:vary``): the parent's calls with
+    new values, copied values read again from the new observations, replayed here in a
+    fresh environment reset to the variant's own setup; ``written`` carries the parent's
+    request with the new values for the abstractor. A rare item gets one variant (a rare
+    pattern needs seeing, not drilling); the others ``variants``. A round that could not
+    vary the task says why in ``not_varied``.
+    """
+
+    name = "explorer:variation"
+
+    def __init__(self, seed_tasks: Sequence[Task], variants: int = 3, seed: int = 0):
+        if variants < 1:
+            raise ValueError(f"variants must be >= 1, got {variants}")
+        self.seed_tasks = list(seed_tasks)
+        self.variants = variants
+        self.seed = seed
+
+    async def explore(
+        self, item: FlaggedTrajectory, task: Task, context: SynthesisContext, make_env: EnvFactory
+    ) -> list[ExplorationRound]:
+        count = 1 if "rare" in item.kinds and len(item.kinds) == 1 else self.variants
+        objective = f"vary {task.id}: its calls with new values"
+        rounds = []
+        for index in range(count):
+            outcome = vary(
+                task, make_env, self.seed_tasks, key=f"{self.seed}:{item.trajectory.id}:{index}"
+            )
+            if isinstance(outcome, NotVaried):
+                rounds.append(
+                    ExplorationRound(
+                        objective=objective,
+                        setup=dict(task.setup),
+                        not_varied=f"{outcome.reason}: {outcome.detail}",
+                    )
+                )
+                continue
+            variant = outcome.task
+            env = make_env()
+            env.reset(variant)
+            interactions = [
+                Interaction(call=_bare(call), observation=env.step(call))
+                for call in variant.reference_calls
+            ]
+            rounds.append(
+                ExplorationRound(
+                    objective=objective,
+                    setup=dict(variant.setup),
+                    interactions=interactions,
+                    written=WrittenRequest(
+                        request=variant.instruction, answer=variant.reference_answer
+                    ),
+                )
+            )
+        return rounds
+
+
 # --------------------------------------------------------------------------- LLM
 
 
@@ -403,37 +466,13 @@ class LLMExplorer:
         env = make_env()
         env.reset(task)
         objective = objective_for(context, index)
-        bound = self.bind(env)
-        messages = self.opening(item, task, context, objective, index, make_env)
+        bound = self.model.bind_tools(env.tools())
+        brief = exploration_brief(item, task, context, objective, index, self.rounds, self.steps)
+        messages: list[BaseMessage] = [SystemMessage(self.prompt), HumanMessage(brief)]
         interactions = await self._converse(bound, env, messages, task, index)
         return ExplorationRound(
-            objective=objective,
-            setup=dict(task.setup),
-            interactions=interactions,
-            written=await self.written(bound, messages, interactions),
+            objective=objective, setup=dict(task.setup), interactions=interactions
         )
-
-    def bind(self, env: Environment) -> Any:
-        return self.model.bind_tools(env.tools())  # the model the round asks
-
-    def opening(
-        self,
-        item: FlaggedTrajectory,
-        task: Task,
-        context: SynthesisContext,
-        objective: str,
-        index: int,
-        make_env: EnvFactory,
-    ) -> list[BaseMessage]:
-        """The round's first messages: the explorer's prompt and its brief."""
-        brief = exploration_brief(item, task, context, objective, index, self.rounds, self.steps)
-        return [SystemMessage(self.prompt), HumanMessage(brief)]
-
-    async def written(
-        self, bound: Any, messages: list[BaseMessage], interactions: list[Interaction]
-    ) -> WrittenRequest | None:
-        """What the explorer says its round carried out (this explorer says nothing)."""
-        return None
 
     async def _converse(
         self,

@@ -38,7 +38,7 @@ from ..prompts import JUDGE_PROMPT, fill_environment
 from .llm import StructuredOutputError, model_label, structured_call
 from .role_interfaces import EnvFactory
 
-log = logging.getLogger("coevolve.agents.judge")  # its name from before agents/roles/ (run.log)
+log = logging.getLogger(__name__)
 
 API_ERRORS = frozenset({"unknown_tool"})
 PARAMETER_ERRORS = frozenset({"bad_arguments", "bad_json", "parse_error", UNREADABLE_CALL})

@@ -60,7 +60,7 @@ from .replies import (
 if TYPE_CHECKING:
     from ..config import EndpointConfig
 
-log = logging.getLogger("coevolve.agents.llm")  # its name from before agents/roles/ (run.log)
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EndpointChatModel",

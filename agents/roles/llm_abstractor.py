@@ -31,9 +31,7 @@ from .role_interfaces import (
 )
 from .summarizer import clip
 
-log = logging.getLogger(
-    "coevolve.agents.llm_abstractor"
-)  # its name from before agents/roles/ (run.log)
+log = logging.getLogger(__name__)
 
 
 class ProposedTask(BaseModel):

@@ -31,7 +31,7 @@ from langchain_core.messages import BaseMessage
 
 from ...common.retry import RetryPolicy
 
-log = logging.getLogger("coevolve.agents.llm")
+log = logging.getLogger(__name__)
 
 
 ReplyKind = Literal["transport", "status", "body", "too_long"]

@@ -1,39 +1,25 @@
 """Building the four synthesis roles from configuration: ``build_roles``.
 
-LLM roles on their endpoints, offline (environment-grounded) ones elsewhere.
-The role interfaces, ``Roles`` and ``RolesConfig`` are in ``coevolve.agents.roles.role_interfaces``;
-this module imports the concrete roles, and nothing below it imports it.
+The synthesizer (``synthesis.synthesizer``) decides which implementation each role
+gets; ``RolesConfig`` holds their knobs. The role interfaces, ``Roles`` and
+``RolesConfig`` are in ``coevolve.agents.roles.role_interfaces``; this module imports
+the concrete roles, and nothing below it imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...envs.base import environment_brief
-from .abstractor import OfflineAbstractor
-from .clause_writer import ClauseWriter
-from .composer import ComposingExplorer
-from .explorer import LLMExplorer, OfflineExplorer
+from ...envs.base import SupportsVariants, environment_brief
+from .abstractor import OfflineAbstractor, VariationAbstractor
+from .explorer import LLMExplorer, OfflineExplorer, VariationExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
-from .role_interfaces import (
-    OFFLINE,
-    ROLE_NAMES,
-    Abstractor,
-    EnvFactory,
-    Explorer,
-    Judge,
-    Roles,
-    RolesConfig,
-    Summarizer,
-)
+from .role_interfaces import ROLE_NAMES, EnvFactory, Roles, RolesConfig, Synthesizer
 from .summarizer import LLMSummarizer, OfflineSummarizer
-from .task_writer import TaskWriter
-from .teacher import TeacherAbstractor, TeacherExplorer
 
 if TYPE_CHECKING:
     from ...records import Task
@@ -47,15 +33,57 @@ def build_roles(
     policy: Policy | None = None,
     make_env: EnvFactory | None = None,
     seed_tasks: Sequence[Task] = (),
+    synthesizer: Synthesizer = "variation",
 ) -> Roles:
-    """Build the roles: LLM ones on their endpoints, offline ones elsewhere.
+    """The roles of ``synthesizer`` (``role_interfaces.SYNTHESIZERS``).
 
-    One semaphore bounds the LLM requests of all roles together. ``policy`` (the
-    current policy) drives some offline exploration rounds; ``seed_tasks`` are the
-    teacher's worked examples and the composer's values and structures. The LLM roles'
-    prompts say what ``make_env``'s environment is (its ``EnvironmentBrief``). An endpoint
-    name not in ``endpoints`` is a ValueError naming the known ones.
+    ``policy`` (the current policy) drives some of the generator path's exploration
+    rounds; ``seed_tasks`` (the run's seed tasks, never validation or held-out ones)
+    are where variations take other values from; the LLM roles' prompts say what
+    ``make_env``'s environment is. A synthesizer the environment cannot serve, or an
+    endpoint name not in ``endpoints``, is a ValueError that says what to change.
     """
+    if synthesizer == "generator":
+        return _generator_roles(config, policy, make_env)
+    if synthesizer == "variation":
+        return Roles(
+            "variation",
+            OfflineSummarizer(),
+            VariationExplorer(
+                seed_tasks, variants=config.max_candidates, seed=config.explorer_seed
+            ),
+            VariationAbstractor(),
+            ExecutableJudge(),
+        )
+    return _llm_roles(config, endpoints, make_env)
+
+
+def _generator_roles(
+    config: RolesConfig, policy: Policy | None, make_env: EnvFactory | None
+) -> Roles:
+    if make_env is not None and not isinstance(make_env(), SupportsVariants):
+        raise ValueError(
+            "synthesis.synthesizer 'generator' needs an environment with its own task "
+            "generator (a `variant` method, as the built-in world has); this one has none: "
+            "use synthesizer: variation"
+        )
+    explorer = OfflineExplorer(
+        rounds=config.explorer_rounds or 3,
+        steps=config.explorer_steps or 4,
+        seed=config.explorer_seed,
+        policy=policy,
+        policy_temperature=config.policy_temperature,
+        policy_rounds=config.explorer_policy_rounds,
+    )
+    abstractor = OfflineAbstractor(max_candidates=config.max_candidates, steer=config.steer)
+    return Roles("generator", OfflineSummarizer(), explorer, abstractor, ExecutableJudge())
+
+
+def _llm_roles(
+    config: RolesConfig, endpoints: Mapping[str, EndpointConfig], make_env: EnvFactory | None
+) -> Roles:
+    """Each role on its endpoint; a role set to 'offline' runs without a model (never
+    the task generator: the offline abstractor relabels explored windows)."""
     chosen: dict[str, str | None] = {}
     for role in ROLE_NAMES:
         name = config.endpoint_for(role)
@@ -67,9 +95,13 @@ def build_roles(
                 f"in `endpoints` (known: {known}; or use 'offline')"
             )
         chosen[role] = name
-    limiter = asyncio.Semaphore(config.llm_concurrency) if any(chosen.values()) else None
-    speaks = any(chosen.values()) or config.teacher not in (None, OFFLINE)
-    brief = environment_brief(make_env()) if make_env is not None and speaks else None
+    if not any(chosen.values()):
+        raise ValueError(
+            "synthesis.synthesizer 'llm' needs an endpoint: set synthesis.roles.default_endpoint "
+            "(or a role's own) to an entry of `endpoints`"
+        )
+    limiter = asyncio.Semaphore(config.llm_concurrency)
+    brief = environment_brief(make_env()) if make_env is not None else None
 
     def model(role: str) -> Any:
         name = chosen[role]
@@ -77,12 +109,11 @@ def build_roles(
         return chat_model(endpoints[name], temperature=getattr(config, f"{role}_temperature"))
 
     rounds, steps = config.explorer_rounds, config.explorer_steps
-    summarizer: Summarizer = (
+    return Roles(
+        "llm",
         LLMSummarizer(model("summarizer"), limiter, prompt=config.prompt_for("summarizer", brief))
         if chosen["summarizer"]
-        else OfflineSummarizer()
-    )
-    explorer: Explorer = (
+        else OfflineSummarizer(),
         LLMExplorer(
             model("explorer"),
             limiter,
@@ -91,84 +122,17 @@ def build_roles(
             prompt=config.prompt_for("explorer", brief),
         )
         if chosen["explorer"]
-        else OfflineExplorer(
-            rounds=rounds or 3,
-            steps=steps or 4,
-            seed=config.explorer_seed,
-            policy=policy,
-            policy_temperature=config.policy_temperature,
-            policy_rounds=config.explorer_policy_rounds,
-        )
-    )
-    writer = _own_endpoint(config, "writer", endpoints)
-    teacher = _own_endpoint(config, "teacher", endpoints)
-    if (writer is not None or teacher is not None) and limiter is None:
-        limiter = asyncio.Semaphore(config.llm_concurrency)
-    if teacher is not None:
-        examples: dict[str, list[Task]] = defaultdict(list)
-        for task in seed_tasks:
-            examples[task.family].append(task)
-        explorer = TeacherExplorer(
-            chat_model(endpoints[teacher], temperature=config.teacher_temperature),
-            examples,
-            limiter,
-            rounds=rounds or 2,
-            steps=steps or 8,
-            max_examples=config.teacher_examples,
-            prompt=config.prompt_for("teacher", brief),
-        )
-    if config.composer:
-        explorer = ComposingExplorer(
-            seed_tasks, rounds=rounds or 4, steps=steps or 6, seed=config.explorer_seed
-        )
-    abstractor: Abstractor = (
-        ClauseWriter(
-            chat_model(endpoints[writer], temperature=config.writer_temperature),
-            limiter,
-            prompt=config.writer_prompt,
-            max_candidates=config.max_candidates,
-            grounding=config.writer_grounding,
-        )
-        if writer is not None and config.composer
-        else TaskWriter(
-            chat_model(endpoints[writer], temperature=config.writer_temperature),
-            limiter,
-            prompt=config.writer_prompt,
-            max_candidates=config.max_candidates,
-            material=config.writer_material,
-            grounding=config.writer_grounding,
-        )
-        if writer is not None
-        else TeacherAbstractor(
-            max_candidates=config.max_candidates, grounding=config.writer_grounding
-        )
-        if teacher is not None
-        else LLMAbstractor(
+        else OfflineExplorer(rounds=rounds or 3, steps=steps or 4, seed=config.explorer_seed),
+        LLMAbstractor(
             model("abstractor"),
             limiter,
             prompt=config.prompt_for("abstractor", brief),
             max_candidates=config.max_candidates,
         )
         if chosen["abstractor"]
-        else OfflineAbstractor(max_candidates=config.max_candidates, steer=config.steer)
-    )
-    judge: Judge = (
+        else OfflineAbstractor(max_candidates=config.max_candidates, steer=False),
         LLMJudge(model("judge"), limiter, prompt=config.prompt_for("judge", brief))
         if chosen["judge"]
-        else ExecutableJudge()
+        else ExecutableJudge(),
+        limiter,
     )
-    return Roles(summarizer, explorer, abstractor, judge, limiter)
-
-
-def _own_endpoint(config: RolesConfig, role: str, endpoints: Mapping[str, Any]) -> str | None:
-    """The endpoint of a role that names its own (``writer``, ``teacher``), or None."""
-    name = getattr(config, role)
-    if name is None or name == OFFLINE:
-        return None
-    if name not in endpoints:
-        known = ", ".join(sorted(endpoints)) or "none defined"
-        raise ValueError(
-            f"synthesis.roles.{role} uses endpoint {name!r}, which is not in `endpoints` "
-            f"(known: {known})"
-        )
-    return name

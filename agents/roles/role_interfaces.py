@@ -1,10 +1,10 @@
 """The synthesis roles' interfaces and the records that pass between them.
 
-Each role has two implementations: an LLM one (an OpenAI-compatible endpoint
-through langchain-openai, structured output with a tolerant JSON fallback) and
-an environment-grounded offline one that needs no LLM. The synthesis graph
-only sees these protocols; which implementation runs is configuration
-(``RolesConfig``, here), built by ``coevolve.agents.roles.role_factory.build_roles``.
+Which implementation of each role runs follows from one switch,
+``synthesis.synthesizer`` (``SYNTHESIZERS``): the environment's own task generator,
+variations of the flagged task (no model, no generator), or the LLM roles behind
+OpenAI-compatible endpoints. The synthesis graph only sees these protocols;
+``coevolve.agents.roles.role_factory.build_roles`` builds them from ``RolesConfig``.
 This module imports no concrete role; the roles import it.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ...envs.base import Environment, EnvironmentBrief
 from ...records import (
@@ -37,8 +37,6 @@ from ..prompts import (
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
-    TEACHER_PROMPT,
-    WRITER_PROMPT,
     fill_environment,
 )
 
@@ -53,7 +51,8 @@ class Interaction(BaseModel):
 
 
 class WrittenRequest(BaseModel):
-    """The request an explorer says its round carried out (the teacher writes one)."""
+    """The request an explorer says its round carried out (the variation explorer's: the
+    parent's request with the variant's values)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,13 +71,16 @@ class ExplorationRound(BaseModel):
     written: WrittenRequest | None = Field(
         default=None,
         description="What the explorer says the round carried out; None: it said nothing "
-        "(every explorer but the teacher).",
+        "(every explorer but the variation explorer).",
+    )
+    not_varied: str | None = Field(
+        default=None,
+        description="Variation: why the flagged task gave no variant in this round (the "
+        "reason and its detail); the round then holds no interactions.",
     )
 
 
 EnvFactory = Callable[[], Environment]
-# What the task writer relabels (agents/roles/task_writer.py).
-WriterMaterial = Literal["hindsight", "explored", "both"]
 
 
 class Summarizer(Protocol):
@@ -216,7 +218,18 @@ def candidate_to_task(
 
 OFFLINE = "offline"
 # The RolesConfig fields that name an endpoint (of the config's `endpoints`) or OFFLINE.
-ENDPOINT_ROLES = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge", "writer")
+ENDPOINT_ROLES = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge")
+
+# What makes a run's synthesized tasks (`synthesis.synthesizer`), each with what it is.
+Synthesizer = Literal["variation", "generator", "llm"]
+SYNTHESIZERS: dict[str, str] = {
+    "variation": "variations of the flagged task: its calls and their flow of values kept, new "
+    "values, replayed and verified; no model, no task generator (agents/roles/variation.py)",
+    "generator": "the environment's own task generator (`variant`), steered by the signals: "
+    "the bench's reference (arm coevolve-oracle); only environments that have one",
+    "llm": "the four roles as models behind OpenAI-compatible endpoints "
+    "(synthesis.roles.default_endpoint and the per-role endpoints)",
+}
 
 
 class RolesConfig(BaseModel):
@@ -226,8 +239,8 @@ class RolesConfig(BaseModel):
 
     default_endpoint: str | None = Field(
         default=None,
-        description="Name of an entry in `endpoints` every LLM role uses unless overridden; "
-        "None: every role runs offline (environment-grounded, no LLM).",
+        description="synthesizer llm: the entry of `endpoints` every role uses unless it names "
+        "its own.",
     )
     summarizer: str | None = Field(
         default=None,
@@ -251,20 +264,22 @@ class RolesConfig(BaseModel):
     explorer_rounds: int | None = Field(
         default=None,
         gt=0,
-        description="Independent exploration rounds per flagged item (None: 3 offline, 2 LLM).",
+        description="Independent exploration rounds per flagged item (None: 3 generator, 2 llm).",
     )
     explorer_steps: int | None = Field(
         default=None,
         gt=0,
-        description="Most actions per exploration round (None: 4 offline, 5 LLM).",
+        description="Most actions per exploration round (None: 4 generator, 5 llm).",
     )
     explorer_seed: int = Field(
-        default=0, description="Seed of the offline explorer's random walks."
+        default=0,
+        description="Seed of the generator path's random walks and of the variations' choice "
+        "of new values.",
     )
     explorer_policy_rounds: int | None = Field(
         default=None,
         ge=0,
-        description="Offline explorer: rounds the current policy drives (None: a third of the "
+        description="synthesizer generator: exploration rounds the current policy drives (None: a third of the "
         "rounds, at least one, or all of them where the environment has no action sampler; 0: "
         "random walks, or perturbed reference solutions without a sampler, which saves a "
         "generation per flagged item on a CPU).",
@@ -273,14 +288,17 @@ class RolesConfig(BaseModel):
         default=1.2,
         ge=0.0,
         le=2.0,
-        description="Offline explorer: temperature of the rounds the current policy drives.",
+        description="synthesizer generator: temperature of the rounds the current policy drives.",
     )
     max_candidates: int = Field(
-        default=3, gt=0, description="Most candidate tasks the abstractor proposes per item."
+        default=3,
+        gt=0,
+        description="Most candidate tasks the abstractor proposes per item (variation: variants "
+        "of the flagged task).",
     )
     steer: bool = Field(
         default=True,
-        description="Offline abstractor: answer a flagged failure with tasks that keep its "
+        description="synthesizer generator: answer a flagged failure with tasks that keep its "
         "structure (new values and state, generated per signal kind; see docs/architecture.md) "
         "where the environment can make them. False: explored action windows only.",
     )
@@ -316,75 +334,6 @@ class RolesConfig(BaseModel):
         description="System prompt of the LLM judge; its {environment} slot, where it has one, "
         "says what the run's environment is (docs/environments.md).",
     )
-    writer: str | None = Field(
-        default=None,
-        description="Task writer: an endpoint name whose model writes the request of calls that "
-        "ran (agents/roles/task_writer.py; a model taught on the seed tasks: `coevolve writer`). Set, it "
-        "is the abstractor, and synthesis calls no task generator. None: the abstractor above.",
-    )
-    writer_material: WriterMaterial = Field(
-        default="hindsight",
-        description="What the writer relabels: hindsight (the flagged trajectory's calls that "
-        "succeeded), explored (each exploration round's), or both. Chosen on validation "
-        "(docs/synthesis.md, N = 100, seed 0): hindsight 52.8%, both 47.2%, static 52.8%.",
-    )
-    writer_grounding: bool = Field(
-        default=True,
-        description="Self-curation: keep a written task only if its request names every "
-        "argument value its calls need that no earlier result shows.",
-    )
-    writer_temperature: float | None = Field(
-        default=0.0, ge=0.0, le=2.0, description="Task writer temperature (None: endpoint's)."
-    )
-    writer_prompt: str = Field(
-        default=WRITER_PROMPT,
-        description="System prompt of the task writer; the writer is taught with it, so change "
-        "both together.",
-    )
-
-    teacher: str | None = Field(
-        default=None,
-        description="Teacher: an endpoint name whose model, larger than the agent, writes a "
-        "new task of the flagged family and carries it out with the tools, shown that "
-        "family's seed tasks as worked examples (agents/roles/teacher.py; on a CPU: `make teacher`, "
-        "configs/teacher.yaml). Set, it is the explorer, and the requests it writes are the "
-        "candidates unless `writer` is set too. None: no teacher.",
-    )
-    teacher_examples: int = Field(
-        default=2,
-        ge=0,
-        description="Teacher: seed tasks of the flagged family shown as worked examples (the "
-        "flagged task itself when the family has fewer).",
-    )
-    teacher_temperature: float | None = Field(
-        default=0.7, ge=0.0, le=2.0, description="Teacher temperature (None: endpoint's)."
-    )
-    teacher_prompt: str = Field(default=TEACHER_PROMPT, description="System prompt of the teacher.")
-
-    composer: bool = Field(
-        default=False,
-        description="Composed exploration (agents/roles/composer.py): the explorer composes chains "
-        "of calls from the tool schemas, earlier results and the seed tasks' values (no model, "
-        "no task generator), aimed at the flagged task's tool sequence; the task writer "
-        "(`writer`, required) writes each chain clause by clause, every clause grounded. "
-        "explorer_rounds (None: 4) and explorer_steps (None: 6) bound it; writer_material is "
-        "not read.",
-    )
-
-    @model_validator(mode="after")
-    def _composer_needs_the_writer(self) -> RolesConfig:
-        if self.composer and self.writer in (None, OFFLINE):
-            raise ValueError(
-                "synthesis.roles.composer needs synthesis.roles.writer: the task writer "
-                "writes the composed chains clause by clause. Set writer to an endpoint "
-                "name (configs/compose.yaml), or composer: false"
-            )
-        if self.composer and self.teacher not in (None, OFFLINE):
-            raise ValueError(
-                "synthesis.roles.composer and synthesis.roles.teacher are both explorers; "
-                "set one of them (teacher: null, or composer: false)"
-            )
-        return self
 
     def prompt_for(self, role: str, brief: EnvironmentBrief | None) -> str:
         """A role's system prompt (``<role>_prompt``) saying what the environment is."""
@@ -397,6 +346,32 @@ class RolesConfig(BaseModel):
         return None if name is None or name == OFFLINE else name
 
 
+# The RolesConfig fields only some synthesizers read (any other is read by every one): setting
+# one for a synthesizer that does not read it is refused (graph/config.py), not ignored.
+_LLM_ONLY = (
+    "default_endpoint",
+    "summarizer",
+    "explorer",
+    "abstractor",
+    "judge",
+    "llm_concurrency",
+    *(
+        f"{role}_{knob}"
+        for role in ("summarizer", "explorer", "abstractor", "judge")
+        for knob in ("temperature", "prompt")
+    ),
+)
+FIELDS_READ_BY: dict[str, tuple[str, ...]] = {
+    **{name: ("llm",) for name in _LLM_ONLY},
+    "explorer_rounds": ("generator", "llm"),
+    "explorer_steps": ("generator", "llm"),
+    "explorer_seed": ("generator", "variation"),
+    "explorer_policy_rounds": ("generator",),
+    "policy_temperature": ("generator",),
+    "steer": ("generator",),
+}
+
+
 ROLE_NAMES = ("summarizer", "explorer", "abstractor", "judge")
 
 
@@ -404,6 +379,7 @@ ROLE_NAMES = ("summarizer", "explorer", "abstractor", "judge")
 class Roles:
     """The four synthesis roles of a run, built once and injected into the graph."""
 
+    synthesizer: Synthesizer
     summarizer: Summarizer
     explorer: Explorer
     abstractor: Abstractor
@@ -411,5 +387,7 @@ class Roles:
     limiter: asyncio.Semaphore | None = field(default=None, repr=False)
 
     def names(self) -> dict[str, str]:
-        """Which implementation each role uses (for the run log)."""
-        return {role: getattr(self, role).name for role in ROLE_NAMES}
+        """The synthesizer and which implementation each role uses (for the run log)."""
+        return {"synthesizer": self.synthesizer} | {
+            role: getattr(self, role).name for role in ROLE_NAMES
+        }

@@ -31,9 +31,7 @@ from ...records import (
 from ..prompts import SUMMARIZER_PROMPT, fill_environment
 from .llm import StructuredOutputError, model_label, structured_call
 
-log = logging.getLogger(
-    "coevolve.agents.summarizer"
-)  # its name from before agents/roles/ (run.log)
+log = logging.getLogger(__name__)
 
 _OBSERVATION_CHARS = 240
 

@@ -42,14 +42,10 @@ differences per family (family_differences.png).
 """
 
 from .arms import (
-    ARM_ENDPOINTS,
     ARMS,
     HARD_NEGATIVES_LEARNING_RATE,
-    LLM_ARMS,
-    RENAMED_ARMS,
     arm_config,
     check_arms,
-    default_arms,
 )
 from .code import CodeAcceptance, code_fingerprint, package_commit, unit_code_files
 from .figures import plot_curves, plot_family_curves, plot_family_differences
@@ -81,14 +77,11 @@ from .units import (
 
 __all__ = [
     "ARMS",
-    "ARM_ENDPOINTS",
     "BASELINES",
     "HARD_NEGATIVES_LEARNING_RATE",
-    "LLM_ARMS",
     "PAPER_EFFECTS",
     "REFERENCE_EFFECT",
     "REFERENCE_PAIRS",
-    "RENAMED_ARMS",
     "AblationReport",
     "AcceptedTask",
     "ArmRun",
@@ -100,7 +93,6 @@ __all__ = [
     "arm_config",
     "check_arms",
     "code_fingerprint",
-    "default_arms",
     "family_curves_of",
     "family_pairs",
     "interval",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ HARD_NEGATIVES_LEARNING_RATE = 2e-5
 ARMS: dict[str, dict[str, Any]] = {
     "static": {"synthesis": {"enabled": False}},
     "random": {"signals": {"selection": "random"}},
-    # synthesis by the environment's own task generator (WorldEnvironment.variant): an
-    # oracle synthesizer, the reference the LLM arms below are read against (issue 55)
-    "coevolve-oracle": {},
+    # synthesis by the environment's own task generator (WorldEnvironment.variant): the
+    # reference a user's synthesizer is read against. The bench's base configs name it too,
+    # so every arm above and below that synthesizes uses it unless it says otherwise.
+    "coevolve-oracle": {"synthesis": {"synthesizer": "generator"}},
     "coevolve-paper": {"signals": {"kinds": "paper", "allocation": "per_kind"}},
     "oracle-targeted": {"signals": {"selection": "oracle"}},
     "no-forgetting": {"signals": {"kinds": ["boundary", "rare", "unsolved"]}},
@@ -65,104 +65,20 @@ ARMS: dict[str, dict[str, Any]] = {
     },
 }
 
-# The LLM path (issue 55): synthesis with no task generator. The task writer served at the
-# base config's endpoint named "writer" (`coevolve writer`, then a server) relabels what the
-# agent did (hindsight: synthesis.roles.writer_material); replay and value grounding curate.
-# Its synthesized tasks weigh 1.0 in the pool, not the base's 3.0: tuned on validation at
-# N = 100 (docs/synthesis.md), where 3.0 ended 6.9 points under 1.0.
-WRITER_ENDPOINT = "writer"
-_WRITER_SYNTHESIS = {
-    "roles": {"writer": WRITER_ENDPOINT, "explorer_rounds": 2, "explorer_policy_rounds": 2}
-}
-_WRITER_POOL = {"synthesized_weight": 1.0}
-ARMS["coevolve-llm"] = {"synthesis": _WRITER_SYNTHESIS, "pool": _WRITER_POOL}
-ARMS["random-llm"] = {
-    "signals": {"selection": "random"},
-    "synthesis": _WRITER_SYNTHESIS,
-    "pool": _WRITER_POOL,
-}
-
-# The larger model (issue 70): the teacher at the base config's endpoint named "teacher"
-# (`make teacher`, then `coevolve serve ... --endpoint teacher`: llama-server) writes and
-# carries out tasks of the flagged families, shown their seed tasks; it judges them too
-# (synthesis.roles.judge), and the frontier check drops those the agent already solves.
-TEACHER_ENDPOINT = "teacher"
-_TEACHER_SYNTHESIS = {
-    "roles": {"teacher": TEACHER_ENDPOINT, "judge": TEACHER_ENDPOINT, "explorer_rounds": 2},
-    "frontier_samples": 2,
-}
-ARMS["coevolve-teacher"] = {"synthesis": _TEACHER_SYNTHESIS, "pool": _WRITER_POOL}
-ARMS["random-teacher"] = {
-    "signals": {"selection": "random"},
-    "synthesis": _TEACHER_SYNTHESIS,
-    "pool": _WRITER_POOL,
-}
-
-# Composed exploration (issue 70): chains of calls built from the tool schemas, earlier
-# results and the seed tasks' values, aimed at each flagged task's tool sequence
-# (agents/roles/composer.py), written clause by clause by the task writer at "writer"; the
-# frontier check as the teacher's arms.
-_COMPOSE_SYNTHESIS = {
-    "roles": {"composer": True, "writer": WRITER_ENDPOINT},
-    "frontier_samples": 2,
-}
-ARMS["coevolve-compose"] = {"synthesis": _COMPOSE_SYNTHESIS, "pool": _WRITER_POOL}
-ARMS["random-compose"] = {
-    "signals": {"selection": "random"},
-    "synthesis": _COMPOSE_SYNTHESIS,
-    "pool": _WRITER_POOL,
-}
-
-# The endpoint each synthesizing model arm needs in the base config.
-ARM_ENDPOINTS = {
-    "coevolve-llm": WRITER_ENDPOINT,
-    "random-llm": WRITER_ENDPOINT,
-    "coevolve-teacher": TEACHER_ENDPOINT,
-    "random-teacher": TEACHER_ENDPOINT,
-    "coevolve-compose": WRITER_ENDPOINT,
-    "random-compose": WRITER_ENDPOINT,
-}
-LLM_ARMS = tuple(ARM_ENDPOINTS)
-
-
-# Arms renamed since units were saved under their old name: old -> today's. A unit or report
-# of an old name is read as today's arm, with a FutureWarning; on the command line the old
-# name is an error that names the new one.
-RENAMED_ARMS = {"coevolve": "coevolve-oracle"}
-
-
-def renamed_arm(name: str) -> str:
-    """Today's name of an arm (``RENAMED_ARMS``), with a FutureWarning when it was renamed."""
-    if name not in RENAMED_ARMS:
-        return name
-    new = RENAMED_ARMS[name]
-    warnings.warn(
-        f"bench arm {name!r} is now {new!r}: read as {new!r} (rename its units "
-        f"{name}-seedN.json to {new}-seedN.json)",
-        FutureWarning,
-        stacklevel=2,
-    )
-    return new
+# Variations of the flagged task (issue 85): the user's path on any environment, no model and
+# no task generator. The bench's base configs name the generator (the arms above keep the
+# meaning they were measured with); these arms switch to variations and leave the
+# generator's exploration knob at its default, which variations do not read.
+_VARIATION_SYNTHESIS = {"synthesizer": "variation", "roles": {"explorer_policy_rounds": None}}
+ARMS["coevolve-variation"] = {"synthesis": _VARIATION_SYNTHESIS}
+ARMS["random-variation"] = {"signals": {"selection": "random"}, "synthesis": _VARIATION_SYNTHESIS}
 
 
 def check_arms(arms: list[str]) -> None:
-    """ValueError naming each arm that is not one, and today's name of a renamed one."""
-    renamed = [arm for arm in arms if arm in RENAMED_ARMS]
-    if renamed:
-        raise ValueError(
-            "; ".join(f"arm {arm!r} is now {RENAMED_ARMS[arm]!r}" for arm in renamed)
-            + f": pass --arms {','.join(RENAMED_ARMS.get(arm, arm) for arm in arms)}"
-        )
+    """ValueError naming each arm that is not one."""
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
         raise ValueError(f"unknown arms {unknown}; allowed: {', '.join(ARMS)}")
-
-
-def default_arms(base: dict[str, Any]) -> list[str]:
-    """The arms a bench runs when none are named: every arm, less the model arms whose
-    endpoint (the writer's, the teacher's) the base config does not have."""
-    served = set(base.get("endpoints") or {})
-    return [arm for arm in ARMS if arm not in ARM_ENDPOINTS or ARM_ENDPOINTS[arm] in served]
 
 
 # What a seed varies besides training (arm_config's seed_sets).

