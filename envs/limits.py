@@ -7,9 +7,10 @@ process's limits (``set_tool_limits``), and every path that runs a tool reads th
 call: ``ToolEnvironment.step`` (rollouts, evaluation, ``env check``, the judge's and the
 verifier's replays, diagnosis) and the rollout's tool messages (agents/policy/rollout.py).
 
-A call runs in a daemon thread and is waited for ``timeout_s`` (``call_with_time_limit``):
-Python cannot stop a thread, so a call past the limit keeps running out of sight and its
-result, when it comes, is dropped. What the late call may still change is the
+A call runs in a daemon worker thread and is waited for ``timeout_s``
+(``call_with_time_limit``; idle workers wait for the next call, so a call costs a hand-over,
+not a thread's start): Python cannot stop a thread, so a call past the limit keeps running
+out of sight, its worker with it, and its result, when it comes, is dropped. What the late call may still change is the
 environment's to discard (``ToolEnvironment._recover_after_timeout``): a
 ``FunctionEnvironment`` rebuilds its state from the task's initial state and the episode's
 earlier calls, so the late call mutates an object no one reads any more.
@@ -22,6 +23,7 @@ microseconds a call (bench/tool_call_overhead.py) and needs nothing of the tool.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -85,26 +87,57 @@ class ToolTimeout(Exception):
         self.timeout_s = timeout_s
 
 
+class _Job:
+    """One call handed to a worker: what to run, its outcome, and the signal that it ended."""
+
+    def __init__(self, call: Callable[[], Any]):
+        self.call = call
+        self.outcome: list[Any] = []  # [result] or [exception, None]
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.outcome.append(self.call())
+        except BaseException as err:  # handed to the caller's thread, raised there
+            self.outcome.extend((err, None))
+
+
+class _Worker:
+    """A daemon thread that runs tool calls one at a time. It is idle between calls (in
+    ``_IDLE``); a call past the limit keeps it busy, out of the pool, until the call ends."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="coevolve tool call", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self.inbox.get()
+            job.run()
+            _IDLE.append(self)  # before done: the caller's next call finds it idle
+            job.done.set()
+
+
+# Idle workers (list.append and list.pop are atomic): starting a thread per call costs
+# several times the handing over of a call to a waiting one.
+_IDLE: list[_Worker] = []
+
+
 def call_with_time_limit(tool: str, call: Callable[[], _T], timeout_s: float) -> _T:
     """``call()``'s result or exception, or ToolTimeout when it has not returned after
-    ``timeout_s`` seconds (the call then runs on in a daemon thread, which the process
-    does not wait for at exit)."""
-    outcome: list[Any] = []  # [result] or [exception, None]
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as err:  # handed to the caller's thread, raised there
-            outcome.extend((err, None))
-
-    worker = threading.Thread(target=run, name=f"tool {tool}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    ``timeout_s`` seconds (the call then runs on in its daemon thread, which the process
+    does not wait for at exit, and its result is dropped)."""
+    try:
+        worker = _IDLE.pop()
+    except IndexError:
+        worker = _Worker()
+    job = _Job(call)
+    worker.inbox.put(job)
+    if not job.done.wait(timeout_s):
         raise ToolTimeout(tool, timeout_s)
-    if len(outcome) == 2:
-        raise outcome[0]
-    return outcome[0]
+    if len(job.outcome) == 2:
+        raise job.outcome[0]
+    return job.outcome[0]
 
 
 def bound_tool_calls(env: Any) -> None:
