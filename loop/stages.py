@@ -41,6 +41,7 @@ from ..outputs.summary import (
     SignalFigures,
     SynthesisFigures,
     TrainFigures,
+    synthesized_by_parent_family,
 )
 from ..records import (
     PoolSample,
@@ -244,6 +245,7 @@ def record_synthesis(
             "accepted": len(result.accepted),
             "by_signal": dict(Counter(task.signal or "none" for task in result.accepted)),
             "by_family": dict(Counter(task.family for task in result.accepted)),
+            "by_parent_family": synthesized_by_parent_family(result.accepted, rt.pool.tasks),
             "by_calls": {
                 str(calls): n
                 for calls, n in sorted(

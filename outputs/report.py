@@ -67,6 +67,13 @@ def metrics_rows(cycles: list[CycleSummary]) -> list[dict[str, Any]]:
                 # oracle selection only (the ablation's reference arm): what it targeted by
                 "oracle_validation_by_family": signals.oracle_validation if signals else None,
                 "accepted_by_family": synthesis.by_family if synthesis else {},
+                # by the family of the seed task they descend from (runs since issue 88)
+                "accepted_by_parent_family": (
+                    {f: sum(seqs.values()) for f, seqs in synthesis.by_parent_family.items()}
+                    if synthesis
+                    else {}
+                ),
+                "accepted_by_parent_and_sequence": synthesis.by_parent_family if synthesis else {},
                 "candidates": synthesis.candidates if synthesis else None,
                 "duplicates": synthesis.duplicates if synthesis else None,
                 "accepted": synthesis.accepted if synthesis else None,
@@ -324,19 +331,23 @@ def print_summary(
                 change,
                 str(sum(f.get("flagged_items", 0) for f in flags)),
                 str(sum(f.get("kept_items", 0) for f in flags)),
-                str(sum((row["accepted_by_family"] or {}).get(family, 0) for row in rows)),
+                str(sum(_synthesized_of(row).get(family, 0) for row in rows)),
             )
         console.print(by_family)
         left_out = [row["cycle"] for row in evaluated if row not in shown]
         console.print(
             "cN: held-out success after cycle N; change: last evaluated cycle minus cycle 0, "
-            "in points; synth: accepted synthesized tasks"
+            "in points; synth: accepted synthesized tasks descended from the family's tasks"
             + (
                 f"; cycles {', '.join(map(str, left_out))} left out to fit (metrics.jsonl has them)"
                 if left_out
                 else ""
             )
         )
+
+    synthesized = _synthesized_by_sequence(rows)
+    if synthesized:
+        console.print(synthesized)
 
     times = Table(title="seconds per stage (share of the cycle)")
     times.add_column("cycle", justify="right", no_wrap=True)
@@ -374,6 +385,35 @@ def print_summary(
 # Candidate kinds the environment's own task generator makes (OfflineAbstractor, steered):
 # a figure learnt from them rests on that generator, which a user's environment lacks.
 GENERATOR_KINDS = frozenset({"structure_variant", "prefix", "transition"})
+
+
+def _synthesized_of(row: dict[str, Any]) -> dict[str, int]:
+    """A cycle's accepted tasks per family of their parent; a run written before that was
+    recorded gives them by their own family (a tool sequence, outside the world)."""
+    return row.get("accepted_by_parent_family") or row["accepted_by_family"] or {}
+
+
+def _synthesized_by_sequence(rows: list[dict[str, Any]]) -> Any:
+    """The accepted synthesized tasks, summed over cycles, by their parent's family and their
+    own tool sequence: a rich Table, or None when the run recorded none."""
+    from rich.table import Table
+
+    counts: dict[tuple[str, str], int] = {}
+    for row in rows:
+        for family, sequences in (row.get("accepted_by_parent_and_sequence") or {}).items():
+            for sequence, count in sequences.items():
+                counts[(family, sequence)] = counts.get((family, sequence), 0) + count
+    if not counts:
+        return None
+    table = Table(title="synthesized tasks by the family of their parent, and their tool sequence")
+    for column in ("family", "tool sequence"):
+        table.add_column(column, no_wrap=column == "family")
+    table.add_column("tasks", justify="right", no_wrap=True)
+    for (family, sequence), count in sorted(
+        counts.items(), key=lambda item: (item[0][0], -item[1])
+    ):
+        table.add_row(family, sequence, str(count))
+    return table
 
 
 def synthesizer_line(cycles: list[CycleSummary]) -> str | None:

@@ -14,11 +14,13 @@ a newer or older version still loads, with the figures this version knows.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from ..records import TrainResult
+from ..records import Task, TrainResult
 
 
 class RolloutFigures(BaseModel):
@@ -98,7 +100,17 @@ class SynthesisFigures(BaseModel):
     accepted: int = Field(default=0, description="Tasks accepted into the store.")
     crashed: int = Field(default=0, description="Items whose branch ended in an exception.")
     by_signal: dict[str, int] = Field(default_factory=dict, description="Accepted tasks by signal.")
-    by_family: dict[str, int] = Field(default_factory=dict, description="Accepted tasks by family.")
+    by_family: dict[str, int] = Field(
+        default_factory=dict,
+        description="Accepted tasks by their own family: the environment's structure key (the "
+        "world's family names), else their tool sequence.",
+    )
+    # Recorded since issue 88: absent from runs written before.
+    by_parent_family: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Accepted tasks by the family of the seed task they descend from, then by "
+        "their tool sequence (synthesized_by_parent_family).",
+    )
     by_calls: dict[str, int] = Field(
         default_factory=dict, description="Accepted tasks by their number of reference calls."
     )
@@ -126,6 +138,30 @@ class SynthesisFigures(BaseModel):
         default=0, description="Tasks of a half-finished pass taken out of the store first."
     )
     time_s: float = Field(description="Seconds the stage took.")
+
+
+def synthesized_by_parent_family(
+    accepted: Sequence[Task], known: Iterable[Task]
+) -> dict[str, dict[str, int]]:
+    """Accepted tasks counted by the family of the seed task they descend from (a parent
+    synthesized in an earlier cycle leads to its own parent, in ``known``), then by their
+    tool sequence: a synthesized task's own family is its tool sequence where the
+    environment has no structure key of its own, which names no seed family."""
+    by_id = {task.id: task for task in known}
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for task in accepted:
+        parent = by_id.get(task.parent_task_id or "")
+        seen: set[str] = set()
+        while parent is not None and parent.source == "synthesized" and parent.id not in seen:
+            seen.add(parent.id)
+            parent = by_id.get(parent.parent_task_id or "", parent)
+        family = parent.family if parent is not None else UNKNOWN_PARENT
+        counts[family][">".join(call.name for call in task.reference_calls)] += 1
+    return {family: dict(counts[family].most_common()) for family in sorted(counts)}
+
+
+# The family a synthesized task is counted under when its parent is not among the known tasks.
+UNKNOWN_PARENT = "(parent unknown)"
 
 
 class PoolFigures(BaseModel):

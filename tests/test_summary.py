@@ -100,6 +100,11 @@ CURRENT: dict[str, Any] = {
         "crashed": 0,
         "by_signal": {"unsolved": 6, "rare": 4},
         "by_family": {"buy_item": 6, "phone_lookup": 4},
+        # added with issue 88: by the family of the parent, then the tool sequence
+        "by_parent_family": {
+            "buy_item": {"search_products>add_to_cart>checkout": 6},
+            "phone_lookup": {"find_contact": 4},
+        },
         "by_calls": {"1": 4, "2": 6},  # added with the teacher and the composer
         "candidate_kinds": {},
         "reply_errors": {},
