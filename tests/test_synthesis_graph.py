@@ -283,3 +283,46 @@ def test_a_type_error_under_a_role_ends_the_pass_with_that_error(flagged, make_e
     runtime = SynthesisRuntime(roles=roles, make_env=make_env, store=TaskStore(None))
     with pytest.raises(TypeError, match=message):
         asyncio.run(run_synthesis(flagged, TASKS, runtime, cycle=1))
+
+
+class NoGenerator(WorldEnvironment):
+    """The world with its task generator, action sampler and describer taken away: what a
+    user's environment offers. Calling one is a test failure, not a fallback."""
+
+    def variant(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("variation called the task generator")
+
+    def sample_action(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("variation called the action sampler")
+
+    def describe(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("variation called the describer")
+
+
+def test_a_variation_pass_makes_whole_tasks_of_the_flagged_structure_without_a_generator():
+    """synthesis.synthesizer: variation (the default) through the graph: the parent's calls in
+    its order with new values, its request reworded with them, replayed and verified; every
+    task that cannot be varied is a rejection with its reason."""
+    train = load_split("train", size=60)
+    trajectories = run_rollouts(HalfRightPolicy(), NoGenerator, train[:24], k=4, progress=False)
+    config = SignalConfig(kinds=["boundary", "unsolved"], budget=8, per_task_limit=1)
+    flagged = detect_signals(trajectories, OutcomeHistory(), PatternCounts(), config, cycle=0)
+    assert flagged
+    roles = build_roles(RolesConfig(max_candidates=2), {}, seed_tasks=train)
+    runtime = SynthesisRuntime(roles=roles, make_env=NoGenerator, store=TaskStore(None))
+    result = asyncio.run(run_synthesis(flagged, train, runtime, cycle=1))
+    assert result.roles["synthesizer"] == "variation" and result.accepted
+    parents = {task.id: task for task in train}
+    for task in result.accepted:
+        parent = parents[task.parent_task_id]
+        assert [c.name for c in task.reference_calls] == [c.name for c in parent.reference_calls]
+        assert task.instruction != parent.instruction and ", then" not in task.instruction
+        assert ("check" in task.setup) == ("check" in parent.setup)  # carried, never dropped
+        assert [c.arguments for c in task.reference_calls] != [
+            c.arguments for c in parent.reference_calls
+        ]
+        assert replay_reference(WorldEnvironment(), task)[0] == 1.0
+    kinds = {key for key in result.counts if key.startswith("kind:")}
+    assert kinds and all(key.endswith(":variation") for key in kinds)
+    for rejection in result.rejections:
+        assert rejection.reason  # a task it could not vary says why

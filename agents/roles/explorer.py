@@ -35,7 +35,7 @@ from ..prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .llm import ReplyError, ask, model_label
 from .replies import raise_unless_one_replied
 from .role_interfaces import EnvFactory, ExplorationRound, Interaction, WrittenRequest
-from .variation import NotVaried, vary
+from .variation import NotVaried, ValuePools, vary
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ class VariationExplorer:
     def __init__(self, seed_tasks: Sequence[Task], variants: int = 3, seed: int = 0):
         if variants < 1:
             raise ValueError(f"variants must be >= 1, got {variants}")
-        self.seed_tasks = list(seed_tasks)
+        self.values = ValuePools.from_tasks(seed_tasks)  # other seeds' values, read once
         self.variants = variants
         self.seed = seed
 
@@ -319,7 +319,7 @@ class VariationExplorer:
         rounds = []
         for index in range(count):
             outcome = vary(
-                task, make_env, self.seed_tasks, key=f"{self.seed}:{item.trajectory.id}:{index}"
+                task, make_env, self.values, key=f"{self.seed}:{item.trajectory.id}:{index}"
             )
             if isinstance(outcome, NotVaried):
                 rounds.append(
