@@ -178,7 +178,7 @@ class UserEnvironment:
             description=self.description,
             environment=self.make_env,
             splits=(*SPLITS, "all"),
-            split_note="as the task file names them, else cut per family with env.seed",
+            split_note="as the task file names them, else drawn per task from its id and env.seed",
             evaluation_splits=SPLITS,
             task_sets=SPLITS,
             max_tool_calls=self._max_tool_calls(),

@@ -245,3 +245,22 @@ def test_an_environment_of_the_users_own_step_is_bounded_too(tmp_path, monkeypat
         assert env.step(ToolCall(name="cancel_order", arguments={"order_id": "O-1"})).error != (
             TIMEOUT
         )
+
+
+def test_a_run_or_resume_on_a_still_hung_tool_is_refused_in_bounded_time(tmp_path, monkeypatch):
+    """`coevolve run` and `--resume` load the config, which replays every reference under the
+    config's own limit: a tool still hung is refused with the tool named, not waited for."""
+    from coevolve.common.config_base import ConfigError
+    from coevolve.config import load_config
+
+    lines = [json.loads(line) for line in EXAMPLE_TASKS.read_text().splitlines()]
+    picked = [line for line in lines if line["id"] == "change_plan-00"]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(line) + "\n" for line in picked))
+    name = f"hung_desk_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(HUNG_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    started = time.perf_counter()
+    with limits_set(), pytest.raises(ConfigError) as refused:
+        load_config({"env": {"name": f"{name}:make_env", "tool_timeout_s": LIMIT_S}})
+    assert time.perf_counter() - started < BOUND_S
+    assert f"find_customer did not return within the {LIMIT_S:g} s limit" in str(refused.value)
