@@ -23,6 +23,7 @@ microseconds a call (bench/tool_call_overhead.py) and needs nothing of the tool.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -121,6 +122,8 @@ class _Worker:
 # Idle workers (list.append and list.pop are atomic): starting a thread per call costs
 # several times the handing over of a call to a waiting one.
 _IDLE: list[_Worker] = []
+# A forked child has none of its parent's threads: a worker it inherited would never answer.
+os.register_at_fork(after_in_child=_IDLE.clear)
 
 
 def call_with_time_limit(tool: str, call: Callable[[], _T], timeout_s: float) -> _T:
