@@ -16,6 +16,7 @@ from .records import (
 )
 
 if TYPE_CHECKING:
+    from .loop.build_runtime import build_bootstrap_agent, build_runtime
     from .outputs.summary import CycleSummary
     from .runner import RunResult, resume, run
 
@@ -26,6 +27,9 @@ _LAZY = {
     "resume": "runner",
     "run": "runner",
     "CycleSummary": "outputs.summary",
+    # the stages' runtime, for a script that calls the stages itself (graph/cycle/stages.py)
+    "build_bootstrap_agent": "loop.build_runtime",
+    "build_runtime": "loop.build_runtime",
 }
 
 
@@ -53,6 +57,8 @@ __all__ = [
     "Turn",
     "Verdict",
     "__version__",
+    "build_bootstrap_agent",
+    "build_runtime",
     "resume",
     "run",
 ]

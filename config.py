@@ -2,7 +2,7 @@
 person can act on.
 
 Each section lives beside the code it configures (``envs/config.py``,
-``agents/config.py``, ``graph/config.py``, ``memory/signals.py``,
+``agents/config.py``, ``graph/synthesis/config.py``, ``memory/signals.py``,
 ``memory/pool.py``, ``training/config.py``, ...); this module only composes them
 into ``CoevolveConfig``, checks what spans sections, loads YAML, applies ``--set``
 overrides and explains errors, and nothing below it imports it. The section
@@ -35,7 +35,7 @@ from .common.config_base import ConfigError, Section
 from .envs.config import EnvConfig
 from .envs.registry import ENVIRONMENTS, get_environment
 from .envs.user_env import find_user_environment
-from .graph.config import SynthesisConfig
+from .graph.synthesis.config import SynthesisConfig
 from .memory.pool import PoolConfig
 from .memory.signals import SignalConfig
 from .outputs.tracking import TrackingConfig

@@ -2,13 +2,13 @@
 
 The runner builds what the cycle graph's nodes use (policy, pool, history,
 pattern counts, task store, synthesis roles) from a CoevolveConfig
-(``loop/compose.py``), compiles
-loop/cycle.py's ``builder`` with a SQLite checkpointer in the run directory,
+(``loop/build_runtime.py``), compiles
+graph/cycle/graph.py's ``builder`` with a SQLite checkpointer in the run directory,
 and runs it. ``resume=True`` continues a killed run from its last finished
 node, with the config saved in the run directory. At the end it writes
 metrics.jsonl, report.png and summary.json, and returns a RunResult.
-The runtime type and RunError (``loop/runtime.py``), the runtime construction
-and the cycle's training step (``loop/training_step.py``) live under loop/ so
+The runtime type and RunError (``graph/cycle/context.py``), the runtime construction
+and the cycle's training step (``graph/cycle/training_step.py``) live under loop/ so
 the cycle graph never imports the runner; they are re-exported here.
 
 The run directory's files are named, read and written in ``run_files.py``.
@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
 
-from .loop.compose import (
+from .common.errors import RunError
+from .graph.cycle.context import CycleRuntime
+from .graph.cycle.training_step import sft_weights, train_cycle, use_adapter
+from .loop.build_runtime import (
     build_bootstrap_agent,
     build_policy,
     build_runtime,
@@ -34,8 +37,6 @@ from .loop.compose import (
     local_model_dir,
 )
 from .loop.run_lock import hold_run_dir
-from .loop.runtime import CycleRuntime, RunError
-from .loop.training_step import sft_weights, train_cycle, use_adapter
 from .outputs.summary import CycleSummary
 from .run_files import CHECKPOINTS, LOCK_FILE, RunFiles
 
@@ -214,7 +215,7 @@ def _execute(
 # The modules whose classes a run's checkpoint holds. langgraph reads an unnamed class
 # back with a warning today and refuses it under LANGGRAPH_STRICT_MSGPACK=true (its
 # announced default to come): a killed run could then not resume.
-CHECKPOINTED_MODULES = (".records", ".graph.state", ".agents.roles.role_interfaces")
+CHECKPOINTED_MODULES = (".records", ".graph.synthesis.state", ".agents.roles.role_interfaces")
 
 
 def checkpoint_serializer() -> Any:
@@ -238,7 +239,7 @@ async def _drive(rt: CycleRuntime, resuming: bool) -> tuple[list[CycleSummary], 
     import aiosqlite
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    from .loop.cycle import builder
+    from .graph.cycle.graph import builder
 
     config = rt.config
     # The synthesis subgraph inherits the run's config: its branches run max_concurrency

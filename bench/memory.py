@@ -6,7 +6,7 @@
     .venv/bin/python bench/memory.py --config my.yaml --threads 2
     .venv/bin/python bench/memory.py --evaluate-only --set policy.batch_size=32
 
-Runs the stages of one cycle as the loop does (``coevolve.loop.stages``): bootstrap
+Runs the stages of one cycle as the loop does (``coevolve.graph.cycle.stages``): bootstrap
 (the agent built when it is not cached), load (the policy), rollout, signals,
 synthesis, pool, train, evaluate (``--evaluate-only``: bootstrap, load and the
 cycle-0 evaluation, the stage that held ``make demo``'s peak). For each it prints
@@ -222,7 +222,8 @@ def full_config(path: Path, run_dir: Path, launcher: str | None, overrides: list
 async def run_cycle(
     config: Any, allocators: set[str], threads: int | None, evaluate_only: bool = False
 ) -> list[StageMemory]:
-    from coevolve.loop import stages
+    from coevolve import build_bootstrap_agent, build_runtime
+    from coevolve.graph.cycle import stages
 
     rows: list[StageMemory] = []
     policy_cache: Any = None
@@ -255,8 +256,8 @@ async def run_cycle(
         torch.set_num_threads(threads)
     cycle = 1
     # Building a runtime never trains: a missing bootstrap agent is its own step.
-    await measure("bootstrap", lambda: stages.build_bootstrap_agent(config, progress=False))
-    runtime = await measure("load", lambda: stages.build_runtime(config, progress=False))
+    await measure("bootstrap", lambda: build_bootstrap_agent(config, progress=False))
+    runtime = await measure("load", lambda: build_runtime(config, progress=False))
     policy = runtime.policy
     generate_sync = getattr(policy, "generate_sync", None)
     if allocators and generate_sync is not None:

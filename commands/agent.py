@@ -153,7 +153,7 @@ def eval_command(
     if max_steps is not None:
         err_console.print("--max-steps is now --max-tool-calls (the old name goes in a release)")
         max_tool_calls = max_tool_calls or max_steps
-    # A run's adapter is measured as the run measures it (loop.compose.evaluation_tasks:
+    # A run's adapter is measured as the run measures it (loop.build_runtime.evaluation_tasks:
     # its environment, evaluation split, env.seed's cut and tasks per family, and its
     # tool-call bound), unless --env, --split, --category or --limit say otherwise.
     run = run_of_policy(policy)
@@ -172,7 +172,7 @@ def eval_command(
         and split in (None, run.evaluation.split)
         and (category, limit) == (None, None)
     ):
-        from ..loop.compose import evaluation_tasks
+        from ..loop.build_runtime import evaluation_tasks
 
         scopes, key = [run.evaluation.split], "split"
         env_class: Any = spec.environment

@@ -1,4 +1,5 @@
-"""``coevolve env``: list the environments, check their reference solutions, show a task."""
+"""``coevolve env``: list the environments, check their reference solutions, show a task, and
+say how many of its tasks synthesis can vary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from ..envs.limits import DEFAULT_TOOL_TIMEOUT_S
 from .common import (
     ENV_HELP,
     console,
@@ -181,8 +181,8 @@ def env_check(
         typer.Option(
             "--tool-timeout",
             min=0.001,
-            help="Seconds a tool call may take (env.tool_timeout_s; default "
-            f"{DEFAULT_TOOL_TIMEOUT_S:g}).",
+            help="Seconds a tool call may take (default: env.tool_timeout_s's default; "
+            "`coevolve config show` prints it).",
         ),
     ] = None,
 ) -> None:
@@ -317,3 +317,52 @@ def env_show(
     if task.reference_answer is not None:
         console.print(f"[cyan]answer:[/cyan] {task.reference_answer}")
     console.print(f"verifier score: [bold]{environment.score():.2f}[/bold]")
+
+
+@env_app.command("vary")
+def env_vary(
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    split: Annotated[
+        str, typer.Option(help="The task set to vary (its tasks lend the values).")
+    ] = "train",
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Its first N tasks only (the bench's N seed tasks).")
+    ] = None,
+    variants: Annotated[int, typer.Option(min=1, help="Variants tried per task.")] = 1,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The coverage as one JSON object.")
+    ] = False,
+    tasks_file: TasksOption = None,
+) -> None:
+    """How many tasks variation (synthesis.synthesizer: variation) can vary: per family, the
+    tasks with a replay-verified variant and each reason for those without, and an example.
+
+    Needs only the environment protocol: no task generator, sampler or describer is called,
+    and only the named task set is read."""
+    from rich.markup import escape
+
+    from ..agents.roles.variation import variation_coverage
+
+    _register_tasks(env, tasks_file)
+    make_env, tasks = load_env_tasks(env, split)
+    tasks = tasks[:limit] if limit is not None else tasks
+    coverage = variation_coverage(
+        tasks, make_env, tasks, variants, progress=task_progress(f"{env} {split}", not as_json)
+    )
+    if as_json:
+        print(json.dumps({"env": env, "split": split, **coverage}))
+        return
+    table = Table(title=f"{env} {split}: tasks variation can vary ({variants} tried each)")
+    for column in ("family", "tasks", "varied", "not varied: why"):
+        table.add_column(column, justify="left" if column[0] in "fn" else "right")
+    for family, row in coverage["by_family"].items():
+        why = ", ".join(f"{reason} {n}" for reason, n in row["not_varied"].items())
+        table.add_row(family, str(row["tasks"]), str(row["varied"]), why)
+    share = coverage["varied"] / max(coverage["tasks"], 1)
+    why = ", ".join(f"{reason} {n}" for reason, n in coverage["not_varied"].items())
+    table.add_row(
+        "all", str(coverage["tasks"]), f"{coverage['varied']} ({share:.0%})", why, style="bold"
+    )
+    console.print(table)
+    for family, (parent, variant) in list(coverage["examples"].items())[:3]:
+        console.print(f"{family}: {escape(parent)!r}\n  -> {escape(variant)!r}", soft_wrap=True)

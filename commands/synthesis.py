@@ -71,8 +71,8 @@ def synthesize_command(
     from pathlib import Path
 
     from ..envs.catalog import seed_tasks_by_id
-    from ..graph.graph import run_synthesis
-    from ..loop.compose import build_synthesis_runtime
+    from ..graph.synthesis.graph import run_synthesis
+    from ..loop.build_runtime import build_synthesis_runtime
     from ..memory.history import OutcomeHistory
     from ..memory.patterns import PatternCounts
     from ..memory.signals import detect_signals

@@ -1,7 +1,7 @@
 """What every config section shares: its base model and the error a bad config raises.
 
 The section models live beside the code they configure (``envs/config.py``,
-``agents/config.py``, ``graph/config.py``, ``training/config.py``, ...);
+``agents/config.py``, ``graph/synthesis/config.py``, ``training/config.py``, ...);
 ``coevolve.config`` composes them into ``CoevolveConfig`` and loads YAML. This
 module sits below all of them, so a section never imports the composition.
 """

@@ -9,6 +9,11 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
 )
 
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue; the message says what to do."""
+
+
 # Errors whose message tells a person what went wrong and what to do: a command ends on
 # one of these with that message on one line (``--debug`` shows the traceback instead).
 # Named by module, since most of these modules are heavy; an error whose module was never
@@ -18,8 +23,8 @@ KNOWN_ERRORS: tuple[tuple[str, str], ...] = (
     ("training.bootstrap.smollm2", "BaseModelError"),
     ("agents.policy.policy_interface", "PolicyError"),
     ("agents.roles.llm", "ReplyError"),
-    ("graph.graph", "SynthesisError"),
-    ("loop.runtime", "RunError"),
+    ("graph.synthesis.graph", "SynthesisError"),
+    ("common.errors", "RunError"),
 )
 
 

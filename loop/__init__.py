@@ -1,1 +1,1 @@
-"""The training loop: its runtime, stages, cycle graph and Studio entry points (docs/architecture.md)."""
+"""Running the loop: building its runtimes from a config, the run lock, LangGraph Studio's entry points (docs/architecture.md)."""

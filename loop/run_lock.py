@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..common.errors import RunError
 from ..run_files import LOCK_FILE
-from .runtime import RunError
 
 
 class LockHolder(BaseModel):

@@ -4,7 +4,7 @@
 each time it needs a graph: to draw it or read its schemas (no context), and
 to run it (``runtime.execution_runtime``, with the JSON the user typed in
 Studio's context form). Only a run builds the heavy runtime, through the
-composition root (``loop/compose.py``), and gets the graph bound to it.
+composition root (``loop/build_runtime.py``), and gets the graph bound to it.
 
 The forms Studio shows are ``StudioCycleContext`` (the config to run) and
 ``StudioSynthesisContext`` (the environment, roles and store of a pass).
@@ -21,11 +21,11 @@ from langgraph_sdk.runtime import ServerRuntime
 from pydantic import JsonValue
 
 from ..agents.roles.role_interfaces import Synthesizer
-from ..graph.context import SynthesisRuntime
-from ..graph.graph import graph as synthesis_graph
-from .compose import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
-from .cycle import graph as cycle_graph
-from .runtime import CycleRuntime
+from ..graph.cycle.context import CycleRuntime
+from ..graph.cycle.graph import graph as cycle_graph
+from ..graph.synthesis.context import SynthesisRuntime
+from ..graph.synthesis.graph import graph as synthesis_graph
+from .build_runtime import build_bootstrap_agent, build_runtime, spec_synthesis_runtime
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
 Form = TypeVar("Form")

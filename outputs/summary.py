@@ -1,6 +1,6 @@
 """The figures a cycle records, stage by stage: one model per stage and the cycle's summary.
 
-The cycle graph (loop/cycle.py) builds one figures model per stage it runs and
+The cycle graph (graph/cycle/graph.py) builds one figures model per stage it runs and
 keeps them in its state as plain dicts (``model_dump``), because the state is
 checkpointed as JSON-friendly values. Everything that reads them (the runner's
 ``RunResult``, report.py, tracking.py, bench/learning/) parses a finished cycle
@@ -80,7 +80,7 @@ class SignalFigures(BaseModel):
         default=None,
         description="Oracle selection only: validation success per family it selected by.",
     )
-    # loop.stages.flag_map builds the figures before the stage ends; the stage sets the time.
+    # graph.cycle.stages.flag_map builds the figures before the stage ends; the stage sets the time.
     time_s: float = Field(default=0.0, description="Seconds the stage took.")
 
 

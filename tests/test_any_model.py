@@ -96,7 +96,7 @@ def test_a_local_directory_and_a_hub_id_as_the_base_and_as_train_model(tmp_path,
         import json
         from coevolve.common.hf_models import ModelNotFound, resolve_model
         from coevolve.config import CoevolveConfig
-        from coevolve.loop.compose import local_model_dir
+        from coevolve.loop.build_runtime import local_model_dir
 
         found = resolve_model("acme/tiny-agent")
         config = CoevolveConfig.model_validate({

@@ -44,8 +44,8 @@ from coevolve.agents.roles.role_interfaces import RolesConfig
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph.context import SynthesisRuntime
-from coevolve.graph.graph import SynthesisError, SynthesisResult, run_synthesis
+from coevolve.graph.synthesis.context import SynthesisRuntime
+from coevolve.graph.synthesis.graph import SynthesisError, SynthesisResult, run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal

@@ -316,7 +316,7 @@ def test_per_seed_seed_sets_give_each_seed_its_own_tasks_and_bootstrap_agent(tmp
     subset, its bootstrap agent (built on that subset) and its held-out draw are its own;
     fixed (the default) keeps one of each for every seed."""
     from coevolve.envs.catalog import load_tasks
-    from coevolve.loop.compose import evaluation_tasks
+    from coevolve.loop.build_runtime import evaluation_tasks
 
     root = Path(__file__).resolve().parents[1]
     base = load_config(root / "configs" / "bench-lowresource-n100.yaml").model_dump(mode="json")
@@ -525,7 +525,7 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
     """A bench unit killed part-way (its signals stage raises once, in cycle 2) and resumed by
     the next bench run gives the figures of the same unit run through, and is marked resumed."""
     from coevolve.bench.learning import run_ablation
-    from coevolve.loop import stages
+    from coevolve.graph.cycle import stages
     from coevolve.testing.presets import quick_bench as quick_sections
 
     base = load_config(Path(__file__).resolve().parents[1] / "configs" / "bench-learning.yaml")
@@ -926,16 +926,19 @@ def test_a_prompt_of_a_role_that_ran_offline_does_not_make_a_unit_stale():
     offline read none of them, so a changed default prompt keeps it; an LLM role's does not."""
     root = Path(__file__).parents[1]
     offline = load_config(root / "configs" / "bench-quickstart.yaml")
-    roles = offline.synthesis.roles
-    reworded = offline.model_copy(deep=True)
-    reworded.synthesis.roles.summarizer_prompt = "Another summarizer prompt."
-    assert roles.endpoint_for("summarizer") is None
-    assert unit_still_counts(offline.model_dump_json(), reworded.model_dump_json())
+    assert offline.synthesis.synthesizer == "generator"
+    today = offline.model_dump_json()
+    saved = json.loads(today)  # saved when the default prompt read otherwise
+    saved["synthesis"]["roles"]["summarizer_prompt"] = "An older summarizer prompt."
+    assert unit_still_counts(json.dumps(saved), today)
     served = offline.model_copy(deep=True)
     served.endpoints = {"big": EndpointConfig(base_url="http://127.0.0.1:9/v1", model="big")}
     served.synthesis.roles.summarizer = "big"
+    served.synthesis.roles.explorer_policy_rounds = None  # the generator's, not llm's
+    served.synthesis.synthesizer = "llm"
     reworded_served = served.model_copy(deep=True)
     reworded_served.synthesis.roles.summarizer_prompt = "Another summarizer prompt."
+    assert unit_still_counts(served.model_dump_json(), served.model_dump_json())
     assert not unit_still_counts(served.model_dump_json(), reworded_served.model_dump_json())
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from coevolve.common.errors import RunError
 from coevolve.config import CoevolveConfig
-from coevolve.loop.compose import build_bootstrap_agent, build_runtime, local_model_dir
-from coevolve.loop.runtime import RunError
+from coevolve.loop.build_runtime import build_bootstrap_agent, build_runtime, local_model_dir
 from coevolve.testing.presets import tiny_bootstrap
 from coevolve.training.bootstrap.bootstrap_config import METADATA_FILE, bootstrap_dir
 

@@ -6,11 +6,11 @@ from coevolve.bench.config_walk import counts
 def test_a_walk_counts_its_climbs_back_up_and_returns():
     stops = [
         ("runner.py", "run"),
-        ("loop/compose.py", "build_runtime"),  # down
+        ("loop/build_runtime.py", "build_runtime"),  # down
         ("training/bootstrap/build.py", "bootstrap"),  # across, down
         ("training/bootstrap/corpus.py", "build_corpus"),  # the same folder
         ("training/config.py", "LoraSettings.to_peft"),  # up from training/bootstrap/
-        ("loop/compose.py", "build_policy"),  # across, and back to a file it left
+        ("loop/build_runtime.py", "build_policy"),  # across, and back to a file it left
         ("runner.py", "_execute"),  # up to the root, and back
     ]
     assert counts(stops) == {

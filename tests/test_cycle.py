@@ -235,7 +235,7 @@ def test_cycles_with_an_endpoint_policy_grow_the_pool_and_hot_load_adapters(
         assert len(synthesized.read_text().splitlines()) == first.synthesize.accepted
 
         # Killed after the adapter was saved but before the cycle's record: not trained again.
-        from coevolve.loop.stages import pool_sample
+        from coevolve.graph.cycle.stages import pool_sample
         from coevolve.runner import train_cycle
 
         record = Path(result.run_dir) / "cycles" / "001" / "train.json"
@@ -258,7 +258,7 @@ async def _synthesize_again(rt, cycle: int) -> dict:
     record_synthesis), as a resumed run would run it; returns the cycle's figures."""
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from coevolve.loop.cycle import builder
+    from coevolve.graph.cycle.graph import builder
 
     compiled: Any = builder.compile(
         checkpointer=InMemorySaver(), interrupt_after=["record_synthesis"]
@@ -408,7 +408,7 @@ def test_cli_run_reports_bad_configs_clearly(tmp_path):
 
 
 def test_the_cycle_graph_is_exported_for_studio():
-    from coevolve.loop.cycle import builder, graph
+    from coevolve.graph.cycle.graph import builder, graph
 
     assert set(graph.get_graph().nodes) >= {
         "baseline",
@@ -450,7 +450,7 @@ def test_studio_factories_show_a_form_and_bind_the_runtime_built_from_it() -> No
     runtime its JSON context builds; a context that is not the form fails naming its fields."""
     from langgraph_sdk.runtime import _ExecutionRuntime, _ReadRuntime
 
-    from coevolve.graph.context import SynthesisRuntime
+    from coevolve.graph.synthesis.context import SynthesisRuntime
     from coevolve.loop import studio
 
     reading = studio.cycle(_ReadRuntime(access_context="assistants.read", store=None))
@@ -463,9 +463,10 @@ def test_studio_factories_show_a_form_and_bind_the_runtime_built_from_it() -> No
     )
     assert isinstance(running.bound_context, SynthesisRuntime)
     assert running.bound_context.roles.names()["judge"] == "judge:offline"
+    assert running.bound_context.roles.names()["synthesizer"] == "variation"  # the default
     # The server copies the graph it gets (checkpointer, store): the binding survives.
     assert running.copy({"checkpointer": None}).bound_context is running.bound_context
-    with pytest.raises(ValueError, match="the fields env, roles, endpoints"):
+    with pytest.raises(ValueError, match="the fields env, synthesizer, roles, endpoints"):
         studio.synthesis(
             _ExecutionRuntime(
                 access_context="threads.create_run", store=None, context={"config": "x.yaml"}
@@ -501,13 +502,14 @@ def test_the_stage_functions_run_a_cycle_by_hand(tmp_path, agent_server, tiny_bu
     nodes call them) write the cycle's files and return what they made."""
     import asyncio
 
+    from coevolve import build_runtime
     from coevolve.config import CoevolveConfig
-    from coevolve.loop import stages
+    from coevolve.graph.cycle import stages
 
     config = CoevolveConfig.model_validate(
         endpoint_config(tmp_path / "run", agent_server, tiny_build)
     )
-    rt = stages.build_runtime(config, progress=False)
+    rt = build_runtime(config, progress=False)
 
     async def one_cycle():
         trajectories, rolled = await stages.rollout(rt, 1)
@@ -553,8 +555,8 @@ def _models_in(annotation: Any, seen: set[type]) -> None:
 def test_the_checkpoint_serializer_names_every_record_the_graphs_state_holds():
     import typing
 
-    from coevolve.graph.state import BranchState, SynthesisState
-    from coevolve.loop.cycle import CycleState
+    from coevolve.graph.cycle.graph import CycleState
+    from coevolve.graph.synthesis.state import BranchState, SynthesisState
     from coevolve.runner import checkpoint_serializer
 
     seen: set[type] = set()

@@ -1,6 +1,6 @@
 """What an endpoint supports is learnt once and remembered: structured output
 (``response_format``) in ``agents/roles/llm.py``, and adapter hot-loading (``policy.hot_load``)
-in ``loop/training_step.py``. Against the scripted server over real HTTP; the same
+in ``graph/cycle/training_step.py``. Against the scripted server over real HTTP; the same
 checks against ``transformers serve`` are in test_real_server.py."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from coevolve.agents.roles.llm import (
     structured_call,
 )
 from coevolve.config import CoevolveConfig, EndpointConfig
-from coevolve.loop.training_step import use_adapter
+from coevolve.graph.cycle.training_step import use_adapter
 from coevolve.testing.openai_server import Reply
 
 LLM_LOGGER = "coevolve.agents.roles"
@@ -166,7 +166,7 @@ def test_hot_load_best_effort_keeps_the_base_model_with_a_warning(
     server = scripted_server()
     server.refuse_adapters = (404, "Not Found")
     rt = adapter_runtime(server, "best_effort")
-    with caplog.at_level(logging.WARNING, logger="coevolve.loop.training_step"):
+    with caplog.at_level(logging.WARNING, logger="coevolve.graph.cycle.training_step"):
         load(rt, str(tmp_path / "cycle-1"))
     [warning] = [r.getMessage() for r in caplog.records]
     assert "could not hot-load the adapter" in warning and "HTTP 404" in warning

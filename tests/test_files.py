@@ -62,7 +62,10 @@ def test_a_record_holding_unicode_line_separators_stays_one_line(tmp_path):
     assert [t.id for t in _read_trajectories(str(path))] == ["e1", "e2"]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
-        json.dumps({"id": "t1", "family": "f", "turns": [{"user": odd}]}, ensure_ascii=False)
+        json.dumps(
+            {"id": "t1", "family": "f", "turns": [{"user": odd, "calls": [{"name": "note"}]}]},
+            ensure_ascii=False,
+        )
         + "\n",
         encoding="utf-8",
     )

@@ -451,7 +451,7 @@ def test_sft_weight_adds_a_per_token_nll_term(tiny_build, tasks, tmp_path):
 def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
     from coevolve.agents.policy.local_policy import LocalPolicy
     from coevolve.config import CoevolveConfig
-    from coevolve.loop.cycle import CycleRuntime
+    from coevolve.graph.cycle.graph import CycleRuntime
     from coevolve.memory.pool import TaskPool
 
     config = CoevolveConfig.model_validate(
@@ -479,7 +479,7 @@ def runtime(run_dir: Path, tiny_build: Path, tasks: list[Task], **hard):
 
 
 def test_cycle_step_trains_both_adapters_records_shares_and_resumes(tiny_build, tasks, tmp_path):
-    from coevolve.loop.hard_negative_step import failure_adapter_dir, latest_failure_adapter
+    from coevolve.graph.cycle.hard_negative_step import failure_adapter_dir, latest_failure_adapter
     from coevolve.records import PoolSample
     from coevolve.runner import train_cycle
 

@@ -180,9 +180,9 @@ def mermaid(folders: Mapping[str, set[str]]) -> str:
 
 def test_the_graph_sees_imports_inside_functions() -> None:
     graph = import_graph()
-    # loop/stages.py imports the training step inside its train stage only.
-    assert "coevolve.loop.training_step" in graph["coevolve.loop.stages"]
-    assert "coevolve.loop.cycle" in graph["coevolve.runner"]
+    # graph/cycle/stages.py imports the training step inside its train stage only.
+    assert "coevolve.graph.cycle.training_step" in graph["coevolve.graph.cycle.stages"]
+    assert "coevolve.graph.cycle.graph" in graph["coevolve.runner"]
     assert not any(module.startswith("coevolve.tests") for module in graph)
 
 
@@ -281,8 +281,8 @@ CONFIG_ENTRY_POINTS = frozenset(
         # The composition: the policy, roles, store and evaluation tasks of a run from a
         # whole CoevolveConfig; the cycle's runtime that carries that config to the nodes;
         # LangGraph Studio's runtime from a YAML path.
-        f"{PACKAGE}.loop.compose",
-        f"{PACKAGE}.loop.runtime",
+        f"{PACKAGE}.loop.build_runtime",
+        f"{PACKAGE}.graph.cycle.context",
         f"{PACKAGE}.loop.studio",
     }
 )
@@ -303,7 +303,7 @@ def test_only_entry_points_import_the_config_composition() -> None:
     )
     assert below == [], (
         f"{', '.join(below)} import {CONFIG_ROOT}; import the section from its home "
-        "(envs/config.py, agents/config.py, graph/config.py, training/config.py, "
+        "(envs/config.py, agents/config.py, graph/synthesis/config.py, training/config.py, "
         "config_base.py for ConfigError) instead"
     )
 
@@ -365,8 +365,8 @@ def test_no_import_runs_from_a_lower_floor_to_a_higher_one() -> None:
     # Type-only imports count: annotating with a higher floor's type is depending on it.
     graph = import_graph(type_checking=True)
     assert floor_of("coevolve.run_files") < floor_of("coevolve.outputs.export")
-    assert ("coevolve.memory.store", "coevolve.loop.runtime") in upward_arrows(
-        {"coevolve.memory.store": {"coevolve.loop.runtime"}}
+    assert ("coevolve.memory.store", "coevolve.graph.cycle.context") in upward_arrows(
+        {"coevolve.memory.store": {"coevolve.graph.cycle.context"}}
     )
     upward = [arrow for arrow in upward_arrows(graph) if arrow not in KNOWN_UPWARD]
     assert not upward, "imports from a lower floor to a higher one (FLOORS):\n" + "\n".join(

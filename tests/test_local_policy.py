@@ -349,7 +349,7 @@ def test_the_growing_cache_holds_what_concatenation_holds():
 def test_max_live_episodes_comes_from_the_config_and_bounds_the_engine(tiny_build):
     from coevolve.agents.policy.rollout import run_rollouts
     from coevolve.config import load_config
-    from coevolve.loop.compose import build_policy
+    from coevolve.loop.build_runtime import build_policy
 
     config = load_config({"policy": {"max_new_tokens": 8, "max_live_episodes": 2}})
     policy = build_policy(config, model_dir=tiny_build)

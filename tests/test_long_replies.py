@@ -40,8 +40,8 @@ from coevolve.agents.roles.role_interfaces import AbstractionInput, RolesConfig
 from coevolve.agents.roles.summarizer import LLMSummarizer
 from coevolve.config import CHARS_PER_TOKEN, EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph.context import SynthesisRuntime
-from coevolve.graph.graph import SynthesisError, run_synthesis
+from coevolve.graph.synthesis.context import SynthesisRuntime
+from coevolve.graph.synthesis.graph import SynthesisError, run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals

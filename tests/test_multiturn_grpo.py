@@ -455,7 +455,7 @@ def test_groups_with_spread_and_merging_rounds():
 
 def test_grpo_tasks_by_spread_keep_where_a_group_would_have_spread():
     from coevolve.envs.world import load_split
-    from coevolve.loop.training_step import tasks_by_spread
+    from coevolve.graph.cycle.training_step import tasks_by_spread
     from coevolve.records import Trajectory
 
     loaded = load_split("train", size=6)
@@ -485,7 +485,7 @@ def test_grpo_demonstration_steps_train_on_all_fail_tasks_and_what_is_replayed()
     grpo.replay_successes and the pool's replayed demonstrations with grpo.replay_pool,
     neither of which can be on without demonstration steps."""
     from coevolve.envs.world import WorldEnvironment, load_split
-    from coevolve.loop.training_step import demonstration_data
+    from coevolve.graph.cycle.training_step import demonstration_data
     from coevolve.records import Trajectory
     from coevolve.training.datasets import TrainingConversation, demonstrations_by_task
     from coevolve.training.grpo_config import GrpoConfig

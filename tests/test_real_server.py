@@ -55,8 +55,8 @@ from coevolve.agents.roles.role_factory import build_roles
 from coevolve.agents.roles.role_interfaces import RolesConfig
 from coevolve.config import EndpointConfig
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph.context import SynthesisRuntime
-from coevolve.graph.graph import run_synthesis
+from coevolve.graph.synthesis.context import SynthesisRuntime
+from coevolve.graph.synthesis.graph import run_synthesis
 from coevolve.memory.signals import FlaggedTrajectory
 from coevolve.memory.store import TaskStore
 from coevolve.records import Signal

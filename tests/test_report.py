@@ -229,25 +229,36 @@ def test_summary_fits_a_100_column_terminal(cycles):
 
 
 @pytest.mark.parametrize(
-    "abstractor, kinds, says",
+    "roles, kinds, says",
     [
         (
-            "abstractor:offline",
+            {"synthesizer": "generator", "abstractor": "abstractor:offline"},
             {"unsolved:structure_variant": 3, "rare:window": 1},
             "task generator (3 of 4",
         ),
-        ("abstractor:offline", {"rare:window": 2}, "explored windows described by the environment"),
-        ("abstractor:writer(w, both)", {"unsolved:hindsight": 2}, "the task writer"),
+        (
+            {"synthesizer": "variation", "abstractor": "abstractor:variation"},
+            {"unsolved:variation": 2},
+            "variations of the failed tasks",
+        ),
+        (
+            {"synthesizer": "llm", "abstractor": "abstractor:llm(m)"},
+            {"rare:llm": 2},
+            "the LLM roles",
+        ),
+        # a run summary from before the switch names its abstractor
+        ({"abstractor": "abstractor:offline"}, {"rare:window": 2}, "explored windows"),
     ],
 )
-def test_the_summary_names_the_synthesizer(abstractor, kinds, says):
+def test_the_summary_names_the_synthesizer(roles, kinds, says):
     from coevolve.outputs.report import synthesizer_line
     from coevolve.outputs.summary import SynthesisFigures
 
-    figures = SynthesisFigures(roles={"abstractor": abstractor}, candidate_kinds=kinds, time_s=1.0)
+    figures = SynthesisFigures(roles=roles, candidate_kinds=kinds, time_s=1.0)
     cycles = [CycleSummary(cycle=0), CycleSummary(cycle=1, synthesize=figures)]
     line = synthesizer_line(cycles)
-    assert line is not None and line.startswith(f"synthesizer: {abstractor}: ") and says in line
+    name = roles.get("synthesizer", roles["abstractor"])
+    assert line is not None and line.startswith(f"synthesizer: {name}: ") and says in line
     console = Console(width=100, record=True)
     print_summary(console, cycles)
     assert "synthesizer: " in console.export_text()

@@ -11,7 +11,7 @@ import pytest
 from coevolve.agents.roles.role_interfaces import ROLE_NAMES, RolesConfig
 from coevolve.envs.base import environment_brief
 from coevolve.envs.registry import get_environment
-from coevolve.loop.compose import spec_synthesis_runtime
+from coevolve.loop.build_runtime import spec_synthesis_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.support_desk.env:make_env"

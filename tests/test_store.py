@@ -414,7 +414,7 @@ def test_openai_embedding_over_http(scripted_server):
 
 def test_a_configured_embedding_endpoint_embeds_the_runs_store(scripted_server, tmp_path):
     from coevolve.config import load_config
-    from coevolve.loop.compose import build_store
+    from coevolve.loop.build_runtime import build_store
 
     server = scripted_server()
     endpoint = {"base_url": server.base_url, "model": server.model, "max_retries": 1}

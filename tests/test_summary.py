@@ -1,6 +1,6 @@
 """The typed figures between stages (coevolve.outputs.summary): the keys on disk stay the keys they were.
 
-The cycles below are written key for key as loop/cycle.py wrote them before the figures
+The cycles below are written key for key as graph/cycle/graph.py wrote them before the figures
 were typed: CURRENT as of the commit that introduced the models, FIRST_LOOP as the first
 closed loop (95d3334) did, before diagnosis, flag maps and nearest misses were recorded.
 """

@@ -17,9 +17,9 @@ from coevolve.agents.roles.summarizer import OfflineSummarizer
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, load_split
-from coevolve.graph import graph as synthesis
-from coevolve.graph.context import SynthesisRuntime
-from coevolve.graph.graph import run_synthesis
+from coevolve.graph.synthesis import graph as synthesis
+from coevolve.graph.synthesis.context import SynthesisRuntime
+from coevolve.graph.synthesis.graph import run_synthesis
 from coevolve.memory.history import OutcomeHistory
 from coevolve.memory.patterns import PatternCounts
 from coevolve.memory.signals import SignalConfig, detect_signals
@@ -246,7 +246,7 @@ def test_one_item_failing_costs_that_item_only(flagged):
 
 
 def test_a_pass_where_every_item_fails_raises_instead_of_reporting_zero(flagged):
-    from coevolve.graph.graph import SynthesisError
+    from coevolve.graph.synthesis.graph import SynthesisError
 
     runtime = _runtime_with(_FailingSummarizer(ConnectionError("endpoint down")))
     with pytest.raises(SynthesisError, match=r"every one of the .* ConnectionError: endpoint down"):

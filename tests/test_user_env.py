@@ -758,8 +758,8 @@ def test_studios_synthesis_pass_takes_a_users_environment():
 
     from coevolve.agents.policy.oracle import OraclePolicy
     from coevolve.agents.policy.rollout import run_rollouts
-    from coevolve.graph.graph import run_synthesis
-    from coevolve.loop.compose import spec_synthesis_runtime
+    from coevolve.graph.synthesis.graph import run_synthesis
+    from coevolve.loop.build_runtime import spec_synthesis_runtime
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
 

@@ -299,3 +299,30 @@ def test_coverage_of_the_worlds_100_seeds_and_the_support_desk(world, desk):
     on_desk = variation_coverage(seeds, make_env, seeds)
     assert on_desk["varied"] >= 15
     assert set(on_desk["not_varied"]) <= {"row_chosen_by_unstated", "id_in_request"}
+
+
+def test_env_vary_prints_the_coverage_of_the_world_and_the_support_desk():
+    """`coevolve env vary ENV`: per family, the tasks varied and each reason for the rest."""
+    import json
+    import subprocess
+    import sys
+
+    def vary_command(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "coevolve", "env", "vary", *args, "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    world = vary_command("world", "--limit", "30")
+    assert world["tasks"] == 30 and 0 < world["varied"] <= 30
+    assert sum(row["tasks"] for row in world["by_family"].values()) == 30
+    assert world["varied"] + sum(world["not_varied"].values()) == 30
+    desk = vary_command(DESK)
+    assert desk["varied"] >= 15 and set(desk["not_varied"]) <= set(REASONS)
+    for family, (parent, variant) in desk["examples"].items():
+        assert parent != variant, family

@@ -159,7 +159,7 @@ def test_the_sdist_and_the_wheel_hold_every_package_folder(installed):
     } <= data
     with tarfile.open(installed["sdist"]) as sdist:
         members = [name.split("/", 1)[1] for name in sdist.getnames() if "/" in name]
-    assert {"setup.py", "pyproject.toml", "graph/graph.py"} <= set(members)
+    assert {"setup.py", "pyproject.toml", "graph/synthesis/graph.py"} <= set(members)
 
 
 def test_the_installed_command_imports_every_module_and_builds_both_graphs(installed):
@@ -172,7 +172,7 @@ def test_the_installed_command_imports_every_module_and_builds_both_graphs(insta
         env={**env, "INSTALLED_SITE": str(installed["site"])},
     )
     found = json.loads(checked.stdout.strip().splitlines()[-1])
-    assert "coevolve.graph.graph" in found["modules"]
+    assert "coevolve.graph.synthesis.graph" in found["modules"]
     assert {"synthesis", "cycle"} == set(found["graphs"])
     assert {"prepare", "branch", "dedup"} <= set(found["graphs"]["synthesis"])
     assert {"rollout", "signals", "synthesis", "train", "evaluate"} <= set(found["graphs"]["cycle"])

@@ -149,60 +149,6 @@ def generic_description(calls: Sequence[ToolCall]) -> str:
     return f"Use the tools to do the following, in order: {steps}."
 
 
-# --------------------------------------------------------------------------- variation
-
-
-class VariationAbstractor:
-    """The variation explorer's rounds as candidates: the request it wrote, the calls it ran.
-
-    A round that could not vary the task is a rejection with its reason; a variant whose
-    calls and setup repeat another's (two keys that chose the same values), or whose
-    request repeats a stored task, is dropped with the reason too.
-    """
-
-    name = "abstractor:variation"
-    reads_exploration = True
-
-    async def abstract(self, given: AbstractionInput) -> Abstraction:
-        task, kind = given.task, primary_signal(given.item)
-        candidates: list[CandidateTask] = []
-        rejected: list[RejectedCandidate] = []
-        seen: set[str] = set()
-        for index, exploration in enumerate(given.rounds):
-            description = f"variation {index} of {task.id}"
-            if exploration.written is None or not exploration.interactions:
-                why = exploration.not_varied or "the explorer made no variant"
-                rejected.append(
-                    RejectedCandidate(description=description, reason=f"not varied: {why}")
-                )
-                continue
-            calls = [interaction.call for interaction in exploration.interactions]
-            key = actions_key(calls, exploration.setup)
-            why = (
-                "repeats another variation"
-                if key in seen
-                else repeats([exploration.written.request], given)
-            )
-            if why:
-                rejected.append(RejectedCandidate(description=description, reason=why))
-                continue
-            seen.add(key)
-            candidates.append(
-                CandidateTask(
-                    description=f"{description} ({' > '.join(c.name for c in calls)}): "
-                    f"{exploration.written.request}",
-                    query=exploration.written.request,
-                    minimal_actions=calls,
-                    reference_answer=exploration.written.answer,
-                    parent_task_id=task.id,
-                    signal=kind,
-                    setup=dict(exploration.setup),
-                    kind="variation",
-                )
-            )
-        return Abstraction(candidates=candidates, rejections=rejected)
-
-
 # --------------------------------------------------------------------------- offline
 
 

@@ -34,8 +34,7 @@ from ..policy.policy_interface import Message, Policy, PolicyError, parse_assist
 from ..prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .llm import ReplyError, ask, model_label
 from .replies import raise_unless_one_replied
-from .role_interfaces import EnvFactory, ExplorationRound, Interaction, WrittenRequest
-from .variation import NotVaried, ValuePools, vary
+from .role_interfaces import EnvFactory, ExplorationRound, Interaction
 
 log = logging.getLogger(__name__)
 
@@ -286,68 +285,6 @@ class OfflineExplorer:
                     still.append(i)
             live = still
         return logs
-
-
-# --------------------------------------------------------------------------- variation
-
-
-class VariationExplorer:
-    """Variations of the flagged task itself: its calls in its order, new values, no model.
-
-    Each round is one variant (``agents/roles/variation.py:vary``): the parent's calls with
-    new values, copied values read again from the new observations, replayed here in a
-    fresh environment reset to the variant's own setup; ``written`` carries the parent's
-    request with the new values for the abstractor. A rare item gets one variant (a rare
-    pattern needs seeing, not drilling); the others ``variants``. A round that could not
-    vary the task says why in ``not_varied``.
-    """
-
-    name = "explorer:variation"
-
-    def __init__(self, seed_tasks: Sequence[Task], variants: int = 3, seed: int = 0):
-        if variants < 1:
-            raise ValueError(f"variants must be >= 1, got {variants}")
-        self.values = ValuePools.from_tasks(seed_tasks)  # other seeds' values, read once
-        self.variants = variants
-        self.seed = seed
-
-    async def explore(
-        self, item: FlaggedTrajectory, task: Task, context: SynthesisContext, make_env: EnvFactory
-    ) -> list[ExplorationRound]:
-        count = 1 if "rare" in item.kinds and len(item.kinds) == 1 else self.variants
-        objective = f"vary {task.id}: its calls with new values"
-        rounds = []
-        for index in range(count):
-            outcome = vary(
-                task, make_env, self.values, key=f"{self.seed}:{item.trajectory.id}:{index}"
-            )
-            if isinstance(outcome, NotVaried):
-                rounds.append(
-                    ExplorationRound(
-                        objective=objective,
-                        setup=dict(task.setup),
-                        not_varied=f"{outcome.reason}: {outcome.detail}",
-                    )
-                )
-                continue
-            variant = outcome.task
-            env = make_env()
-            env.reset(variant)
-            interactions = [
-                Interaction(call=_bare(call), observation=env.step(call))
-                for call in variant.reference_calls
-            ]
-            rounds.append(
-                ExplorationRound(
-                    objective=objective,
-                    setup=dict(variant.setup),
-                    interactions=interactions,
-                    written=WrittenRequest(
-                        request=variant.instruction, answer=variant.reference_answer
-                    ),
-                )
-            )
-        return rounds
 
 
 # --------------------------------------------------------------------------- LLM

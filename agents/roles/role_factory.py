@@ -13,13 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...envs.base import SupportsVariants, environment_brief
-from .abstractor import OfflineAbstractor, VariationAbstractor
-from .explorer import LLMExplorer, OfflineExplorer, VariationExplorer
+from .abstractor import OfflineAbstractor
+from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
 from .llm import chat_model
 from .llm_abstractor import LLMAbstractor
 from .role_interfaces import ROLE_NAMES, EnvFactory, Roles, RolesConfig, Synthesizer
 from .summarizer import LLMSummarizer, OfflineSummarizer
+from .variation import VariationAbstractor, VariationExplorer
 
 if TYPE_CHECKING:
     from ...records import Task

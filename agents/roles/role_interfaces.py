@@ -347,7 +347,7 @@ class RolesConfig(BaseModel):
 
 
 # The RolesConfig fields only some synthesizers read (any other is read by every one): setting
-# one for a synthesizer that does not read it is refused (graph/config.py), not ignored.
+# one for a synthesizer that does not read it is refused (graph/synthesis/config.py), not ignored.
 _LLM_ONLY = (
     "default_endpoint",
     "summarizer",

@@ -313,7 +313,7 @@ def summarize(runs: list[ArmRun], arms: list[str], seeds: list[int], config: str
 
 def seed_families(config: Any) -> dict[str, int]:
     """The seed set's tasks per family: the first ``pool.seed_tasks`` of the training split."""
-    from ...loop.compose import seed_tasks
+    from ...loop.build_runtime import seed_tasks
 
     return dict(sorted(Counter(task.family for task in seed_tasks(config)).items()))
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from ...agents.policy.eval_report import split_label
+from ...agents.roles.role_interfaces import FIELDS_READ_BY
 from ...common.files import load_jsonl
 from .arms import arm_config, check_arms
 from .code import CodeAcceptance, code_fingerprint, code_label, package_commit
@@ -141,13 +142,13 @@ def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
         return False
     if saved_config == config_now:
         return True
-    before = _before_the_synthesizer_switch(json.loads(saved_config))
-    if before is None:
+    read = _as_read_today(json.loads(saved_config))
+    if read is None:
         return False
     try:
         with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
             warnings.simplefilter("ignore", FutureWarning)
-            saved = CoevolveConfig.model_validate(before)
+            saved = CoevolveConfig.model_validate(read)
     except ValidationError:
         return False
     compared = []
@@ -183,24 +184,31 @@ _REMOVED_ROLES_KNOBS = (
 )
 
 
-def _before_the_synthesizer_switch(config: dict[str, Any]) -> dict[str, Any] | None:
-    """A config saved before ``synthesis.synthesizer`` existed, in today's shape: it ran the
-    environment's generator unless a role named an endpoint (then the LLM roles); the removed
-    synthesizers' settings go, and a unit that ran one of them no longer counts (None)."""
-    synthesis = config.get("synthesis") or {}
-    if "synthesizer" in synthesis:
-        return config
+def _as_read_today(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A saved config as today's config model reads it. Its synthesis roles keep only the
+    settings its synthesizer reads (an offline unit's prompts changed nothing it did, and
+    today's refuses them); one saved before ``synthesis.synthesizer`` existed ran the
+    environment's generator unless a role named an endpoint (then the LLM roles), and
+    drops the removed synthesizers' settings; a unit that ran one of those no longer
+    counts (None)."""
+    synthesis = dict(config.get("synthesis") or {})
     roles = dict(synthesis.get("roles") or {})
-    if any(roles.get(name, off) != off for name, off in _REMOVED_ROLES_OFF.items()):
-        return None
-    for name in (*_REMOVED_ROLES_OFF, *_REMOVED_ROLES_KNOBS):
-        roles.pop(name, None)
-    endpoint_roles = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge")
-    served = any(roles.get(name) not in (None, "offline") for name in endpoint_roles)
-    synthesizer = "llm" if served else "generator"
-    config = {key: value for key, value in config.items() if key != "writer"}
-    config["synthesis"] = {**synthesis, "synthesizer": synthesizer, "roles": roles}
-    return config
+    if "synthesizer" not in synthesis:
+        if any(roles.get(name, off) != off for name, off in _REMOVED_ROLES_OFF.items()):
+            return None
+        for name in (*_REMOVED_ROLES_OFF, *_REMOVED_ROLES_KNOBS):
+            roles.pop(name, None)
+        endpoint_roles = ("default_endpoint", "summarizer", "explorer", "abstractor", "judge")
+        served = any(roles.get(name) not in (None, "offline") for name in endpoint_roles)
+        synthesis["synthesizer"] = "llm" if served else "generator"
+        config = {key: value for key, value in config.items() if key != "writer"}
+    synthesizer = synthesis["synthesizer"]
+    synthesis["roles"] = {
+        name: value
+        for name, value in roles.items()
+        if synthesizer in FIELDS_READ_BY.get(name, (synthesizer,))
+    }
+    return {**config, "synthesis": synthesis}
 
 
 def was_killed(run_dir: Path, config_now: str) -> bool:

@@ -30,7 +30,7 @@ the chosen side's token count.
 ``AdapterSwitch`` lets an in-process ``LocalPolicy`` generate with the failure
 adapter and switch back, with peft (``load_adapter`` / ``set_adapter``) on the
 base model already in memory. The cycle step that ties these together is
-``coevolve.loop.hard_negative_step``; docs/hard-negatives.md has the whole picture.
+``coevolve.graph.cycle.hard_negative_step``; docs/hard-negatives.md has the whole picture.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from chromadb.api.types import Where
 
-    from ..agents.roles.role_interfaces import EnvFactory, Roles
-    from ..memory.store import TaskStore
-    from ..records import Task
+    from ...agents.roles.role_interfaces import EnvFactory, Roles
+    from ...memory.store import TaskStore
+    from ...records import Task
 
 # The share of its episodes the current policy solves, for each task in order.
 StudentSuccess = Callable[["Sequence[Task]"], Awaitable[list[float]]]

@@ -8,10 +8,10 @@ import hashlib
 import json
 import time
 
-from ..agents.policy.eval_report import left_out_note, split_label
-from ..outputs.summary import EvaluationFigures
-from ..records import Trajectory, split_transport_failures
-from .runtime import CycleRuntime, seed_everything
+from ...agents.policy.eval_report import left_out_note, split_label
+from ...outputs.summary import EvaluationFigures
+from ...records import Trajectory, split_transport_failures
+from .context import CycleRuntime, seed_everything
 
 
 async def evaluate_agent(
@@ -19,7 +19,7 @@ async def evaluate_agent(
 ) -> tuple[list[Trajectory], EvaluationFigures]:
     """The current agent on the evaluation split: the episodes the endpoint answered
     (``cycles/NNN/eval.jsonl``) and the figures."""
-    from ..agents.policy.eval_report import evaluation_report as summarize
+    from ...agents.policy.eval_report import evaluation_report as summarize
 
     config = rt.config
     seed_everything(config.seed, cycle, "evaluate")
@@ -64,8 +64,8 @@ async def evaluate_agent(
 async def validation_by_family(rt: CycleRuntime, cycle: int) -> dict[str, float]:
     """The current agent's greedy success per family on the validation split (oracle
     selection only: the ablation's reference arm may read validation, a product run never)."""
-    from ..agents.policy.eval_report import evaluation_report as summarize
-    from ..envs.catalog import first_per_family, load_tasks
+    from ...agents.policy.eval_report import evaluation_report as summarize
+    from ...envs.catalog import first_per_family, load_tasks
 
     config = rt.config
     tasks = first_per_family(
@@ -118,8 +118,8 @@ def _baseline_key(rt: CycleRuntime) -> str | None:
 async def shared_baseline(rt: CycleRuntime) -> EvaluationFigures:
     """The cycle-0 evaluation, from ``rt.baseline_cache`` when a run of the same agent made
     it already (its trajectories copied into this run), else made now and shared."""
-    from ..common.files import write_atomically
-    from ..run_files import SharedBaselineFiles
+    from ...common.files import write_atomically
+    from ...run_files import SharedBaselineFiles
 
     key = _baseline_key(rt) if rt.baseline_cache is not None else None
     if key is None or rt.baseline_cache is None:

@@ -11,20 +11,20 @@
 - *rollout* samples the cycle's tasks from the pool and runs K episodes each;
 - *signals* flags failure-prone trajectories (forgetting, boundary, rare);
 - *synthesize* hands the kept flagged items and their parent tasks to
-  *synthesis*, which runs the synthesis graph (graph/graph.py) with the
+  *synthesis*, which runs the synthesis graph (graph/synthesis/graph.py) with the
   cycle's synthesis runtime (Studio draws its prepare, branch and dedup nodes), and
   *record_synthesis* writes its accepted tasks and rejections and the stage's
   figures;
 - *update_pool* adds the accepted tasks, with provenance, to the training pool;
 - *train* runs the configured TRL step (sft / grpo / dpo) with a LoRA adapter,
   saves ``adapters/cycle-N`` and swaps it into the policy
-  (``loop/training_step.py``);
+  (``graph/cycle/training_step.py``);
 - *evaluate* measures held-out success per family.
 
 One name per meaning: the node ``rollout`` is the function ``rollout_node`` here (each
 node ``X`` is ``X_node``), which calls the stage ``stages.rollout``, which runs the
-engine beneath it (``agents.policy.rollout.play_rollouts``; ``graph.graph.run_synthesis``,
-``agents.policy.eval_report.evaluation_report``). Each node calls its stage (loop/stages.py,
+engine beneath it (``agents.policy.rollout.play_rollouts``; ``graph.synthesis.graph.run_synthesis``,
+``agents.policy.eval_report.evaluation_report``). Each node calls its stage (graph/cycle/stages.py,
 the same functions a script can call itself, typed in and typed out) on the earlier
 stages' outputs, read back from the cycle's files, and records the stage's figures in
 the state.
@@ -45,7 +45,7 @@ id, and a finished adapter is reused.
 
 The heavy objects a node needs (policy, environment factory, pool, store,
 roles) are injected as the graph's runtime context: its ``context_schema`` is
-``CycleRuntime`` (``loop/runtime.py``), built by ``loop/compose.py``.
+``CycleRuntime`` (``graph/cycle/context.py``), built by ``loop/build_runtime.py``.
 The synthesis pass gets its own ``SynthesisRuntime`` from it
 (``CycleRuntime.synthesis_runtime``). LangGraph Studio sends JSON;
 ``loop/studio.py`` turns it into a runtime.
@@ -61,14 +61,14 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from pydantic import JsonValue
 
-from ..graph.graph import graph as synthesis_graph
-from ..graph.state import Rejection, SynthesisResult
-from ..outputs.summary import CycleSummary
-from ..outputs.tracking import log_cycle
-from ..records import Task
+from ...outputs.summary import CycleSummary
+from ...outputs.tracking import log_cycle
+from ...records import Task
+from ..synthesis.graph import graph as synthesis_graph
+from ..synthesis.state import Rejection, SynthesisResult
 from . import stages
+from .context import CycleRuntime
 from .evaluation import shared_baseline
-from .runtime import CycleRuntime
 
 
 class CycleState(TypedDict, total=False):
@@ -104,7 +104,7 @@ SYNTHESIS_CLEARED: CycleState = {
 
 # --------------------------------------------------------------------------- nodes
 # Each node: read what the stage needs from the cycle's files, call the stage
-# (loop/stages.py), record its figures in the state.
+# (graph/cycle/stages.py), record its figures in the state.
 
 
 async def baseline_node(state: CycleState, runtime: Runtime[CycleRuntime]) -> CycleState:

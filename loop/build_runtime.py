@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..graph.context import SynthesisRuntime
-from .runtime import CycleRuntime, RunError
+from ..common.errors import RunError
+from ..graph.cycle.context import CycleRuntime
+from ..graph.synthesis.context import SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -101,7 +102,7 @@ def local_model_dir(config: CoevolveConfig) -> Path | None:
             raise RunError(
                 f"the bootstrap agent this config starts from is not built yet ({target}): "
                 "build it with `coevolve bootstrap --config CONFIG` (or "
-                "coevolve.loop.compose.build_bootstrap_agent); `coevolve run` builds "
+                "coevolve.loop.build_runtime.build_bootstrap_agent); `coevolve run` builds "
                 "it itself"
             )
         return target

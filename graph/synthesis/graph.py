@@ -6,7 +6,7 @@
 
 Roles, the environment factory and the task store are injected through the
 graph's runtime context, its ``context_schema`` ``SynthesisRuntime``
-(loop/runtime.py), never built inside nodes. The cycle graph (loop/cycle.py)
+(graph/cycle/context.py), never built inside nodes. The cycle graph (graph/cycle/graph.py)
 runs this graph from its ``synthesis`` node with the cycle's
 ``CycleRuntime.synthesis_runtime()``; LangGraph Studio runs it through
 ``loop/studio.py``, which builds the runtime from Studio's JSON context.
@@ -28,11 +28,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from ..agents.roles.llm import ReplyCounts, counting_replies
-from ..agents.roles.role_interfaces import AbstractionInput, candidate_to_task, primary_signal
-from ..common.errors import PROGRAMMING_ERRORS
-from ..envs.base import SupportsVariants
-from ..records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
+from ...agents.roles.llm import ReplyCounts, counting_replies
+from ...agents.roles.role_interfaces import AbstractionInput, candidate_to_task, primary_signal
+from ...common.errors import PROGRAMMING_ERRORS
+from ...envs.base import SupportsVariants
+from ...records import CandidateTask, FlaggedTrajectory, Neighbour, Task, Verdict
 from .context import SynthesisRuntime
 from .state import (
     REPLY_ERRORS,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from chromadb.api.types import Where
     from langchain_core.runnables import RunnableConfig
 
-    from ..memory.store import DedupResult, TaskStore
+    from ...memory.store import DedupResult, TaskStore
 
 log = logging.getLogger("coevolve.synthesis")
 
@@ -369,7 +369,7 @@ def _add_novel(
     """``store.add_if_novel``, stopping once ``cap`` tasks are stored (in the judged order)."""
     if cap is None:
         return store.add_if_novel(tasks, where)
-    from ..memory.store import DedupResult
+    from ...memory.store import DedupResult
 
     result = DedupResult()
     start = 0

@@ -6,7 +6,7 @@ tasks, preference pairs; SEAL weights from ``sft_weights`` and the flagged items
 step (``training.trainers.train_adapter``: in a thread, or with ``training.launcher``
 subprocess or accelerate in processes of its own, ``training.launch``) or, with
 ``hard_negatives.enabled``, hands over to
-``loop.hard_negative_step.train_with_hard_negatives``, and makes the policy serve
+``graph.cycle.hard_negative_step.train_with_hard_negatives``, and makes the policy serve
 the new adapter (``use_adapter``). A finished step is reused after a kill.
 ``coevolve.runner`` re-exports these.
 """
@@ -22,19 +22,20 @@ from typing import TYPE_CHECKING, TypedDict
 
 from pydantic import JsonValue
 
-from ..agents.policy.policy_interface import LoraApiMissing
-from .runtime import CycleRuntime, RunError, seed_everything
+from ...agents.policy.policy_interface import LoraApiMissing
+from ...common.errors import RunError
+from .context import CycleRuntime, seed_everything
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..agents.policy.policy_interface import Message
-    from ..envs.base import Environment
-    from ..outputs.tracking import TrainTracking
-    from ..records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
-    from ..training.datasets import PreferencePair, TrainingConversation
-    from ..training.grpo_config import GrpoConfig
-    from ..training.seal import ReweightSettings
+    from ...agents.policy.policy_interface import Message
+    from ...envs.base import Environment
+    from ...outputs.tracking import TrainTracking
+    from ...records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
+    from ...training.datasets import PreferencePair, TrainingConversation
+    from ...training.grpo_config import GrpoConfig
+    from ...training.seal import ReweightSettings
 
 
 class TrainStepArguments(TypedDict):
@@ -65,8 +66,8 @@ async def use_adapter(rt: CycleRuntime, adapter: str | None) -> None:
     """
     if adapter is None:
         return
-    from ..agents.policy.endpoint_policy import EndpointPolicy
-    from ..agents.policy.local_policy import LocalPolicy
+    from ...agents.policy.endpoint_policy import EndpointPolicy
+    from ...agents.policy.local_policy import LocalPolicy
 
     policy = rt.config.policy
     if isinstance(rt.policy, LocalPolicy):
@@ -118,15 +119,15 @@ async def train_cycle(
     """The cycle's training data, the TRL step, and the policy update: from the cycle's
     rollouts, its kept flagged items and the pool's sample (the stages' outputs; nothing
     read from the cycle's files but the finished step's record)."""
-    from ..outputs.tracking import for_training
-    from ..training.datasets import (
+    from ...outputs.tracking import for_training
+    from ...training.datasets import (
         TrainingConversation,
         demonstrations_by_task,
         json_arguments,
         preference_pairs,
         successful_trajectories,
     )
-    from ..training.trainers import (
+    from ...training.trainers import (
         TrainResult,
         is_adapter_complete,
         load_train_result,
@@ -136,7 +137,7 @@ async def train_cycle(
     config = rt.config
     if (
         config.hard_negatives.enabled
-    ):  # failure agent + DPO + SFT target (loop/hard_negative_step.py)
+    ):  # failure agent + DPO + SFT target (graph/cycle/hard_negative_step.py)
         from .hard_negative_step import train_with_hard_negatives
 
         coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter, trajectories)
@@ -236,7 +237,7 @@ async def train_cycle(
         elif training.algorithm == "dpo":  # pairs of the cycle's own episodes
             train_rows = [{**pair.model_dump(mode="json"), "source": "rollout"} for pair in pairs]
         else:  # grpo: the prompts its episodes start from, with each task's tools
-            from ..training.grpo.grpo_trainer import grpo_rows
+            from ...training.grpo.grpo_trainer import grpo_rows
 
             train_rows = []
             for task in tasks:
@@ -270,8 +271,8 @@ async def train_cycle(
         if training.launcher == "inprocess":
             result = await asyncio.to_thread(train_adapter, training, **step)
         else:  # a process of its own (training/launch.py); its output goes to run.log
-            from ..outputs.tracking import release_shared_runs
-            from ..training.launch import launch_train_adapter
+            from ...outputs.tracking import release_shared_runs
+            from ...training.launch import launch_train_adapter
 
             release_shared_runs()  # the child logs into the loop's W&B run
 
@@ -299,7 +300,7 @@ def rows_by_source(rows: Iterable[Mapping[str, object]]) -> dict[str, int]:
 
 def binary_outcomes(trajectories: Sequence[Trajectory]) -> dict[str, list[bool]]:
     """Task id -> whether each of its rollouts this cycle succeeded (``is_success``)."""
-    from ..records import is_success
+    from ...records import is_success
 
     outcomes: dict[str, list[bool]] = {}
     for trajectory in trajectories:
@@ -343,7 +344,7 @@ def tasks_by_spread(
     (``training.grpo.dynamic_sampling.success_rates``): most tasks synthesized in a cycle are
     variants of tasks no rollout solved, and played as groups they all fail (at the
     quickstart, 72 of 77 GRPO tasks were such new tasks, with mean reward 0.1)."""
-    from ..training.grpo.dynamic_sampling import has_spread, spread_chance, success_rates
+    from ...training.grpo.dynamic_sampling import has_spread, spread_chance, success_rates
 
     outcomes = binary_outcomes(trajectories)
     families = {t.task_id: t.family for t in trajectories}
@@ -398,7 +399,7 @@ def sft_weights(
     failures (a spurious call, an invalid tool) weigh more; replayed tasks and
     tasks whose parent episode is unknown weigh 1.0.
     """
-    from ..training.seal import trajectory_weight
+    from ...training.seal import trajectory_weight
 
     labels: dict[str, list[str]] = {}
     for item in flagged:

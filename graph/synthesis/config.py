@@ -1,4 +1,4 @@
-"""Configuration of the synthesis pass (graph/graph.py): its roles, the task store, dedup."""
+"""Configuration of the synthesis pass (graph/synthesis/graph.py): its roles, the task store, dedup."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..agents.config import EndpointConfig
-from ..agents.roles.role_interfaces import FIELDS_READ_BY, SYNTHESIZERS, RolesConfig, Synthesizer
-from ..common.config_base import Section
+from ...agents.config import EndpointConfig
+from ...agents.roles.role_interfaces import FIELDS_READ_BY, SYNTHESIZERS, RolesConfig, Synthesizer
+from ...common.config_base import Section
 
 
 class SynthesisConfig(Section):

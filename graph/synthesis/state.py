@@ -12,8 +12,8 @@ from typing import Annotated, TypedDict
 
 from pydantic import BaseModel
 
-from ..agents.roles.role_interfaces import ExplorationRound
-from ..records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, Verdict
+from ...agents.roles.role_interfaces import ExplorationRound
+from ...records import CandidateTask, FlaggedTrajectory, Neighbour, SynthesisContext, Task, Verdict
 
 # The synthesis funnel: how many items reach each stage of a pass, in order.
 FUNNEL_STAGES = ("flagged", "explored", "candidates", "judged_ok", "duplicates", "accepted")

@@ -1,7 +1,7 @@
 """The training step of a cycle with a failure agent (Co-Evolving Agents, arXiv 2511.22254).
 
 Runs in place of the plain training step when ``hard_negatives.enabled``
-(``coevolve.loop.training_step.train_cycle`` hands over to ``train_with_hard_negatives``):
+(``coevolve.graph.cycle.training_step.train_cycle`` hands over to ``train_with_hard_negatives``):
 
 1. the **failure agent** (a second LoRA adapter, ``adapters/failure-cycle-N``,
    on the policy's base model, switched in with peft) rolls out on the cycle's
@@ -32,21 +32,21 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..records import (
+from ...records import (
     HardNegativeFigures,
     TrainResult,
     Trajectory,
     is_success,
     split_transport_failures,
 )
-from ..run_files import RunFiles
+from ...run_files import RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..outputs.tracking import TrainTracking
-    from ..training.config import TrainingConfig
-    from ..training.datasets import PreferencePair
-    from ..training.hard_negatives.agents import Objective
-    from .runtime import CycleRuntime
+    from ...outputs.tracking import TrainTracking
+    from ...training.config import TrainingConfig
+    from ...training.datasets import PreferencePair
+    from ...training.hard_negatives.agents import Objective
+    from .context import CycleRuntime
 
 
 class HardNegativeTrainResult(TrainResult):
@@ -71,7 +71,7 @@ def failure_adapter_dir(run_dir: Path, cycle: int) -> Path:
 def latest_failure_adapter(run_dir: Path, cycle: int, start: str | None) -> str | None:
     """The failure agent's adapter before ``cycle``: the latest finished ``failure-cycle-K``
     (K < cycle), else ``start`` (the target's starting adapter; None: the base model)."""
-    from ..training.trainers import is_adapter_complete
+    from ...training.trainers import is_adapter_complete
 
     for earlier in range(cycle - 1, 0, -1):
         path = failure_adapter_dir(run_dir, earlier)
@@ -94,9 +94,9 @@ async def _preference_step(
 ) -> TrainResult:
     """One preference adapter of the step (the failure agent's or the target's): the one a
     killed run finished, else trained now, seeded by the cycle and ``seed_label``."""
-    from ..training.hard_negatives.agents import train_preference_adapter
-    from ..training.trainers import is_adapter_complete, load_train_result
-    from .runtime import seed_everything
+    from ...training.hard_negatives.agents import train_preference_adapter
+    from ...training.trainers import is_adapter_complete, load_train_result
+    from .context import seed_everything
 
     if is_adapter_complete(output_dir):
         return load_train_result(output_dir)
@@ -124,8 +124,8 @@ async def train_with_hard_negatives(
     stage's). Returns the target's result; the caller
     swaps ``adapter_dir`` into the policy.
     """
-    from ..outputs.tracking import for_training
-    from ..training.hard_negatives.agents import (
+    from ...outputs.tracking import for_training
+    from ...training.hard_negatives.agents import (
         expert_conversations,
         failure_agent_policy,
         failure_objective,
@@ -135,8 +135,8 @@ async def train_with_hard_negatives(
         target_pairs,
         with_failure_grades,
     )
-    from ..training.trainers import is_adapter_complete
-    from .runtime import seed_everything
+    from ...training.trainers import is_adapter_complete
+    from .context import seed_everything
 
     config = rt.config
     settings = config.hard_negatives
@@ -144,7 +144,7 @@ async def train_with_hard_negatives(
     if files.train_record.exists():  # finished before a kill
         return HardNegativeTrainResult.model_validate_json(files.train_record.read_text())
     if rt.model_dir is None:
-        from .runtime import RunError
+        from ...common.errors import RunError
 
         raise RunError(
             "training needs the base model locally: set policy.train_model to the "

@@ -3,16 +3,18 @@
 Each stage takes the run's runtime, the cycle and what the earlier stages made (in
 memory: no stage reads another's files), does its work, writes the cycle's files
 (``CycleFiles``, for resume and export) and returns what it made with its figures. The
-cycle graph's nodes (loop/cycle.py) are these calls plus the checkpointed state (they
-read a stage's input back from the cycle's files, which a resume finds); a script can call them itself, the way ART exposes ``gather`` and
+cycle graph's nodes (graph/cycle/graph.py) are these calls plus the checkpointed state (they
+read a stage's input back from the cycle's files, which a resume finds); a script can call
+them itself, the way ART exposes ``gather`` and
 ``model.train`` beside its one-call loop::
 
+    from coevolve import build_bootstrap_agent, build_runtime
     from coevolve.config import load_config
-    from coevolve.loop import stages
+    from coevolve.graph.cycle import stages
 
     config = load_config("configs/quickstart.yaml")
-    stages.build_bootstrap_agent(config, say=print)  # trains only when the cache lacks it
-    rt = stages.build_runtime(config)
+    build_bootstrap_agent(config, say=print)  # trains only when the cache lacks it
+    rt = build_runtime(config)
     trajectories, _ = await stages.rollout(rt, cycle=1)
     flagged, _ = await stages.signals(rt, 1, trajectories)
     synthesized, _ = await stages.synthesize(rt, 1, flagged)
@@ -31,9 +33,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..agents.policy.eval_report import left_out_note
-from ..graph.state import REPLY_ERRORS, TOKENS, SynthesisResult
-from ..outputs.summary import (
+from ...agents.policy.eval_report import left_out_note
+from ...outputs.summary import (
     EvaluationFigures,
     FamilyFlags,
     PoolFigures,
@@ -43,7 +44,7 @@ from ..outputs.summary import (
     TrainFigures,
     synthesized_by_parent_family,
 )
-from ..records import (
+from ...records import (
     PoolSample,
     SignalKind,
     Task,
@@ -51,17 +52,15 @@ from ..records import (
     is_success,
     split_transport_failures,
 )
-from .compose import build_bootstrap_agent, build_runtime
+from ..synthesis.state import REPLY_ERRORS, TOKENS, SynthesisResult
+from .context import CycleRuntime, seed_everything
 from .evaluation import evaluate_agent
-from .runtime import CycleRuntime, seed_everything
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..records import FlaggedTrajectory, TrainResult
+    from ...records import FlaggedTrajectory, TrainResult
 
 __all__ = [
     "PoolSample",
-    "build_bootstrap_agent",
-    "build_runtime",
     "evaluate",
     "pool_sample",
     "record_synthesis",
@@ -82,8 +81,8 @@ def _success_rate(trajectories: Sequence[Trajectory]) -> float:
 
 async def rollout(rt: CycleRuntime, cycle: int) -> tuple[list[Trajectory], RolloutFigures]:
     """The cycle's tasks sampled from the pool and played K times each, diagnosed."""
-    from ..envs.diagnosis import count_labels
-    from ..envs.registry import annotate
+    from ...envs.diagnosis import count_labels
+    from ...envs.registry import annotate
 
     config = rt.config
     tasks = rt.pool.sample(cycle, rt.history, config.pool)
@@ -137,7 +136,7 @@ def flag_map(
     is below 50% success over this cycle's rollouts: the families the agent cannot
     do yet.
     """
-    from ..memory.signals import failure_rates
+    from ...memory.signals import failure_rates
 
     rates = failure_rates(trajectories)
     families = sorted({t.family for t in trajectories})
@@ -177,7 +176,7 @@ async def signals(
 ) -> tuple[list[FlaggedTrajectory], SignalFigures]:
     """The failure-prone trajectories the cycle keeps for synthesis (the detectors, then
     the budget; or random or oracle selection), each beside its task's nearest miss."""
-    from ..memory.signals import (
+    from ...memory.signals import (
         apply_budget,
         attach_nearest_misses,
         detect_signals,
@@ -293,7 +292,7 @@ async def synthesize(
 ) -> tuple[SynthesisResult, SynthesisFigures]:
     """One synthesis pass on the flagged items (the synthesis graph, without checkpoints),
     recorded in the cycle's files. The loop runs the same graph as checkpointed nodes."""
-    from ..graph.graph import run_synthesis
+    from ..synthesis.graph import run_synthesis
 
     started = time.time()
     items, parents = synthesis_input(rt, flagged)
@@ -342,7 +341,7 @@ async def train(
     adapter: str | None,
 ) -> tuple[TrainResult, TrainFigures]:
     """The cycle's TRL step on top of ``adapter`` (None: the base model), and the policy
-    serving its new adapter (loop/training_step.py). It trains on the cycle's rollouts
+    serving its new adapter (graph/cycle/training_step.py). It trains on the cycle's rollouts
     (``rollout``), its kept flagged items (``signals``: SEAL's weights) and the pool's
     sample (``update_pool``: the accepted and replayed tasks' demonstrations)."""
     from .training_step import train_cycle

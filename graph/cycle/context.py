@@ -2,11 +2,11 @@
 
 ``CycleRuntime`` holds the heavy objects a node uses (policy, environment
 factory, pool, history, pattern counts, task store, roles); it is the cycle
-graph's ``context_schema``, built by ``coevolve.loop.compose`` (the one
+graph's ``context_schema``, built by ``coevolve.loop.build_runtime`` (the one
 place runtimes are built). The cycle hands its synthesis pass the synthesis
-graph's context (``CycleRuntime.synthesis_runtime``, a ``graph.context.SynthesisRuntime``).
-``RunError`` is a run that cannot start or continue; ``seed_everything`` seeds
-Python, NumPy and torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
+graph's context (``CycleRuntime.synthesis_runtime``, a
+``graph.synthesis.context.SynthesisRuntime``). ``seed_everything`` seeds Python, NumPy and
+torch per (seed, cycle, stage). ``CycleRuntime.play`` stops a
 stage whose endpoint gave no reply (``agents.policy.eval_report.stop_if_unreachable``).
 """
 
@@ -18,29 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..graph.context import SynthesisRuntime
-from ..records import Task, Trajectory
-from ..run_files import CycleFiles, RunFiles
+from ...records import Task, Trajectory
+from ...run_files import CycleFiles, RunFiles
+from ..synthesis.context import SynthesisRuntime
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from ..agents.policy.policy_interface import Policy
-    from ..agents.roles.role_interfaces import EnvFactory, Roles
-    from ..config import CoevolveConfig
-    from ..memory.history import OutcomeHistory
-    from ..memory.patterns import PatternCounts
-    from ..memory.pool import TaskPool
-    from ..memory.store import TaskStore
-
-
-class RunError(RuntimeError):
-    """A run that cannot start or continue; the message says what to do."""
+    from ...agents.policy.policy_interface import Policy
+    from ...agents.roles.role_interfaces import EnvFactory, Roles
+    from ...config import CoevolveConfig
+    from ...memory.history import OutcomeHistory
+    from ...memory.patterns import PatternCounts
+    from ...memory.pool import TaskPool
+    from ...memory.store import TaskStore
 
 
 @dataclass
 class CycleRuntime:
-    """What the nodes use; built by coevolve.loop.compose from a CoevolveConfig."""
+    """What the nodes use; built by coevolve.loop.build_runtime from a CoevolveConfig."""
 
     config: CoevolveConfig
     run_dir: Path
@@ -90,7 +86,7 @@ class CycleRuntime:
         """The share of ``synthesis.frontier_samples`` episodes, at the rollout temperature,
         in which the current policy solves each task (the frontier check). Episodes the
         endpoint gave no reply for count as not solved."""
-        from ..records import is_success
+        from ...records import is_success
 
         k = self.config.synthesis.frontier_samples
         played = await self.play(
@@ -119,7 +115,7 @@ class CycleRuntime:
         """``k`` episodes of every task, as every stage plays them: the run's environment,
         tool-call bound (``rollout.max_tool_calls``) and system prompt; by the run's policy,
         or ``policy`` (the hard-negatives failure agent)."""
-        from ..agents.policy.rollout import play_rollouts
+        from ...agents.policy.rollout import play_rollouts
 
         trajectories = await play_rollouts(
             policy or self.policy,
@@ -133,7 +129,7 @@ class CycleRuntime:
             cycle=cycle,
             description=description,
         )
-        from ..agents.policy.eval_report import stop_if_unreachable
+        from ...agents.policy.eval_report import stop_if_unreachable
 
         stop_if_unreachable(trajectories, self.config.rollout.max_unreachable_share, description)
         return trajectories
@@ -150,7 +146,7 @@ class CycleRuntime:
 
 def seed_everything(*parts: object) -> int:
     """Seed Python, NumPy and torch from the parts; returns the seed (so a rerun samples alike)."""
-    from ..training.trainer_common import seed_all
+    from ...training.trainer_common import seed_all
 
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     seed = int.from_bytes(digest[:4], "big")

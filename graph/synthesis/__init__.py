@@ -1,0 +1,1 @@
+"""The synthesis graph: flagged trajectories in, verified novel tasks out: its state, context and config beside it."""
