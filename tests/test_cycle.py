@@ -555,7 +555,7 @@ def _models_in(annotation: Any, seen: set[type]) -> None:
 def test_the_checkpoint_serializer_names_every_record_the_graphs_state_holds():
     import typing
 
-    from coevolve.graph.cycle.graph import CycleState
+    from coevolve.graph.cycle.state import CycleState
     from coevolve.graph.synthesis.state import BranchState, SynthesisState
     from coevolve.runner import checkpoint_serializer
 
