@@ -11,8 +11,10 @@ from rich.table import Table
 
 from .common import (
     ENV_HELP,
+    MAIN_CONFIG,
     CacheDirOption,
     DebugOption,
+    bootstrap_recipe,
     console,
     env_scopes,
     env_spec,
@@ -51,9 +53,8 @@ def bootstrap_command(
 ) -> None:
     """Build the bootstrap agent: SmolLM2-135M-Instruct (or --base: any Hugging Face model)
     after LoRA SFT on the seed split. Cached."""
-    from ..config import ConfigError, load_config
+    from ..config import load_config
     from ..training.bootstrap.build import (
-        BootstrapConfig,
         bootstrap,
         bootstrap_dir,
         evaluate_cached_build,
@@ -61,21 +62,7 @@ def bootstrap_command(
         load_metadata,
     )
 
-    try:
-        if tiny or base == "tiny":
-            from ..training.tiny_presets import tiny_bootstrap
-
-            config = tiny_bootstrap()
-        else:
-            config = load_config(config_path).bootstrap
-            if base == "smollm2" and config.base != "smollm2":
-                config = BootstrapConfig()
-            elif base is not None and base != config.base:
-                # Any other model: the config's recipe (or the default) on that base.
-                recipe = config if config.base != "tiny" else BootstrapConfig()
-                config = recipe.model_copy(update={"base": base})
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    config = bootstrap_recipe(config_path, "tiny" if tiny else base)
     cached = is_complete(bootstrap_dir(config, cache_dir)) and not force
     path = bootstrap(config, cache_dir=cache_dir, force=force, progress=not as_json)
     metadata = load_metadata(path)
@@ -87,7 +74,13 @@ def bootstrap_command(
     if as_json:
         print(json.dumps({"path": str(path), "cached": cached, **metadata}, default=str))
         return
-    console.print(f"bootstrap model: {path}{'  (cached)' if cached else ''}")
+    main = load_config(MAIN_CONFIG).bootstrap.cache_key()
+    which = (
+        "the main job's agent"
+        if config.cache_key() == main
+        else f"recipe {config.cache_key()}, not the main job's {main}"
+    )
+    console.print(f"bootstrap model: {path}{'  (cached)' if cached else ''} ({which})")
     for key in ("base", "parameters", "steps", "train_time_s", "build_time_s", "final_loss"):
         if key in metadata:
             console.print(f"  {key}: {metadata[key]}")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..envs.base import Environment
     from ..envs.registry import EnvironmentSpec
     from ..records import Task
+    from ..training.bootstrap.bootstrap_config import BootstrapConfig
 
 # The package's directory (configs/, langgraph.json).
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -202,29 +203,67 @@ def run_of_policy(spec: str) -> CoevolveConfig | None:
     return config.model_copy(update={"policy": policy})
 
 
+# The main job's config (`coevolve run` with no argument, `make demo`): a command that needs
+# "the bootstrap agent" and names no config means the agent this config builds, so the tour
+# after `make demo` evaluates the agent the demo built instead of building another.
+MAIN_CONFIG = PACKAGE_DIR / "configs" / "quickstart.yaml"
+
+
+def bootstrap_recipe(config_path: str | None, base: str | None) -> BootstrapConfig:
+    """The agent ``coevolve bootstrap`` builds: the --config's recipe, else the main job's
+    (measured on validation, which is not part of its cache key); ``base`` tiny: the
+    seconds-long test preset; smollm2: the default recipe unless the config's base is
+    smollm2; any other model: the recipe on that base."""
+    from ..config import ConfigError, load_config
+    from ..training.bootstrap.bootstrap_config import BootstrapConfig
+
+    if base == "tiny":
+        from ..training.tiny_presets import tiny_bootstrap
+
+        return tiny_bootstrap()
+    try:
+        config = load_config(config_path or MAIN_CONFIG).bootstrap
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    if config_path is None:
+        config = config.model_copy(update={"eval_split": "validation"})
+    if base == "smollm2" and config.base != "smollm2":
+        return BootstrapConfig()
+    if base is not None and base != config.base:
+        recipe = config if config.base != "tiny" else BootstrapConfig()
+        return recipe.model_copy(update={"base": base})
+    return config
+
+
+def policy_config(spec: str | CoevolveConfig) -> CoevolveConfig:
+    """The config a --policy that is not 'oracle' runs with: 'bootstrap' and a model
+    directory on the main job's settings (its bootstrap agent, its policy's batch and reply
+    length), a YAML config as it is, or a run's config from ``run_of_policy``."""
+    from ..config import CoevolveConfig, load_config
+
+    if isinstance(spec, CoevolveConfig):
+        return spec
+    if spec.endswith((".yaml", ".yml")):
+        return load_config(spec)
+    config = load_config(MAIN_CONFIG)
+    if spec == "bootstrap":
+        return config
+    if not Path(spec).is_dir():
+        raise fail(
+            f"--policy {spec!r} is not 'oracle', 'bootstrap', a model directory, a YAML "
+            "config, or a run's directory or adapter (RUN_DIR/adapters/cycle-N)"
+        )
+    return config.model_copy(update={"policy": config.policy.model_copy(update={"model": spec})})
+
+
 def load_policy(spec: str | CoevolveConfig) -> Any:
     """A policy from --policy: 'oracle', 'bootstrap', a model directory, a YAML config, or
     a run's config from ``run_of_policy``."""
-    from ..config import CoevolveConfig, load_config
-
     if spec == "oracle":
         from ..agents.policy.oracle import OraclePolicy
 
         return OraclePolicy()
-    config = CoevolveConfig()
-    if isinstance(spec, CoevolveConfig):
-        config = spec
-    elif spec.endswith((".yaml", ".yml")):
-        config = load_config(spec)
-    elif spec != "bootstrap":
-        if not Path(spec).is_dir():
-            raise fail(
-                f"--policy {spec!r} is not 'oracle', 'bootstrap', a model directory, a YAML "
-                "config, or a run's directory or adapter (RUN_DIR/adapters/cycle-N)"
-            )
-        config = config.model_copy(
-            update={"policy": config.policy.model_copy(update={"model": spec})}
-        )
+    config = policy_config(spec)
     from ..runner import build_bootstrap_agent, build_policy
 
     build_bootstrap_agent(config, say=err_console.print)  # when the cache lacks it
