@@ -16,11 +16,18 @@ NOT_SHIPPED = ["tests", "tests.*", "examples", "examples.*", "docs", "docs.*", "
 
 
 class BuildWithoutThisFile(build_py):
-    """The root is the package, so this file would ship as ``coevolve.setup``."""
+    """The root is the package, so this file would ship as ``coevolve.setup``; and the
+    scripts in bench/ run from a clone (a developer's measurements), so only the package
+    the `coevolve bench` command imports, ``coevolve.bench.learning``, ships."""
 
     def find_package_modules(self, package, package_dir):
         modules = super().find_package_modules(package, package_dir)
-        return [found for found in modules if (found[0], found[1]) != ("coevolve", "setup")]
+        return [
+            found
+            for found in modules
+            if (found[0], found[1]) != ("coevolve", "setup")
+            and not (found[0] == "coevolve.bench" and found[1] != "__init__")
+        ]
 
 
 setup(

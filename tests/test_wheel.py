@@ -156,7 +156,11 @@ def test_the_sdist_and_the_wheel_hold_every_package_folder(installed):
         "coevolve/langgraph.json",
         "coevolve/py.typed",
         "coevolve/configs/quickstart.yaml",
+        "coevolve/bench/learning/units.py",  # `coevolve bench learning`
     } <= data
+    # the bench's scripts run from a clone: none is in the wheel
+    scripts = {f"coevolve/bench/{path.name}" for path in (ROOT / "bench").glob("*.py")}
+    assert scripts & data == {"coevolve/bench/__init__.py"}
     with tarfile.open(installed["sdist"]) as sdist:
         members = [name.split("/", 1)[1] for name in sdist.getnames() if "/" in name]
     assert {"setup.py", "pyproject.toml", "graph/synthesis/graph.py"} <= set(members)
