@@ -42,10 +42,13 @@ from ...records import (
 from ...run_files import RunFiles
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ...agents.policy.policy_interface import Message
     from ...outputs.tracking import TrainTracking
+    from ...records import Task
     from ...training.config import TrainingConfig
     from ...training.datasets import PreferencePair
     from ...training.hard_negatives.agents import Objective
+    from ...training.hard_negatives.pairs import RankedPair
     from .context import CycleRuntime
 
 
@@ -124,19 +127,7 @@ async def train_with_hard_negatives(
     stage's). Returns the target's result; the caller
     swaps ``adapter_dir`` into the policy.
     """
-    from ...outputs.tracking import for_training
-    from ...training.hard_negatives.agents import (
-        expert_conversations,
-        failure_agent_policy,
-        failure_objective,
-        failure_pairs,
-        hard_negative_share,
-        target_objective,
-        target_pairs,
-        with_failure_grades,
-    )
-    from ...training.trainers import is_adapter_complete
-    from .context import seed_everything
+    from ...training.hard_negatives.agents import failure_pairs, with_failure_grades
 
     config = rt.config
     settings = config.hard_negatives
@@ -150,62 +141,18 @@ async def train_with_hard_negatives(
             "training needs the base model locally: set policy.train_model to the "
             "directory of the model the endpoint serves"
         )
-    target_out = rt.run_files.adapter(cycle)
-    failure_out = failure_adapter_dir(rt.run_dir, cycle)
     failure_before = latest_failure_adapter(rt.run_dir, cycle, config.policy.adapter)
-
-    trajectories = list(rollouts)
-    task_ids = list(dict.fromkeys(t.task_id for t in trajectories))
+    task_ids = list(dict.fromkeys(t.task_id for t in rollouts))
     by_id = {task.id: task for task in rt.pool.tasks}
     tasks = [by_id[task_id] for task_id in task_ids if task_id in by_id]
 
-    # 1. The failure agent's episodes on the same tasks.
-    failure_started = time.perf_counter()
-    failure_trajectories: list[Trajectory] = []
-    rollout_time = 0.0
-    if settings.failure_agent:
-        if files.has_failure_rollouts():
-            failure_trajectories = files.failure_rollouts()
-        else:
-            seed_everything(config.seed, cycle, "failure-rollout")
-            async with failure_agent_policy(
-                rt.policy, failure_before, config.policy.hot_load
-            ) as failure_policy:
-                failure_trajectories = await rt.play(
-                    tasks,
-                    k=settings.failure_rollouts or config.rollout.k,
-                    temperature=(
-                        settings.failure_temperature
-                        if settings.failure_temperature is not None
-                        else config.rollout.temperature
-                    ),
-                    cycle=cycle,
-                    description=f"cycle {cycle} · failure agent",
-                    policy=failure_policy,
-                )
-            # Episodes the endpoint gave no reply for are no failures of the failure agent.
-            failure_trajectories, _ = split_transport_failures(failure_trajectories)
-            version = f"failure:{Path(failure_before).name if failure_before else 'base'}"
-            failure_trajectories = [
-                t.model_copy(update={"id": f"{t.id}/failure", "policy_version": version})
-                for t in failure_trajectories
-            ]
-            rollout_time = time.perf_counter() - failure_started
-        failure_trajectories = with_failure_grades(failure_trajectories, by_id)
-        files.write_failure_rollouts(failure_trajectories)
-    trajectories = with_failure_grades(trajectories, by_id)
-
-    # 2. Shares of hard negatives, per agent.
-    target_share = hard_negative_share(trajectories, settings.hard_threshold)
-    failure_share = (
-        hard_negative_share(failure_trajectories, settings.hard_threshold)
-        if settings.failure_agent
-        else None
+    # 1. The failure agent's episodes on the same tasks; 2. both agents' failure grades.
+    failure_trajectories, rollout_time = await _failure_agent_rollouts(
+        rt, cycle, tasks, by_id, failure_before
     )
+    trajectories = with_failure_grades(list(rollouts), by_id)
 
     # 3. The failure agent: DPO on (failure, failure) pairs from both agents.
-    failure_result: TrainResult | None = None
-    failure_after = failure_before
     f_pairs = failure_pairs(
         trajectories,
         failure_trajectories,
@@ -213,45 +160,149 @@ async def train_with_hard_negatives(
         settings.hard_threshold,
     )
     train_started = time.perf_counter()
-    if settings.failure_agent:
-        if not is_adapter_complete(failure_out) and not settings.trains_failure_agent(cycle):
-            failure_result = TrainResult(
-                algorithm="dpo",
-                adapter_dir=failure_before,
-                previous_adapter=failure_before,
-                skipped=f"failure agent frozen after cycle {settings.freeze_failure_after}",
-            )
-        else:
-            failure_result = await _preference_step(
-                rt,
-                cycle,
-                "train-failure",
-                settings.failure_config(config.training),
-                failure_objective(settings).model_copy(
-                    update={"pairs": len(f_pairs), "hard_pairs": sum(p.hard for p in f_pairs)}
-                ),
-                f_pairs,
-                output_dir=failure_out,
-                previous_adapter=failure_before,
-            )
-        failure_after = failure_result.adapter_dir
+    failure_result = (
+        await _train_failure_agent(rt, cycle, f_pairs, failure_before)
+        if settings.failure_agent
+        else None
+    )
     failure_train_time = time.perf_counter() - train_started
 
     # 4. The target: DPO + SFT on (expert, failure) pairs.
+    target, experts, t_pairs = await _train_target(
+        rt, cycle, previous_adapter, tasks, trajectories, failure_trajectories
+    )
+    figures = _hard_negative_figures(
+        rt,
+        trajectories,
+        failure_trajectories,
+        f_pairs,
+        t_pairs,
+        experts=len(experts),
+        rollout_time=rollout_time,
+        failure_train_time=failure_train_time,
+    )
+    files.write_hard_negative_figures(figures)
+    result = HardNegativeTrainResult(
+        **target.model_dump(),
+        failure=failure_result,
+        failure_adapter=failure_before if failure_result is None else failure_result.adapter_dir,
+        hard_negatives=figures,
+    )
+    files.write_train_record(result)
+    _say(rt, cycle, figures)
+    return result
+
+
+async def _failure_agent_rollouts(
+    rt: CycleRuntime,
+    cycle: int,
+    tasks: list[Task],
+    by_id: dict[str, Task],
+    failure_before: str | None,
+) -> tuple[list[Trajectory], float]:
+    """The failure agent's graded episodes on the cycle's tasks (those a killed run wrote,
+    else played now with the adapter ``failure_before``) and the seconds playing took
+    (0.0 when nothing was played; no episodes without a failure agent)."""
+    from ...training.hard_negatives.agents import failure_agent_policy, with_failure_grades
+    from .context import seed_everything
+
+    config = rt.config
+    settings = config.hard_negatives
+    files = rt.files(cycle)
+    failure_started = time.perf_counter()
+    rollout_time = 0.0
+    if not settings.failure_agent:
+        return [], rollout_time
+    if files.has_failure_rollouts():
+        failure_trajectories = files.failure_rollouts()
+    else:
+        seed_everything(config.seed, cycle, "failure-rollout")
+        async with failure_agent_policy(
+            rt.policy, failure_before, config.policy.hot_load
+        ) as failure_policy:
+            failure_trajectories = await rt.play(
+                tasks,
+                k=settings.failure_rollouts or config.rollout.k,
+                temperature=(
+                    settings.failure_temperature
+                    if settings.failure_temperature is not None
+                    else config.rollout.temperature
+                ),
+                cycle=cycle,
+                description=f"cycle {cycle} · failure agent",
+                policy=failure_policy,
+            )
+        # Episodes the endpoint gave no reply for are no failures of the failure agent.
+        failure_trajectories, _ = split_transport_failures(failure_trajectories)
+        version = f"failure:{Path(failure_before).name if failure_before else 'base'}"
+        failure_trajectories = [
+            t.model_copy(update={"id": f"{t.id}/failure", "policy_version": version})
+            for t in failure_trajectories
+        ]
+        rollout_time = time.perf_counter() - failure_started
+    failure_trajectories = with_failure_grades(failure_trajectories, by_id)
+    files.write_failure_rollouts(failure_trajectories)
+    return failure_trajectories, rollout_time
+
+
+async def _train_failure_agent(
+    rt: CycleRuntime, cycle: int, f_pairs: Sequence[RankedPair], failure_before: str | None
+) -> TrainResult:
+    """The failure agent's DPO step on its pairs (``adapters/failure-cycle-N``), or, once
+    the agent is frozen (``freeze_failure_after``), a skipped step that keeps ``failure_before``."""
+    from ...training.hard_negatives.agents import failure_objective
+    from ...training.trainers import is_adapter_complete
+
+    settings = rt.config.hard_negatives
+    failure_out = failure_adapter_dir(rt.run_dir, cycle)
+    if not is_adapter_complete(failure_out) and not settings.trains_failure_agent(cycle):
+        return TrainResult(
+            algorithm="dpo",
+            adapter_dir=failure_before,
+            previous_adapter=failure_before,
+            skipped=f"failure agent frozen after cycle {settings.freeze_failure_after}",
+        )
+    return await _preference_step(
+        rt,
+        cycle,
+        "train-failure",
+        settings.failure_config(rt.config.training),
+        failure_objective(settings).model_copy(
+            update={"pairs": len(f_pairs), "hard_pairs": sum(p.hard for p in f_pairs)}
+        ),
+        f_pairs,
+        output_dir=failure_out,
+        previous_adapter=failure_before,
+    )
+
+
+async def _train_target(
+    rt: CycleRuntime,
+    cycle: int,
+    previous_adapter: str | None,
+    tasks: list[Task],
+    trajectories: list[Trajectory],
+    failure_trajectories: list[Trajectory],
+) -> tuple[TrainResult, dict[str, list[Message]], list[RankedPair]]:
+    """The target's DPO + SFT step on (expert, failure) pairs (``adapters/cycle-N``), with
+    the expert conversations and the pairs it trained on."""
+    from ...outputs.tracking import for_training
+    from ...training.hard_negatives.agents import (
+        expert_conversations,
+        target_objective,
+        target_pairs,
+    )
+
+    config = rt.config
+    settings = config.hard_negatives
+    played = {t.task_id for t in trajectories + failure_trajectories}
     experts = expert_conversations(
-        [
-            task
-            for task in tasks
-            if task.id in {t.task_id for t in trajectories + failure_trajectories}
-        ],
+        [task for task in tasks if task.id in played],
         rt.make_env,
         config.policy.system_prompt,
         successes=trajectories,
     )
     t_pairs = target_pairs(experts, trajectories, failure_trajectories, settings)
-    by_source = {
-        agent: sum(p.rejected_agent == agent for p in t_pairs) for agent in ("target", "failure")
-    }
     target = await _preference_step(
         rt,
         cycle,
@@ -261,18 +312,48 @@ async def train_with_hard_negatives(
             update={
                 "pairs": len(t_pairs),
                 "hard_pairs": sum(p.hard for p in t_pairs),
-                "pairs_by_source": by_source,
+                "pairs_by_source": _pairs_by_source(t_pairs),
             }
         ),
         t_pairs,
-        output_dir=target_out,
+        output_dir=rt.run_files.adapter(cycle),
         previous_adapter=previous_adapter,
         tracking=for_training(config, rt.run_dir, cycle),
     )
-    figures: HardNegativeFigures = {
+    return target, experts, t_pairs
+
+
+def _pairs_by_source(t_pairs: Sequence[RankedPair]) -> dict[str, int]:
+    """How many of the target's pairs reject each agent's episode."""
+    return {
+        agent: sum(p.rejected_agent == agent for p in t_pairs) for agent in ("target", "failure")
+    }
+
+
+def _hard_negative_figures(
+    rt: CycleRuntime,
+    trajectories: list[Trajectory],
+    failure_trajectories: list[Trajectory],
+    f_pairs: Sequence[RankedPair],
+    t_pairs: Sequence[RankedPair],
+    *,
+    experts: int,
+    rollout_time: float,
+    failure_train_time: float,
+) -> HardNegativeFigures:
+    """The cycle's ``hard_negatives.json``: each agent's share of hard negatives, the
+    pairs of both steps, and the failure agent's time."""
+    from ...training.hard_negatives.agents import hard_negative_share
+
+    settings = rt.config.hard_negatives
+    return {
         "threshold": settings.hard_threshold,
-        "target": target_share,
-        "failure_agent": failure_share,
+        "target": hard_negative_share(trajectories, settings.hard_threshold),
+        "failure_agent": (
+            hard_negative_share(failure_trajectories, settings.hard_threshold)
+            if settings.failure_agent
+            else None
+        ),
         "failure_pairs": len(f_pairs),
         "failure_pairs_hard": sum(p.hard for p in f_pairs),
         "failure_pairs_with_success": sum(
@@ -280,22 +361,12 @@ async def train_with_hard_negatives(
         ),
         "target_pairs": len(t_pairs),
         "target_pairs_hard": sum(p.hard for p in t_pairs),
-        "target_pairs_by_source": by_source,
-        "experts": len(experts),
+        "target_pairs_by_source": _pairs_by_source(t_pairs),
+        "experts": experts,
         "failure_rollout_time_s": round(rollout_time, 3),
         "failure_train_time_s": round(failure_train_time, 3),
         "failure_time_s": round(rollout_time + failure_train_time, 3),
     }
-    files.write_hard_negative_figures(figures)
-    result = HardNegativeTrainResult(
-        **target.model_dump(),
-        failure=failure_result,
-        failure_adapter=failure_after,
-        hard_negatives=figures,
-    )
-    files.write_train_record(result)
-    _say(rt, cycle, figures)
-    return result
 
 
 def _percent(value: float | None) -> str:

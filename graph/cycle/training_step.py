@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -119,175 +120,226 @@ async def train_cycle(
     """The cycle's training data, the TRL step, and the policy update: from the cycle's
     rollouts, its kept flagged items and the pool's sample (the stages' outputs; nothing
     read from the cycle's files but the finished step's record)."""
-    from ...outputs.tracking import for_training
-    from ...training.datasets import (
-        TrainingConversation,
-        demonstrations_by_task,
-        json_arguments,
-        preference_pairs,
-        successful_trajectories,
-    )
-    from ...training.trainers import (
-        TrainResult,
-        is_adapter_complete,
-        load_train_result,
-        train_adapter,
-    )
-
-    config = rt.config
     if (
-        config.hard_negatives.enabled
+        rt.config.hard_negatives.enabled
     ):  # failure agent + DPO + SFT target (graph/cycle/hard_negative_step.py)
         from .hard_negative_step import train_with_hard_negatives
 
         coevolved = await train_with_hard_negatives(rt, cycle, previous_adapter, trajectories)
         await use_adapter(rt, coevolved.adapter_dir)
         return coevolved
-    files = rt.files(cycle)
-    output_dir = rt.run_files.adapter(cycle)
-    if files.train_record.exists():  # trained before a kill; the adapter is complete
-        result = TrainResult.model_validate_json(files.train_record.read_text())
-    elif is_adapter_complete(output_dir):  # killed between saving the adapter and the record
-        # train_data.jsonl was written before the step: its rows say what the step learned from
-        result = load_train_result(output_dir).model_copy(
-            update={"rows_by_source": rows_by_source(files.train_data())}
-        )
-        files.write_train_record(result)
-    else:
+    result = finished_step(rt, cycle)
+    if result is None:
         if rt.model_dir is None:
             raise RunError(
                 "training needs the base model locally: set policy.train_model to the "
                 "directory of the model the endpoint serves"
             )
-        accepted, replay = list(pool.accepted), list(pool.replay)
-        training = config.training
-        tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
-        tools_of = prompt_tools(rt, tasks_by_id)
-        # Rollouts train on the ids the model read and wrote (sft.token_ids), or are rendered
-        # like the demonstrations, with the policy's rendering and its prompts' tools.
-        conversations = [
-            TrainingConversation(
-                messages=json_arguments(t.messages),
-                tools=tools_of(t.task_id),
-                model_turns=t.model_turns if training.sft.token_ids else [],
-                source="rollout",
-            )
-            for t in successful_trajectories(
-                trajectories,
-                max_per_task=training.sft.max_per_task,
-                min_score=training.sft.min_score,
-            )
-        ]
-        successes = len(conversations)
-
-        def rendered(
-            demonstrations: Iterable[tuple[Task, list[Message]]],
-        ) -> list[TrainingConversation]:
-            return [
-                TrainingConversation(messages=messages, tools=tools_of(task.id), source=task.source)
-                for task, messages in demonstrations
-            ]
-
-        demonstrated = demonstrations_by_task(
-            accepted + replay, rt.make_env, config.policy.system_prompt
-        )
-        conversations += rendered(demonstrated)
-        example_weights = None
-        if training.algorithm == "sft" and training.seal.reweight.enable:
-            example_weights = [1.0] * successes + sft_weights(
-                [task for task, _ in demonstrated], flagged, training.seal.reweight
-            )
-        task_ids = {t.task_id for t in trajectories}
-        tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
-        if training.algorithm == "grpo":
-            if training.grpo.demonstration_steps:
-                replayed_ids = {task.id for task in replay}
-                conversations = demonstration_data(
-                    training.grpo,
-                    tasks,
-                    trajectories,
-                    conversations[:successes],
-                    rendered(pair for pair in demonstrated if pair[0].id in replayed_ids),
-                    lambda failed: rendered(
-                        demonstrations_by_task(failed, rt.make_env, config.policy.system_prompt)
-                    ),
-                )
-            if training.grpo.prompts == "spread":
-                tasks = tasks_by_spread(
-                    tasks,
-                    trajectories,
-                    training.grpo.prompts_per_step,
-                    training.grpo.num_generations,
-                )
-        pairs = [
-            pair.model_copy(update={"tools": tools_of(pair.task_id)})
-            for pair in preference_pairs(trajectories, max_per_task=training.dpo.max_pairs_per_task)
-        ]
-        # What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo:
-        # pairs, grpo: prompts), each row with its source (TrainingSource), which the bench's
-        # units count.
-        train_rows: list[dict[str, object]]
-        if training.algorithm == "sft":
-            train_rows = [
-                {"messages": c.messages, "tools": c.tools, "weight": w, "source": c.source}
-                for c, w in zip(
-                    conversations, example_weights or [1.0] * len(conversations), strict=True
-                )
-            ]
-        elif training.algorithm == "dpo":  # pairs of the cycle's own episodes
-            train_rows = [{**pair.model_dump(mode="json"), "source": "rollout"} for pair in pairs]
-        else:  # grpo: the prompts its episodes start from, with each task's tools
-            from ...training.grpo.grpo_trainer import grpo_rows
-
-            train_rows = []
-            for task in tasks:
-                rows, schemas = grpo_rows([task], rt.make_env, config.policy.system_prompt, 1, True)
-                train_rows += [
-                    {
-                        "prompt": row["prompt"],
-                        "tools": schemas,
-                        "task_id": task.id,
-                        "source": task.source,
-                    }
-                    for row in rows
-                ]
-        files.write_train_data(train_rows)
-        seed = seed_everything(config.seed, cycle, "train")
-        step = TrainStepArguments(
-            model_dir=rt.model_dir,
-            output_dir=output_dir,
-            previous_adapter=previous_adapter,
-            conversations=conversations,
-            pairs=pairs,
-            tasks=tasks,
-            make_env=rt.make_env,
-            system_prompt=config.policy.system_prompt,
-            progress=rt.progress,
-            tracking=for_training(config, rt.run_dir, cycle),
-            capability_state_path=rt.run_files.capability_state,
-            example_weights=example_weights,
-            tools_in_prompt=config.policy.renders_tools,
-        )
-        if training.launcher == "inprocess":
-            result = await asyncio.to_thread(train_adapter, training, **step)
-        else:  # a process of its own (training/launch.py); its output goes to run.log
-            from ...outputs.tracking import release_shared_runs
-            from ...training.launch import launch_train_adapter
-
-            release_shared_runs()  # the child logs into the loop's W&B run
-
-            result = await asyncio.to_thread(
-                launch_train_adapter,
-                training,
-                step_file=files.train_step_spec,
-                log_file=rt.run_files.log,
-                environment=config.env.name,
-                seed=seed,
-                **step,
-            )
-        result = result.model_copy(update={"rows_by_source": rows_by_source(train_rows)})
-        files.write_train_record(result)
+        data = cycle_training_data(rt, trajectories, flagged, pool)
+        result = await run_train_step(rt, cycle, previous_adapter, rt.model_dir, data)
     await use_adapter(rt, result.adapter_dir)
+    return result
+
+
+def finished_step(rt: CycleRuntime, cycle: int) -> TrainResult | None:
+    """The cycle's step as a killed run finished it (from its record, or from its complete
+    adapter and the rows of ``train_data.jsonl``), else None."""
+    from ...training.trainers import TrainResult, is_adapter_complete, load_train_result
+
+    files = rt.files(cycle)
+    output_dir = rt.run_files.adapter(cycle)
+    if files.train_record.exists():  # trained before a kill; the adapter is complete
+        return TrainResult.model_validate_json(files.train_record.read_text())
+    if is_adapter_complete(output_dir):  # killed between saving the adapter and the record
+        # train_data.jsonl was written before the step: its rows say what the step learned from
+        result = load_train_result(output_dir).model_copy(
+            update={"rows_by_source": rows_by_source(files.train_data())}
+        )
+        files.write_train_record(result)
+        return result
+    return None
+
+
+@dataclass
+class CycleTrainingData:
+    """What a cycle's step trains on: conversations (SFT, and GRPO's demonstration steps)
+    with SEAL's weights, preference pairs (DPO), and tasks (GRPO's prompts)."""
+
+    conversations: list[TrainingConversation]
+    example_weights: list[float] | None
+    pairs: list[PreferencePair]
+    tasks: list[Task]
+
+
+def cycle_training_data(
+    rt: CycleRuntime,
+    trajectories: Sequence[Trajectory],
+    flagged: Sequence[FlaggedTrajectory],
+    pool: PoolSample,
+) -> CycleTrainingData:
+    """The cycle's successful rollouts, the demonstrations of the pool sample's accepted
+    and replayed tasks, SEAL's weights, the tasks and the preference pairs, every prompt
+    with the tools the policy is served."""
+    from ...training.datasets import (
+        TrainingConversation,
+        demonstrations_by_task,
+        preference_pairs,
+    )
+
+    config = rt.config
+    training = config.training
+    accepted, replay = list(pool.accepted), list(pool.replay)
+    tasks_by_id = {task.id: task for task in [*rt.pool.tasks, *accepted, *replay]}
+    tools_of = prompt_tools(rt, tasks_by_id)
+    conversations = rollout_conversations(rt, trajectories, tools_of)
+    successes = len(conversations)
+
+    def rendered(
+        demonstrations: Iterable[tuple[Task, list[Message]]],
+    ) -> list[TrainingConversation]:
+        return [
+            TrainingConversation(messages=messages, tools=tools_of(task.id), source=task.source)
+            for task, messages in demonstrations
+        ]
+
+    demonstrated = demonstrations_by_task(
+        accepted + replay, rt.make_env, config.policy.system_prompt
+    )
+    conversations += rendered(demonstrated)
+    example_weights = None
+    if training.algorithm == "sft" and training.seal.reweight.enable:
+        example_weights = [1.0] * successes + sft_weights(
+            [task for task, _ in demonstrated], flagged, training.seal.reweight
+        )
+    task_ids = {t.task_id for t in trajectories}
+    tasks = [task for task in rt.pool.tasks if task.id in task_ids] + accepted
+    if training.algorithm == "grpo":
+        if training.grpo.demonstration_steps:
+            replayed_ids = {task.id for task in replay}
+            conversations = demonstration_data(
+                training.grpo,
+                tasks,
+                trajectories,
+                conversations[:successes],
+                rendered(pair for pair in demonstrated if pair[0].id in replayed_ids),
+                lambda failed: rendered(
+                    demonstrations_by_task(failed, rt.make_env, config.policy.system_prompt)
+                ),
+            )
+        if training.grpo.prompts == "spread":
+            tasks = tasks_by_spread(
+                tasks, trajectories, training.grpo.prompts_per_step, training.grpo.num_generations
+            )
+    pairs = [
+        pair.model_copy(update={"tools": tools_of(pair.task_id)})
+        for pair in preference_pairs(trajectories, max_per_task=training.dpo.max_pairs_per_task)
+    ]
+    return CycleTrainingData(conversations, example_weights, pairs, tasks)
+
+
+def rollout_conversations(
+    rt: CycleRuntime,
+    trajectories: Sequence[Trajectory],
+    tools_of: Callable[[str], list[dict[str, JsonValue]] | None],
+) -> list[TrainingConversation]:
+    """The cycle's successful rollouts as training conversations. They train on the ids the
+    model read and wrote (sft.token_ids), or are rendered like the demonstrations, with the
+    policy's rendering and its prompts' tools."""
+    from ...training.datasets import TrainingConversation, json_arguments, successful_trajectories
+
+    sft = rt.config.training.sft
+    return [
+        TrainingConversation(
+            messages=json_arguments(t.messages),
+            tools=tools_of(t.task_id),
+            model_turns=t.model_turns if sft.token_ids else [],
+            source="rollout",
+        )
+        for t in successful_trajectories(
+            trajectories, max_per_task=sft.max_per_task, min_score=sft.min_score
+        )
+    ]
+
+
+def train_rows(rt: CycleRuntime, data: CycleTrainingData) -> list[dict[str, object]]:
+    """What this cycle's step trains on, for `coevolve export` (sft: conversations, dpo:
+    pairs, grpo: prompts), each row with its source (TrainingSource), which the bench's
+    units count."""
+    algorithm = rt.config.training.algorithm
+    if algorithm == "sft":
+        conversations = data.conversations
+        weights = data.example_weights or [1.0] * len(conversations)
+        return [
+            {"messages": c.messages, "tools": c.tools, "weight": w, "source": c.source}
+            for c, w in zip(conversations, weights, strict=True)
+        ]
+    if algorithm == "dpo":  # pairs of the cycle's own episodes
+        return [{**pair.model_dump(mode="json"), "source": "rollout"} for pair in data.pairs]
+    # grpo: the prompts its episodes start from, with each task's tools
+    from ...training.grpo.grpo_trainer import grpo_rows
+
+    rows_out: list[dict[str, object]] = []
+    for task in data.tasks:
+        rows, schemas = grpo_rows([task], rt.make_env, rt.config.policy.system_prompt, 1, True)
+        rows_out += [
+            {"prompt": row["prompt"], "tools": schemas, "task_id": task.id, "source": task.source}
+            for row in rows
+        ]
+    return rows_out
+
+
+async def run_train_step(
+    rt: CycleRuntime,
+    cycle: int,
+    previous_adapter: str | None,
+    model_dir: Path,
+    data: CycleTrainingData,
+) -> TrainResult:
+    """Write the cycle's training rows, run the TRL step (in a thread, or in a process of
+    its own with ``training.launcher``) and write its record."""
+    from ...outputs.tracking import for_training
+    from ...training.trainers import train_adapter
+
+    config = rt.config
+    training = config.training
+    files = rt.files(cycle)
+    rows = train_rows(rt, data)
+    files.write_train_data(rows)
+    seed = seed_everything(config.seed, cycle, "train")
+    step = TrainStepArguments(
+        model_dir=model_dir,
+        output_dir=rt.run_files.adapter(cycle),
+        previous_adapter=previous_adapter,
+        conversations=data.conversations,
+        pairs=data.pairs,
+        tasks=data.tasks,
+        make_env=rt.make_env,
+        system_prompt=config.policy.system_prompt,
+        progress=rt.progress,
+        tracking=for_training(config, rt.run_dir, cycle),
+        capability_state_path=rt.run_files.capability_state,
+        example_weights=data.example_weights,
+        tools_in_prompt=config.policy.renders_tools,
+    )
+    if training.launcher == "inprocess":
+        result = await asyncio.to_thread(train_adapter, training, **step)
+    else:  # a process of its own (training/launch.py); its output goes to run.log
+        from ...outputs.tracking import release_shared_runs
+        from ...training.launch import launch_train_adapter
+
+        release_shared_runs()  # the child logs into the loop's W&B run
+
+        result = await asyncio.to_thread(
+            launch_train_adapter,
+            training,
+            step_file=files.train_step_spec,
+            log_file=rt.run_files.log,
+            environment=config.env.name,
+            seed=seed,
+            **step,
+        )
+    result = result.model_copy(update={"rows_by_source": rows_by_source(rows)})
+    files.write_train_record(result)
     return result
 
 
