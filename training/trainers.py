@@ -68,6 +68,7 @@ from .trainer_common import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..outputs.tracking import TrainTracking
+    from .seal import CapabilityState
 
 __all__ = [
     "ADAPTER_MARKER",
@@ -122,30 +123,12 @@ def train_adapter(
     (``PolicyConfig.renders_tools``); SFT and DPO examples carry their own tools.
     """
     output = Path(output_dir)
-    previous = str(previous_adapter) if previous_adapter is not None else None
-
-    def skipped(reason: str) -> TrainResult:
-        logger.info("training skipped: %s", reason)
-        return TrainResult(
-            algorithm=config.algorithm,
-            adapter_dir=previous,
-            previous_adapter=previous,
-            skipped=reason,
-        )
-
-    if config.algorithm == "sft" and not conversations:
-        return skipped("no conversations to fine-tune on (no verified success or demonstration)")
-    if config.algorithm == "dpo" and not pairs:
-        return skipped("no (success, failure) pairs of the same task")
+    reason = _nothing_to_train(config, conversations, pairs, tasks, make_env)
+    if reason is not None:
+        return _skipped(config, previous_adapter, reason)
     if config.algorithm == "grpo":
         if config.grpo.warmup_ratio is not None:
             config = config.model_copy(update={"warmup_ratio": config.grpo.warmup_ratio})
-        if make_env is None:
-            raise ValueError(
-                "GRPO needs make_env (a factory of fresh environments) for its rewards"
-            )
-        if not tasks:
-            return skipped("no tasks to roll out")
         if config.grpo.demonstration_steps and conversations:
             return _demonstrations_then_grpo(
                 config,
@@ -161,7 +144,57 @@ def train_adapter(
                 capability_state_path=capability_state_path,
                 tools_in_prompt=tools_in_prompt,
             )
+    return _train_with_trl(
+        config,
+        model_dir=model_dir,
+        output=output,
+        previous_adapter=previous_adapter,
+        conversations=conversations,
+        pairs=pairs,
+        tasks=tasks,
+        make_env=make_env,
+        system_prompt=system_prompt,
+        progress=progress,
+        tracking=tracking,
+        capability_state_path=capability_state_path,
+        example_weights=example_weights,
+        tools_in_prompt=tools_in_prompt,
+    )
 
+
+def _skipped(
+    config: TrainingConfig, previous_adapter: str | Path | None, reason: str
+) -> TrainResult:
+    """A step that trained nothing, for ``reason``: the previous adapter stays in use."""
+    logger.info("training skipped: %s", reason)
+    previous = str(previous_adapter) if previous_adapter is not None else None
+    return TrainResult(
+        algorithm=config.algorithm,
+        adapter_dir=previous,
+        previous_adapter=previous,
+        skipped=reason,
+    )
+
+
+def _train_with_trl(
+    config: TrainingConfig,
+    *,
+    model_dir: str | Path,
+    output: Path,
+    previous_adapter: str | Path | None,
+    conversations: Sequence[list[Message] | TrainingConversation],
+    pairs: Sequence[PreferencePair],
+    tasks: Sequence[Task],
+    make_env: Callable[[], Environment] | None,
+    system_prompt: str | None,
+    progress: bool,
+    tracking: TrainTracking | None,
+    capability_state_path: str | Path | None,
+    example_weights: Sequence[float] | None,
+    tools_in_prompt: bool,
+) -> TrainResult:
+    """One TRL trainer's step of ``train_adapter``: build it, run it (from the step's last
+    checkpoint, when a killed run left one), save the adapter, and free the memory."""
     device = resolve_device(config)
     # transformers 5 warns about its own renamed attribute inside Trainer: not the user's concern.
     warnings.filterwarnings(
@@ -175,85 +208,32 @@ def train_adapter(
     work = checkpoints or Path(tempfile.mkdtemp(prefix="coevolve-train-"))
     bars = ProgressBars()
     try:
-        capability_state = None
-        if config.algorithm == "grpo":
-            from .grpo.grpo_trainer import make_grpo_trainer
-            from .seal import CapabilityState
-
-            assert make_env is not None
-            if config.seal.reweight.enable and capability_state_path is not None:
-                capability_state = CapabilityState.load(capability_state_path)
-                capability_state.reset_window()
-            trainer, examples, reason = make_grpo_trainer(
-                config,
-                model_dir=model_dir,
-                previous_adapter=previous_adapter,
-                tokenizer=tokenizer,
-                tasks=tasks,
-                make_env=make_env,
-                system_prompt=system_prompt,
-                arguments=common_arguments(config, device, work, progress, tracking),
-                capability_state=capability_state,
-                tools_in_prompt=tools_in_prompt,
-                replay_conversations=conversations,
-            )
-        elif config.algorithm == "dpo":
-            trainer, examples, reason = dpo_trainer(
-                config,
-                model_dir,
-                previous_adapter,
-                tokenizer,
-                pairs,
-                device,
-                work,
-                progress,
-                tracking,
-            )
-        else:
-            trainer, examples, reason = sft_trainer(
-                config,
-                model_dir,
-                previous_adapter,
-                tokenizer,
-                conversations,
-                device,
-                work,
-                progress,
-                tracking,
-                example_weights,
-            )
+        capability_state = _grpo_capability_state(config, capability_state_path)
+        trainer, examples, reason = _make_trainer(
+            config,
+            model_dir=model_dir,
+            previous_adapter=previous_adapter,
+            tokenizer=tokenizer,
+            conversations=conversations,
+            pairs=pairs,
+            tasks=tasks,
+            make_env=make_env,
+            system_prompt=system_prompt,
+            arguments=(device, work, progress, tracking),
+            capability_state=capability_state,
+            example_weights=example_weights,
+            tools_in_prompt=tools_in_prompt,
+        )
         if trainer is None:
-            return skipped(reason or "nothing to train on")
+            return _skipped(config, previous_adapter, reason or "nothing to train on")
         quiet_trainer(trainer, progress)
         if tracking is not None:
             tracking.attach(trainer)
         if resume_from is not None:
             logger.info("training resumes from the checkpoint %s", resume_from)
-        steps, final_loss, mean_loss, elapsed, metrics = run_trainer(trainer, resume_from)
-        result = TrainResult(
-            algorithm=config.algorithm,
-            adapter_dir=str(output),
-            previous_adapter=previous,
-            steps=steps,
-            examples=examples,
-            final_loss=final_loss,
-            mean_loss=mean_loss,
-            mean_reward=metrics.get("reward") if config.algorithm == "grpo" else None,
-            groups=group_figures(metrics) if config.algorithm == "grpo" else None,
-            train_time_s=round(elapsed, 3),
-            steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
-            device=device,
-            world_size=trainer.args.world_size,
-            resumed_from_step=_checkpoint_step(resume_from),
-        )
-        # Under `accelerate launch` every rank trains (same max_steps) but one writes:
-        # trainer.model is the unwrapped model, the same on every rank under DDP. FSDP
-        # shards it: gather the full weights first, on every rank (as Trainer.save_model).
-        state_dict = None
-        if getattr(trainer, "is_fsdp_enabled", False):
-            state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        previous = str(previous_adapter) if previous_adapter is not None else None
+        result = _run(trainer, config, output, previous, examples, device, resume_from)
         if trainer.is_world_process_zero():
-            save_adapter(trainer.model, output, result, config, state_dict)
             if capability_state is not None and capability_state_path is not None:
                 capability_state.save(capability_state_path)
             if checkpoints is not None:
@@ -265,6 +245,138 @@ def train_adapter(
             shutil.rmtree(work, ignore_errors=True)
         trainer = None  # the model, optimizer and data go with it
         release_memory()
+
+
+def _nothing_to_train(
+    config: TrainingConfig,
+    conversations: Sequence[object],
+    pairs: Sequence[PreferencePair],
+    tasks: Sequence[Task],
+    make_env: Callable[[], Environment] | None,
+) -> str | None:
+    """Why ``config.algorithm`` has nothing to train on (None: it has); GRPO without
+    ``make_env`` is an error."""
+    if config.algorithm == "sft" and not conversations:
+        return "no conversations to fine-tune on (no verified success or demonstration)"
+    if config.algorithm == "dpo" and not pairs:
+        return "no (success, failure) pairs of the same task"
+    if config.algorithm == "grpo":
+        if make_env is None:
+            raise ValueError(
+                "GRPO needs make_env (a factory of fresh environments) for its rewards"
+            )
+        if not tasks:
+            return "no tasks to roll out"
+    return None
+
+
+def _grpo_capability_state(
+    config: TrainingConfig, capability_state_path: str | Path | None
+) -> CapabilityState | None:
+    """GRPO's SEAL label statistics, read with their window reset (None: not reweighting)."""
+    if config.algorithm != "grpo":
+        return None
+    from .seal import CapabilityState
+
+    if not (config.seal.reweight.enable and capability_state_path is not None):
+        return None
+    capability_state = CapabilityState.load(capability_state_path)
+    capability_state.reset_window()
+    return capability_state
+
+
+def _make_trainer(
+    config: TrainingConfig,
+    *,
+    model_dir: str | Path,
+    previous_adapter: str | Path | None,
+    tokenizer: Any,
+    conversations: Sequence[list[Message] | TrainingConversation],
+    pairs: Sequence[PreferencePair],
+    tasks: Sequence[Task],
+    make_env: Callable[[], Environment] | None,
+    system_prompt: str | None,
+    arguments: tuple[str, Path, bool, TrainTracking | None],
+    capability_state: CapabilityState | None,
+    example_weights: Sequence[float] | None,
+    tools_in_prompt: bool,
+) -> tuple[Any, int, str | None]:
+    """The TRL trainer of ``config.algorithm`` (None with the reason when there is nothing
+    to train on) and how many examples it trains on. ``arguments``: the device, the
+    trainer's output folder, whether to show progress, and the tracking."""
+    device, work, progress, tracking = arguments
+    if config.algorithm == "grpo":
+        from .grpo.grpo_trainer import make_grpo_trainer
+
+        assert make_env is not None
+        return make_grpo_trainer(
+            config,
+            model_dir=model_dir,
+            previous_adapter=previous_adapter,
+            tokenizer=tokenizer,
+            tasks=tasks,
+            make_env=make_env,
+            system_prompt=system_prompt,
+            arguments=common_arguments(config, device, work, progress, tracking),
+            capability_state=capability_state,
+            tools_in_prompt=tools_in_prompt,
+            replay_conversations=conversations,
+        )
+    if config.algorithm == "dpo":
+        return dpo_trainer(
+            config, model_dir, previous_adapter, tokenizer, pairs, device, work, progress, tracking
+        )
+    return sft_trainer(
+        config,
+        model_dir,
+        previous_adapter,
+        tokenizer,
+        conversations,
+        device,
+        work,
+        progress,
+        tracking,
+        example_weights,
+    )
+
+
+def _run(
+    trainer: Any,
+    config: TrainingConfig,
+    output: Path,
+    previous: str | None,
+    examples: int,
+    device: str,
+    resume_from: str | None,
+) -> TrainResult:
+    """Run the trainer (from ``resume_from``, a checkpoint) and save its adapter to
+    ``output`` (on the main process), with the step's figures."""
+    steps, final_loss, mean_loss, elapsed, metrics = run_trainer(trainer, resume_from)
+    result = TrainResult(
+        algorithm=config.algorithm,
+        adapter_dir=str(output),
+        previous_adapter=previous,
+        steps=steps,
+        examples=examples,
+        final_loss=final_loss,
+        mean_loss=mean_loss,
+        mean_reward=metrics.get("reward") if config.algorithm == "grpo" else None,
+        groups=group_figures(metrics) if config.algorithm == "grpo" else None,
+        train_time_s=round(elapsed, 3),
+        steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
+        device=device,
+        world_size=trainer.args.world_size,
+        resumed_from_step=_checkpoint_step(resume_from),
+    )
+    # Under `accelerate launch` every rank trains (same max_steps) but one writes:
+    # trainer.model is the unwrapped model, the same on every rank under DDP. FSDP
+    # shards it: gather the full weights first, on every rank (as Trainer.save_model).
+    state_dict = None
+    if getattr(trainer, "is_fsdp_enabled", False):
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+    if trainer.is_world_process_zero():
+        save_adapter(trainer.model, output, result, config, state_dict)
+    return result
 
 
 def train_merged(
