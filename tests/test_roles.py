@@ -17,7 +17,7 @@ from coevolve.agents import prompts
 from coevolve.agents.policy.policy_interface import AssistantMessage
 from coevolve.agents.policy.rollout import run_rollouts
 from coevolve.agents.prompts import fill_environment
-from coevolve.agents.roles.abstractor import OfflineAbstractor, text_similarity
+from coevolve.agents.roles.abstractor import OfflineAbstractor
 from coevolve.agents.roles.explorer import LLMExplorer, OfflineExplorer
 from coevolve.agents.roles.judge import ExecutableJudge, LLMJudge
 from coevolve.agents.roles.llm import ReplyError, StructuredOutputError, chat_model, structured_call
@@ -31,6 +31,7 @@ from coevolve.agents.roles.role_interfaces import (
     candidate_to_task,
 )
 from coevolve.agents.roles.summarizer import LLMSummarizer, OfflineSummarizer
+from coevolve.agents.roles.task_text import text_similarity
 from coevolve.config import EndpointConfig
 from coevolve.envs.base import replay_reference
 from coevolve.envs.world import WorldEnvironment, make_task
@@ -958,7 +959,7 @@ def test_the_repeat_check_agrees_with_the_full_similarity():
     short; it must decide every pair as ``text_similarity >= 0.95`` does."""
     import random
 
-    from coevolve.agents.roles.abstractor import REPEAT_SIMILARITY, similar
+    from coevolve.agents.roles.task_text import REPEAT_SIMILARITY, similar
     from coevolve.envs.world import load_split
 
     texts = [task.instruction for task in load_split("train", size=60)]

@@ -2,8 +2,8 @@
 
 ``OfflineAbstractor`` picks successful action windows that change state and
 relabels them with the environment's describer. ``LLMAbstractor``
-(``agents/roles/llm_abstractor.py``) asks a model for tasks instead, and shares this
-module's repeat checks (``repeats``, ``actions_key``).
+(``agents/roles/llm_abstractor.py``) asks a model for tasks instead; both check repeats
+with the shared text helpers (``agents/roles/task_text.py``: ``repeats``, ``actions_key``).
 
 Both return an ``Abstraction``: the candidates, and what they dropped before
 judging and why.
@@ -12,19 +12,15 @@ judging and why.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
-import re
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Literal
 
 from ...envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
 from ...envs.parsing import render_call
 from ...records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
-from .explorer import _values, focus_tools, mentions, tool_names
+from .explorer import focus_tools, tool_names
 from .role_interfaces import (
     Abstraction,
     AbstractionInput,
@@ -34,78 +30,9 @@ from .role_interfaces import (
     primary_signal,
 )
 from .summarizer import failing_step
+from .task_text import actions_key, call_values, mentions, normalise, repeats
 
 log = logging.getLogger(__name__)
-
-# Texts this similar (difflib ratio on normalised text) count as the same task.
-REPEAT_SIMILARITY = 0.95
-
-_WORDS = re.compile(r"[a-z0-9]+(?:[-:.'][a-z0-9]+)*")
-
-
-def normalise(text: str) -> str:
-    return " ".join(_WORDS.findall(text.lower()))
-
-
-def text_similarity(a: str, b: str) -> float:
-    """How alike two task texts are, 0..1 (case, spacing and punctuation ignored)."""
-    left, right = normalise(a), normalise(b)
-    if left == right:
-        return 1.0
-    return difflib.SequenceMatcher(None, left, right, autojunk=False).ratio()
-
-
-def similar(a: str, b: str, threshold: float = REPEAT_SIMILARITY) -> bool:
-    """``text_similarity(a, b) >= threshold``, decided from difflib's cheap upper bounds
-    when they already fall short: most pairs differ in length or letters, and the full
-    ratio is quadratic in the text."""
-    return _Text(a).similar(_Text(b), threshold)
-
-
-class _Text:
-    """A text normalised once, with its letter counts: ``repeats`` compares each against
-    many. The bounds are difflib's ``real_quick_ratio`` and ``quick_ratio``, computed
-    without building a ``SequenceMatcher``, which indexes its second text up front."""
-
-    def __init__(self, text: str):
-        self.normal = normalise(text)
-
-    @cached_property
-    def counts(self) -> Counter[str]:
-        return Counter(self.normal)
-
-    def similar(self, other: _Text, threshold: float) -> bool:
-        left, right = self.normal, other.normal
-        if left == right:
-            return True
-        length = len(left) + len(right)
-        if 2.0 * min(len(left), len(right)) / length < threshold:
-            return False
-        shared = (self.counts & other.counts).total()
-        if 2.0 * shared / length < threshold:
-            return False
-        matcher = difflib.SequenceMatcher(None, left, right, autojunk=False)
-        return matcher.ratio() >= threshold
-
-
-def repeats(texts: Sequence[str], given: AbstractionInput) -> str | None:
-    """Why a candidate repeats an existing task (its texts vs. neighbours and do-not-repeat), or None."""
-    near = [(_Text(n.text), n) for n in given.neighbours]
-    others = [(_Text(text), text) for text in given.context.do_not_repeat]
-    for text in map(_Text, texts):
-        for normal, neighbour in near:
-            if text.similar(normal, REPEAT_SIMILARITY):
-                return f"repeats existing task {neighbour.id}: {neighbour.text!r}"
-        for normal, other in others:
-            if text.similar(normal, REPEAT_SIMILARITY):
-                return f"repeats a do-not-repeat task: {other!r}"
-    return None
-
-
-def actions_key(calls: Sequence[ToolCall], setup: Mapping[str, Any] | None = None) -> str:
-    payload = [[c.name, c.arguments] for c in calls]
-    return json.dumps([payload, setup or {}], sort_keys=True, default=str)
-
 
 # --------------------------------------------------------------------------- environment traits
 
@@ -180,6 +107,19 @@ def prefix_length(item: FlaggedTrajectory, failing: int, length: int) -> int:
     base = failing + 1
     grown = base + round(success * max(length - base, 0))
     return max(1, min(grown, length - 1))
+
+
+def _one_per_sequence_first(
+    proposals: Sequence[tuple[tuple, CandidateTask]],
+) -> list[CandidateTask]:
+    """The ranked candidates with the best of each tool sequence first, so the few kept
+    ones differ; the rest after them, in rank order within their sequence."""
+    by_sequence: dict[tuple[str, ...], list[CandidateTask]] = {}
+    for _, candidate in proposals:
+        sequence = tuple(c.name for c in candidate.minimal_actions)
+        by_sequence.setdefault(sequence, []).append(candidate)
+    ordered = [group[0] for group in by_sequence.values()]
+    return ordered + [c for group in by_sequence.values() for c in group[1:]]
 
 
 class OfflineAbstractor:
@@ -265,8 +205,7 @@ class OfflineAbstractor:
         return candidates
 
     async def abstract(self, given: AbstractionInput) -> Abstraction:
-        item, task, context, rounds = given.item, given.task, given.context, given.rounds
-        rejected: list[RejectedCandidate] = []
+        item, task, context = given.item, given.task, given.context
         env = given.make_env()
         steered = self._steered(item, task, context, env) if self.steer else []
         kind = primary_signal(item)
@@ -274,75 +213,94 @@ class OfflineAbstractor:
         # the other kinds are answered by the failing structure itself.
         if steered and kind != "rare":
             return Abstraction(candidates=steered[: self.max_candidates])
+        rejected: list[RejectedCandidate] = []
+        proposals = self._proposals(given, env, kind, rejected)
+        chosen = self._choose(_one_per_sequence_first(proposals), given, rejected)
+        chosen = (steered + chosen)[: self.max_candidates] if steered else chosen
+        if not chosen:
+            rejected.append(
+                RejectedCandidate(
+                    description=f"{len(given.rounds)} exploration round(s)",
+                    reason="no successful state-changing action window"
+                    if not proposals
+                    else "every window repeated an existing task",
+                )
+            )
+        return Abstraction(candidates=chosen, rejections=rejected)
+
+    def _proposals(
+        self, given: AbstractionInput, env: Any, kind: str, rejected: list[RejectedCandidate]
+    ) -> list[tuple[tuple, CandidateTask]]:
+        """Every explored window as a ranked candidate, best first, once per calls and
+        setup; a window that is the parent task itself goes to ``rejected``."""
+        task, rounds = given.task, given.rounds
         traits = _traits(env)
         describe = env.describe if isinstance(env, SupportsDescribe) else None
         focus = set(
-            focus_tools(context, task, tool_names(env) or [c.name for c in task.reference_calls])
+            focus_tools(
+                given.context, task, tool_names(env) or [c.name for c in task.reference_calls]
+            )
         )
-        windows = [
-            window
-            for index, exploration in enumerate(rounds)
-            for window in self._windows(index, exploration.interactions, traits)
-        ]
         parent_key = actions_key(task.reference_calls, candidate_setup(task.setup))
         parent_names = [call.name for call in task.reference_calls]
         proposals: list[tuple[tuple, CandidateTask]] = []
         seen: set[str] = set()
-        for window in windows:
-            exploration = rounds[window.round_index]
-            interactions = exploration.interactions
-            prefix = [i.call for i in interactions[: window.start]]
-            setup = traits.setup_after(exploration.setup, prefix)
-            if setup is None:
-                continue
-            calls = [interactions[k].call for k in window.kept]
-            key = actions_key(calls, setup)
-            if key in seen:
-                continue
-            seen.add(key)
-            query = describe(calls, setup) if describe else generic_description(calls)
-            if not query or normalise(query) == "do nothing":
-                continue
-            names = [c.name for c in calls]
-            candidate = CandidateTask(
-                description=f"{' > '.join(names)} (from exploring {task.id}): {query}",
-                query=query,
-                minimal_actions=calls,
-                reference_answer=window.answer,
-                parent_task_id=task.id,
-                signal=kind,
-                setup=setup,
-            )
-            if key == parent_key:
-                rejected.append(
-                    RejectedCandidate(
-                        description=candidate.description, reason="repeats the parent task"
-                    )
+        for index, exploration in enumerate(rounds):
+            for window in self._windows(index, exploration.interactions, traits):
+                interactions = exploration.interactions
+                prefix = [i.call for i in interactions[: window.start]]
+                setup = traits.setup_after(exploration.setup, prefix)
+                if setup is None:
+                    continue
+                calls = [interactions[k].call for k in window.kept]
+                key = actions_key(calls, setup)
+                if key in seen:
+                    continue
+                seen.add(key)
+                query = describe(calls, setup) if describe else generic_description(calls)
+                if not query or normalise(query) == "do nothing":
+                    continue
+                names = [c.name for c in calls]
+                candidate = CandidateTask(
+                    description=f"{' > '.join(names)} (from exploring {task.id}): {query}",
+                    query=query,
+                    minimal_actions=calls,
+                    reference_answer=window.answer,
+                    parent_task_id=task.id,
+                    signal=kind,
+                    setup=setup,
                 )
-                continue
-            # Best first: every value stated or looked up, shaped like the parent's
-            # solution (the skill the signal is about), on the focus tools, passing
-            # values from lookups into later calls.
-            rank = (
-                self._unstated_values(window, interactions, query),
-                -round(difflib.SequenceMatcher(None, names, parent_names).ratio(), 3),
-                -len(focus.intersection(names)),
-                -window.links,
-                len(window.kept),
-                window.round_index,
-                window.end,
-            )
-            proposals.append((rank, candidate))
-
+                if key == parent_key:
+                    rejected.append(
+                        RejectedCandidate(
+                            description=candidate.description, reason="repeats the parent task"
+                        )
+                    )
+                    continue
+                # Best first: every value stated or looked up, shaped like the parent's
+                # solution (the skill the signal is about), on the focus tools, passing
+                # values from lookups into later calls.
+                rank = (
+                    self._unstated_values(window, interactions, query),
+                    -round(difflib.SequenceMatcher(None, names, parent_names).ratio(), 3),
+                    -len(focus.intersection(names)),
+                    -window.links,
+                    len(window.kept),
+                    window.round_index,
+                    window.end,
+                )
+                proposals.append((rank, candidate))
         proposals.sort(key=lambda pair: pair[0])
-        # One candidate per tool sequence first, so the few kept ones differ.
-        by_sequence: dict[tuple[str, ...], list[CandidateTask]] = {}
-        for _, candidate in proposals:
-            sequence = tuple(c.name for c in candidate.minimal_actions)
-            by_sequence.setdefault(sequence, []).append(candidate)
-        ordered = [group[0] for group in by_sequence.values()]
-        ordered += [c for group in by_sequence.values() for c in group[1:]]
+        return proposals
 
+    def _choose(
+        self,
+        ordered: Sequence[CandidateTask],
+        given: AbstractionInput,
+        rejected: list[RejectedCandidate],
+    ) -> list[CandidateTask]:
+        """The first ``max_candidates`` of ``ordered`` with distinct queries that repeat no
+        existing task; those that do go to ``rejected``."""
         chosen: list[CandidateTask] = []
         queries: set[str] = set()
         for candidate in ordered:
@@ -356,17 +314,7 @@ class OfflineAbstractor:
                 continue
             queries.add(normalise(candidate.query))
             chosen.append(candidate)
-        chosen = (steered + chosen)[: self.max_candidates] if steered else chosen
-        if not chosen:
-            rejected.append(
-                RejectedCandidate(
-                    description=f"{len(rounds)} exploration round(s)",
-                    reason="no successful state-changing action window"
-                    if not proposals
-                    else "every window repeated an existing task",
-                )
-            )
-        return Abstraction(candidates=chosen, rejections=rejected)
+        return chosen
 
     def _windows(
         self, round_index: int, interactions: Sequence[Interaction], traits: _Traits
@@ -397,17 +345,17 @@ class OfflineAbstractor:
     ) -> tuple[list[int], int]:
         """The window's calls worth keeping: state changes, and lookups that feed them."""
         kept = [end]
-        needed = set(_values(interactions[end].call))
+        needed = set(call_values(interactions[end].call))
         links = 0
         for k in range(end - 1, start - 1, -1):
             interaction = interactions[k]
             if not traits.drop_lookups or traits.mutating(interaction.call):
                 kept.append(k)
-                needed.update(_values(interaction.call))
+                needed.update(call_values(interaction.call))
             elif any(mentions(interaction.observation.text, v) for v in needed):
                 kept.append(k)
                 links += 1
-                needed.update(_values(interaction.call))
+                needed.update(call_values(interaction.call))
         kept.reverse()
         return kept, links
 
@@ -419,7 +367,7 @@ class OfflineAbstractor:
         for k in window.kept:
             call = interactions[k].call
             unstated += sum(
-                not mentions(query, v) and not mentions(shown, v) for v in _values(call)
+                not mentions(query, v) and not mentions(shown, v) for v in call_values(call)
             )
             shown += "\n" + interactions[k].observation.text
         return unstated

@@ -35,6 +35,7 @@ from ..prompts import EXPLORER_PROMPT, POLICY_SYSTEM_PROMPT, fill_environment
 from .llm import ReplyError, ask, model_label
 from .replies import raise_unless_one_replied
 from .role_interfaces import EnvFactory, ExplorationRound, Interaction
+from .task_text import call_values, mentions
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +65,6 @@ def objective_for(context: SynthesisContext, index: int) -> str:
 
 def _bare(call: ToolCall) -> ToolCall:
     return ToolCall(name=call.name, arguments=dict(call.arguments))
-
-
-def _values(call: ToolCall) -> list[str]:
-    return [v for v in call.arguments.values() if isinstance(v, str) and len(v.strip()) >= 2]
-
-
-def mentions(text: str, value: str) -> bool:
-    """``value`` appears in ``text`` as a whole token (``c3`` is not found in ``c31``)."""
-    pattern = rf"(?<![\w-]){re.escape(value.strip())}(?![\w-])"
-    return re.search(pattern, text, flags=re.IGNORECASE) is not None
 
 
 # --------------------------------------------------------------------------- offline
@@ -212,7 +203,7 @@ class OfflineExplorer:
         seen = "\n".join(i.observation.text for i in interactions if not i.observation.error)
 
         def reuse(call: ToolCall) -> int:
-            return sum(mentions(seen, value) for value in _values(call))
+            return sum(mentions(seen, value) for value in call_values(call))
 
         return _bare(max(options, key=reuse))  # the first of the best
 

@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...envs.parsing import ToolCallParseError, parse_tool_calls, render_call
 from ...records import CandidateTask, ToolCall
 from ..prompts import ABSTRACTOR_PROMPT, fill_environment
-from .abstractor import actions_key, normalise, repeats
 from .llm import StructuredOutputError, model_label, structured_call
 from .role_interfaces import (
     Abstraction,
@@ -30,6 +29,7 @@ from .role_interfaces import (
     primary_signal,
 )
 from .summarizer import clip
+from .task_text import actions_key, normalise, repeats
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ....records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
-from ..abstractor import actions_key, repeats
 from ..role_interfaces import (
     Abstraction,
     AbstractionInput,
@@ -18,6 +17,7 @@ from ..role_interfaces import (
     WrittenRequest,
     primary_signal,
 )
+from ..task_text import actions_key, repeats
 from .engine import NotVaried, vary
 from .values import ValuePools
 
