@@ -118,11 +118,28 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cycles = [row["cycle"] for row in rows]
     figure, axes = plt.subplots(2, 3, figsize=(18, 8))
-    ax = axes[0][0]
-    evaluated = [row for row in rows if row["heldout_success"] is not None]
     families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
+    _plot_heldout(axes[0][0], rows, families)
+    trained = [row for row in rows if row["cycle"] > 0]
+    _plot_signals(axes[0][1], trained)
+    _plot_pool(axes[1][0], trained)
+    _plot_loss(axes[1][1], trained)
+    _plot_flags(figure, axes[0][2], trained, families)
+    _plot_precision(axes[1][2], trained)
+    for ax in axes.flat:
+        ax.set_xlabel("cycle")
+    for ax in (axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
+        ax.set_xticks([row["cycle"] for row in trained] or [1])
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _plot_heldout(ax: Any, rows: list[dict[str, Any]], families: list[str]) -> None:
+    """Held-out success by cycle: overall, over each family's in grey."""
+    evaluated = [row for row in rows if row["heldout_success"] is not None]
     for family in families:
         ax.plot(
             [row["cycle"] for row in evaluated],
@@ -139,11 +156,12 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     )
     ax.set_title("held-out success by cycle (grey: per family)")
     ax.set_ylabel("success %")
-    ax.set_xticks(cycles)
+    ax.set_xticks([row["cycle"] for row in rows])
     ax.legend()
 
-    ax = axes[0][1]
-    trained = [row for row in rows if row["cycle"] > 0]
+
+def _plot_signals(ax: Any, trained: list[dict[str, Any]]) -> None:
+    """The flagged trajectories of each trained cycle, stacked by signal kind."""
     bottom = [0] * len(trained)
     for kind in SIGNAL_KINDS:
         counts = [row["signals"].get(kind, 0) for row in trained]
@@ -152,7 +170,9 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("flagged trajectories by signal kind")
     ax.legend()
 
-    ax = axes[1][0]
+
+def _plot_pool(ax: Any, trained: list[dict[str, Any]]) -> None:
+    """The synthesized tasks in the pool, and each cycle's duplicates."""
     ax.plot(
         [row["cycle"] for row in trained],
         [row["pool_synthesized"] or 0 for row in trained],
@@ -168,13 +188,17 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("pool growth")
     ax.legend()
 
-    ax = axes[1][1]
+
+def _plot_loss(ax: Any, trained: list[dict[str, Any]]) -> None:
+    """Each cycle's last logged training loss."""
     losses = [(row["cycle"], row["train_loss"]) for row in trained if row["train_loss"] is not None]
     if losses:
         ax.plot([c for c, _ in losses], [loss for _, loss in losses], marker="o")
     ax.set_title("training loss (last logged, per cycle)")
 
-    ax = axes[0][2]
+
+def _plot_flags(figure: Any, ax: Any, trained: list[dict[str, Any]], families: list[str]) -> None:
+    """Where the flags land: kept flagged items per family and cycle, as a heat map."""
     flag_families = sorted(
         {f for row in trained for f in (row["flags_by_family"] or {})} | set(families)
     )
@@ -192,21 +216,15 @@ def plot_report(rows: list[dict[str, Any]], path: Path) -> Path:
         figure.colorbar(image, ax=ax, label="kept flagged items")
     ax.set_title("where the flags land (synthesis budget per family)")
 
-    ax = axes[1][2]
+
+def _plot_precision(ax: Any, trained: list[dict[str, Any]]) -> None:
+    """Flag precision by cycle: the share of the budget on families under 50% success."""
     precision = [(row["cycle"], row["flag_precision"]) for row in trained]
     precision = [(c, p) for c, p in precision if p is not None]
     if precision:
         ax.plot([c for c, _ in precision], [100 * p for _, p in precision], marker="o")
     ax.set_ylim(0, 105)
     ax.set_title("flag precision: % of budget on families < 50% rollout success")
-    for ax in axes.flat:
-        ax.set_xlabel("cycle")
-    for ax in (axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
-        ax.set_xticks([row["cycle"] for row in trained] or [1])
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
 
 
 # A terminal is often 100 columns wide: the per-cycle figures are split over two tables
@@ -226,9 +244,33 @@ def print_summary(
     console: Any, cycles: list[CycleSummary], pool: dict[str, int] | None = None
 ) -> None:
     """The tables `coevolve run` ends with, each fitting a 100-column terminal."""
+    rows = metrics_rows(cycles)
+    _print_cycle_table(console, rows)
+    _print_signals_table(console, rows)
+    families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
+    if families:
+        _print_family_table(console, rows, families)
+    synthesized = _synthesized_by_sequence(rows)
+    if synthesized:
+        console.print(synthesized)
+    _print_stage_times(console, rows)
+    _print_rollout_diagnosis(console, rows)
+    line = synthesizer_line(cycles)
+    if line is not None:
+        console.print(line)
+    if pool is not None:
+        signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in pool.items() if ":" in k)
+        console.print(
+            f"pool: {pool.get('seed', 0)} seed + {pool.get('synthesized', 0)} synthesized "
+            f"tasks ({signals or 'none'})"
+        )
+
+
+def _print_cycle_table(console: Any, rows: list[dict[str, Any]]) -> None:
+    """Per cycle: held-out and rollout success, flag precision, synthesis, pool, loss and
+    overhead, with the episodes left out of the rates."""
     from rich.table import Table
 
-    rows = metrics_rows(cycles)
     table = Table(title="coevolve run: per cycle")
     for column in (
         "cycle",
@@ -283,6 +325,11 @@ def print_summary(
             "episodes left out (no reply from the endpoint; in no rate above): " + "; ".join(lost)
         )
 
+
+def _print_signals_table(console: Any, rows: list[dict[str, Any]]) -> None:
+    """The signals flagged per cycle, by kind (no table before the first cycle)."""
+    from rich.table import Table
+
     signals_table = Table(title="signals flagged per cycle, by kind")
     signals_table.add_column("cycle", justify="right", no_wrap=True)
     for kind in SIGNAL_KINDS:
@@ -304,50 +351,55 @@ def print_summary(
             "rare: rare families; unsolv.: unsolved"
         )
 
-    families = sorted({f for row in rows for f in (row["heldout_by_family"] or {})})
-    if families:
-        evaluated = [row for row in rows if row["heldout_by_family"]]
-        shown = _cycle_columns_that_fit(evaluated, families, console)
-        by_family = Table(
-            title="held-out success per family by cycle, and what the signals did about it "
-            "(flagged / kept items, accepted synthesized tasks, summed over cycles)"
-        )
-        by_family.add_column("family", no_wrap=True)
-        for row in shown:
-            by_family.add_column(f"c{row['cycle']}", justify="right", no_wrap=True)
-        for column in ("change", "flagged", "kept", "synth"):
-            by_family.add_column(column, justify="right", no_wrap=True)
-        for family in families:
-            scores = [(row["heldout_by_family"] or {}).get(family) for row in evaluated]
-            change = (
-                f"{100 * (scores[-1] - scores[0]):+.1f}"
-                if len(scores) > 1 and scores[0] is not None and scores[-1] is not None
-                else ""
-            )
-            flags = [((row["flags_by_family"] or {}).get(family) or {}) for row in rows]
-            by_family.add_row(
-                family,
-                *(_pct((row["heldout_by_family"] or {}).get(family)) for row in shown),
-                change,
-                str(sum(f.get("flagged_items", 0) for f in flags)),
-                str(sum(f.get("kept_items", 0) for f in flags)),
-                str(sum(_synthesized_of(row).get(family, 0) for row in rows)),
-            )
-        console.print(by_family)
-        left_out = [row["cycle"] for row in evaluated if row not in shown]
-        console.print(
-            "cN: held-out success after cycle N; change: last evaluated cycle minus cycle 0, "
-            "in points; synth: accepted synthesized tasks descended from the family's tasks"
-            + (
-                f"; cycles {', '.join(map(str, left_out))} left out to fit (metrics.jsonl has them)"
-                if left_out
-                else ""
-            )
-        )
 
-    synthesized = _synthesized_by_sequence(rows)
-    if synthesized:
-        console.print(synthesized)
+def _print_family_table(console: Any, rows: list[dict[str, Any]], families: list[str]) -> None:
+    """Held-out success per family by cycle (the cycles that fit the terminal), with what
+    the signals did about each family."""
+    from rich.table import Table
+
+    evaluated = [row for row in rows if row["heldout_by_family"]]
+    shown = _cycle_columns_that_fit(evaluated, families, console)
+    by_family = Table(
+        title="held-out success per family by cycle, and what the signals did about it "
+        "(flagged / kept items, accepted synthesized tasks, summed over cycles)"
+    )
+    by_family.add_column("family", no_wrap=True)
+    for row in shown:
+        by_family.add_column(f"c{row['cycle']}", justify="right", no_wrap=True)
+    for column in ("change", "flagged", "kept", "synth"):
+        by_family.add_column(column, justify="right", no_wrap=True)
+    for family in families:
+        scores = [(row["heldout_by_family"] or {}).get(family) for row in evaluated]
+        change = (
+            f"{100 * (scores[-1] - scores[0]):+.1f}"
+            if len(scores) > 1 and scores[0] is not None and scores[-1] is not None
+            else ""
+        )
+        flags = [((row["flags_by_family"] or {}).get(family) or {}) for row in rows]
+        by_family.add_row(
+            family,
+            *(_pct((row["heldout_by_family"] or {}).get(family)) for row in shown),
+            change,
+            str(sum(f.get("flagged_items", 0) for f in flags)),
+            str(sum(f.get("kept_items", 0) for f in flags)),
+            str(sum(_synthesized_of(row).get(family, 0) for row in rows)),
+        )
+    console.print(by_family)
+    left_out = [row["cycle"] for row in evaluated if row not in shown]
+    console.print(
+        "cN: held-out success after cycle N; change: last evaluated cycle minus cycle 0, "
+        "in points; synth: accepted synthesized tasks descended from the family's tasks"
+        + (
+            f"; cycles {', '.join(map(str, left_out))} left out to fit (metrics.jsonl has them)"
+            if left_out
+            else ""
+        )
+    )
+
+
+def _print_stage_times(console: Any, rows: list[dict[str, Any]]) -> None:
+    """Seconds per stage of each cycle, with their share of the cycle."""
+    from rich.table import Table
 
     times = Table(title="seconds per stage (share of the cycle)")
     times.add_column("cycle", justify="right", no_wrap=True)
@@ -365,21 +417,16 @@ def print_summary(
             _seconds(total),
         )
     console.print(times)
+
+
+def _print_rollout_diagnosis(console: Any, rows: list[dict[str, Any]]) -> None:
+    """Each cycle's most frequent SEAL labels of its rollouts (up to six)."""
     for row in rows:
         if row["diagnosis"]:
             labels = ", ".join(
                 f"{label} {count}" for label, count in list(row["diagnosis"].items())[:6]
             )
             console.print(f"cycle {row['cycle']} rollout diagnosis (SEAL labels): {labels}")
-    line = synthesizer_line(cycles)
-    if line is not None:
-        console.print(line)
-    if pool is not None:
-        signals = ", ".join(f"{k.split(':')[1]} {v}" for k, v in pool.items() if ":" in k)
-        console.print(
-            f"pool: {pool.get('seed', 0)} seed + {pool.get('synthesized', 0)} synthesized "
-            f"tasks ({signals or 'none'})"
-        )
 
 
 # Candidate kinds the environment's own task generator makes (OfflineAbstractor, steered):
