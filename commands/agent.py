@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,6 +26,13 @@ from .common import (
     run_of_policy,
     split_help,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..agents.policy.eval_report import EvalReport
+    from ..agents.policy.policy_interface import Policy
+    from ..config import CoevolveConfig
+    from ..envs.registry import EnvironmentSpec
+    from ..records import Task, Trajectory
 
 
 def bootstrap_command(
@@ -137,18 +144,49 @@ def eval_command(
 
     Episodes an endpoint gave no usable reply for are left out of every rate and counted
     apart (left_out); when none got one, the command ends in one line, with exit code 1."""
-    from ..agents.policy.eval_report import evaluation_report, left_out_note, stop_if_unreachable
-    from ..agents.policy.policy_interface import EndpointUnreachable, PolicyError
-    from ..agents.policy.rollout import run_rollouts
-    from ..config import ConfigError
-    from ..envs.limits import tool_limits
+    from ..agents.policy.eval_report import evaluation_report
 
     if max_steps is not None:
         err_console.print("--max-steps is now --max-tool-calls (the old name goes in a release)")
         max_tool_calls = max_tool_calls or max_steps
-    # A run's adapter is measured as the run measures it (loop.build_runtime.evaluation_tasks:
-    # its environment, evaluation split, env.seed's cut and tasks per family, and its
-    # tool-call bound), unless --env, --split, --category or --limit say otherwise.
+    run, env, max_tool_calls = _run_of_adapter(policy, env, max_tool_calls)
+    spec = env_spec(env)
+    scopes, key, env_class, tasks = _eval_tasks(run, env, spec, split, category, limit)
+    note_skipped_lines(env)
+    agent = _load_eval_policy(run or policy)
+    trajectories = _eval_rollouts(
+        agent,
+        env_class,
+        tasks,
+        k=k,
+        temperature=temperature,
+        max_tool_calls=max_tool_calls or spec.max_tool_calls,
+        progress=not as_json,
+        description=f"eval {env} {','.join(scopes)}",
+        save=save,
+    )
+    report = evaluation_report(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
+    _print_eval_table(report, spec.family_label)
+    _print_eval_notes(report)
+
+
+def _run_of_adapter(
+    policy: str, env: str | None, max_tool_calls: int | None
+) -> tuple[CoevolveConfig | None, str, int | None]:
+    """The run whose adapter --policy names (None: not a run's adapter), the environment
+    to measure on (--env, else the run's, else world) and the tool-call bound (the run's
+    when --max-tool-calls is not given).
+
+    A run's adapter is measured as the run measures it (loop.build_runtime.evaluation_tasks:
+    its environment, evaluation split, env.seed's cut and tasks per family, and its
+    tool-call bound), unless --env, --split, --category or --limit say otherwise."""
     run = run_of_policy(policy)
     if run is not None:
         err_console.print(
@@ -157,44 +195,39 @@ def eval_command(
         )
         env = env or run.env.name
         max_tool_calls = max_tool_calls or run.rollout.max_tool_calls
-    env = env or "world"
-    spec = env_spec(env)
-    if (
-        run is not None
-        and env == run.env.name
-        and split in (None, run.evaluation.split)
-        and (category, limit) == (None, None)
-    ):
-        from ..loop.build_runtime import evaluation_tasks
+    return run, env or "world", max_tool_calls
 
-        scopes, key = [run.evaluation.split], "split"
-        env_class: Any = spec.environment
-        tasks = evaluation_tasks(run)
-    else:
-        scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
-        tasks = []
-        env_class = None
-        for scope in scopes:
-            env_class, scope_tasks = load_env_tasks(env, scope)
-            tasks += scope_tasks[:limit]
-    note_skipped_lines(env)
+
+def _load_eval_policy(spec: str | CoevolveConfig) -> Any:
+    """The policy --policy names (``load_policy``), or the error exit."""
+    from ..agents.policy.policy_interface import PolicyError
+    from ..config import ConfigError
+
     try:
-        agent = load_policy(run or policy)
+        return load_policy(spec)
     except (ConfigError, PolicyError, FileNotFoundError, OSError) as err:
         raise fail(str(err)) from None
+
+
+def _eval_rollouts(
+    agent: Policy,
+    env_class: Any,
+    tasks: list[Task],
+    *,
+    description: str,
+    save: str | None,
+    **rollout: Any,
+) -> list[Trajectory]:
+    """The episodes of eval (``rollout``: ``run_rollouts``' options), written to --save when
+    given; the error exit when the policy fails, with exit code 1 when no episode got a reply
+    (there is nothing to report but the endpoint's failure)."""
+    from ..agents.policy.eval_report import stop_if_unreachable
+    from ..agents.policy.policy_interface import EndpointUnreachable, PolicyError
+    from ..agents.policy.rollout import run_rollouts
+
     try:
-        trajectories = run_rollouts(
-            agent,
-            env_class,
-            tasks,
-            k=k,
-            temperature=temperature,
-            max_tool_calls=max_tool_calls or spec.max_tool_calls,
-            progress=not as_json,
-            description=f"eval {env} {','.join(scopes)}",
-        )
-        # No episode got a reply: there is nothing to report but the endpoint's failure.
-        stop_if_unreachable(trajectories, 1.0, f"eval {env} {','.join(scopes)}")
+        trajectories = run_rollouts(agent, env_class, tasks, description=description, **rollout)
+        stop_if_unreachable(trajectories, 1.0, description)
     except EndpointUnreachable as err:
         raise fail(str(err), code=1) from None
     except PolicyError as err:
@@ -204,16 +237,43 @@ def eval_command(
         Path(save).write_text(
             "".join(t.model_dump_json() + "\n" for t in trajectories), encoding="utf-8"
         )
-    report = evaluation_report(trajectories, tasks, env, {key: ",".join(scopes)}, agent.version)
-    if report_path:
-        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(report_path).write_text(json.dumps(report.as_json(), indent=2) + "\n")
-    if as_json:
-        print(json.dumps(report.as_json(), indent=2))
-        return
-    console.print(f"[bold]{env}[/bold] {key}={','.join(scopes)}  policy={agent.version}")
+    return trajectories
+
+
+def _eval_tasks(
+    run: CoevolveConfig | None,
+    env: str,
+    spec: EnvironmentSpec,
+    split: str | None,
+    category: str | None,
+    limit: int | None,
+) -> tuple[list[str], str, Any, list[Task]]:
+    """The task sets eval measures (their names and whether they are splits or categories),
+    the environment class and the tasks: a run's evaluation tasks, as the run measured them,
+    unless --env, --split, --category or --limit say otherwise."""
+    if (
+        run is not None
+        and env == run.env.name
+        and split in (None, run.evaluation.split)
+        and (category, limit) == (None, None)
+    ):
+        from ..loop.build_runtime import evaluation_tasks
+
+        return [run.evaluation.split], "split", spec.environment, evaluation_tasks(run)
+    scopes, key = env_scopes(env, split, category, default=spec.eval_task_sets)
+    tasks: list[Task] = []
+    env_class = None
+    for scope in scopes:
+        env_class, scope_tasks = load_env_tasks(env, scope)
+        tasks += scope_tasks[:limit]
+    return scopes, key, env_class, tasks
+
+
+def _print_eval_table(report: EvalReport, family_label: str) -> None:
+    """The eval report's table: each family's rates and counts, then overall (and the calls
+    by the form they were written in, when any was written)."""
     table = Table()
-    table.add_column(spec.family_label, no_wrap=True)
+    table.add_column(family_label, no_wrap=True)
     # "failed calls" sums the kinds the footer lists; "policy errors" counts episodes.
     columns = ("episodes", "success", "tool seq", "calls", "failed calls", "policy errors")
     for column in (*columns, "cut off"):
@@ -233,7 +293,15 @@ def eval_command(
     console.print(table)
     if report.overall.unreadable_calls or any(report.overall.calls_by_form.values()):
         # The oracle hands its calls over unwritten: no form to show.
-        console.print(_calls_by_form_table(spec.family_label, rows))
+        console.print(_calls_by_form_table(family_label, rows))
+
+
+def _print_eval_notes(report: EvalReport) -> None:
+    """The warnings under the eval table: failed calls by kind, observations cut, episodes
+    left out and policy errors."""
+    from ..agents.policy.eval_report import left_out_note
+    from ..envs.limits import tool_limits
+
     if report.overall.call_errors:
         kinds = ", ".join(f"{kind} {n}" for kind, n in report.overall.call_errors.items())
         err_console.print(

@@ -131,51 +131,14 @@ def bench_learning(
 
     import yaml
 
-    from ..bench.learning import (
-        ARMS,
-        CodeAcceptance,
-        check_arms,
-        print_report,
-        run_ablation,
-    )
+    from ..bench.learning import CodeAcceptance, print_report, run_ablation
     from ..bench.learning.code import parse_fingerprints
     from ..config import ConfigError
-    from .common import load_config_or_fail
 
-    source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
-    base = load_config_or_fail(source).model_dump(mode="json")
-    if quick:
-        from ..training.tiny_presets import quick_bench
-
-        base.update(quick_bench())
-        source += " (--quick)"
-    if overrides:  # after --quick: what the command line sets wins
-        base = load_config_or_fail(base, overrides).model_dump(mode="json")
-        source += "".join(f" --set {item}" for item in overrides)
-    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
-    try:
-        check_arms(chosen)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    try:  # a bad arm or key fails here, before any unit runs
-        over_arms = sections_by_arm(arm_overrides or [], chosen)
-    except ConfigError as err:
-        raise fail(str(err)) from None
+    base, source = _bench_base_config(config_path, quick, overrides)
+    chosen, over_arms = _bench_arms(arms, arm_overrides)
     source += "".join(f" --arm-set {item}" for item in arm_overrides or [])
-    if seed_sets not in ("fixed", "per-seed"):
-        raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
-    if seeds < 1:
-        raise fail("--seeds must be at least 1 (2 or more for intervals)")
-    try:
-        chosen_seeds = (
-            sorted({int(seed) for seed in seed_list.split(",")})
-            if seed_list
-            else list(range(seeds))
-        )
-    except ValueError:
-        raise fail(f"--seed-list takes seeds like 1,3; got {seed_list!r}") from None
-    if any(seed < 0 for seed in chosen_seeds):
-        raise fail(f"--seed-list takes seeds from 0; got {seed_list!r}")
+    chosen_seeds = _bench_seeds(seeds, seed_list, seed_sets)
     try:
         accepted = parse_fingerprints(accept_code or [])
     except ValueError as err:
@@ -207,6 +170,66 @@ def bench_learning(
     quiet.print(f"curves: {report.plot}  report: {out_dir / 'report.json'}")
     if as_json:
         print(report.model_dump_json(indent=2))
+
+
+def _bench_base_config(
+    config_path: str | None, quick: bool, overrides: list[str] | None
+) -> tuple[dict[str, Any], str]:
+    """The bench's base config (``--config``, then ``--quick``'s settings, then ``--set``)
+    and the description of where it came from, for the report."""
+    from .common import load_config_or_fail
+
+    source = config_path or str(PACKAGE_DIR / "configs" / "bench-learning.yaml")
+    base = load_config_or_fail(source).model_dump(mode="json")
+    if quick:
+        from ..training.tiny_presets import quick_bench
+
+        base.update(quick_bench())
+        source += " (--quick)"
+    if overrides:  # after --quick: what the command line sets wins
+        base = load_config_or_fail(base, overrides).model_dump(mode="json")
+        source += "".join(f" --set {item}" for item in overrides)
+    return base, source
+
+
+def _bench_arms(
+    arms: str | None, arm_overrides: list[str] | None
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The arms ``--arms`` names (default: all) and the sections ``--arm-set`` gives each;
+    a bad arm or key fails here, before any unit runs."""
+    from ..bench.learning import ARMS, check_arms
+    from ..config import ConfigError
+
+    chosen = [a.strip() for a in arms.split(",")] if arms else list(ARMS)
+    try:
+        check_arms(chosen)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    try:
+        over_arms = sections_by_arm(arm_overrides or [], chosen)
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    return chosen, over_arms
+
+
+def _bench_seeds(seeds: int, seed_list: str | None, seed_sets: str) -> list[int]:
+    """The seeds the bench runs: ``--seed-list``, else 0..``--seeds``-1 (``--seed-sets``
+    is checked here too)."""
+    if seed_sets not in ("fixed", "per-seed"):
+        raise fail(f"--seed-sets takes fixed or per-seed; got {seed_sets!r}")
+    if seeds < 1:
+        raise fail("--seeds must be at least 1 (2 or more for intervals)")
+    try:
+        chosen_seeds = (
+            sorted({int(seed) for seed in seed_list.split(",")})
+            if seed_list
+            else list(range(seeds))
+        )
+    except ValueError:
+        raise fail(f"--seed-list takes seeds like 1,3; got {seed_list!r}") from None
+    if any(seed < 0 for seed in chosen_seeds):
+        raise fail(f"--seed-list takes seeds from 0; got {seed_list!r}")
+    return chosen_seeds
 
 
 @bench_app.command("by-seed-tasks")
