@@ -213,7 +213,6 @@ def generate_batch(
     (after temperature: the old policy's log-probs that GRPO's ratio divides by).
     """
     import torch
-    from transformers import DynamicCache
 
     shared = _shared_uncached(prompts, cache)
     if shared:
@@ -228,100 +227,32 @@ def generate_batch(
             pad_token_id=pad_token_id,
             temperature=0.0,
         )
-    batch = len(prompts)
     found = [cache.lookup(ids) for ids in prompts]
-    reused = [length for _, length in found]
-    news = [list(ids[length:]) for ids, (_, length) in zip(prompts, found, strict=True)]
-    cached_width = max(reused)
-    new_width = max(len(ids) for ids in news)
-    width = cached_width + new_width
-
-    input_ids = torch.full((batch, new_width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((batch, width), dtype=torch.long)
-    positions = torch.zeros((batch, new_width), dtype=torch.long)
-    for row, (length, new) in enumerate(zip(reused, news, strict=True)):
-        mask[row, cached_width - length : cached_width] = 1
-        input_ids[row, new_width - len(new) :] = torch.tensor(new, dtype=torch.long)
-        mask[row, width - len(new) :] = 1
-        positions[row, new_width - len(new) :] = torch.arange(length, length + len(new))
-
-    past = DynamicCache(config=model.config)
-    _grow_in_place(past)
-    if cached_width > 0:
-        _load_cached(past, model, found, cached_width, room=new_width + max_new_tokens)
-        cache.discard_extended(found, prompts)
-
+    past, output, mask = _prefill(model, cache, prompts, found, pad_token_id, max_new_tokens)
     device = model.device
-    mask = mask.to(device)
-    generated: list[list[int]] = [[] for _ in range(batch)]
-    rows = list(range(batch))  # the prompt index of each row still in the batch
+    generated: list[list[int]] = [[] for _ in prompts]
+    rows = list(range(len(prompts)))  # the prompt index of each row still in the batch
     positions_next = torch.tensor([len(ids) for ids in prompts], dtype=torch.long)
-
-    def keep(position: int, row: int, real: Any) -> None:
-        """Store one row's keys and values: its prompt and the reply tokens fed back
-        (all but the last generated token, which was never fed)."""
-        fed = list(prompts[row]) + generated[row][:-1]
-        columns = real[position].nonzero().squeeze(1)[: len(fed)]
-        layers: list[Any] = list(past.layers)
-        # Indexing by a tensor of columns copies: the entry owns its memory already.
-        keys = [layer.keys[position][:, columns] for layer in layers]
-        values = [layer.values[position][:, columns] for layer in layers]
-        cache.add(fed, keys, values)
-
     cache_keyword = _cache_keyword(model)
     with torch.inference_mode():
-        output = model(
-            input_ids=input_ids.to(device),
-            attention_mask=mask,
-            position_ids=positions.to(device),
-            use_cache=True,
-            **{cache_keyword: past},
-            # Only the last position's logits start the reply; the head over every
-            # prompt token (49k vocabulary) was a fifth of the prefill's work.
-            logits_to_keep=1,
-        )
-        cache.note_batch(_layers_bytes(past))
         if logprobs is not None:
-            logprobs.extend([] for _ in range(batch))
+            logprobs.extend([] for _ in prompts)
         for step in range(max_new_tokens):
-            last = output.logits[:, -1, :]
-            tokens = _pick(last, temperature)
-            scored = last.float() / temperature if sampling_logprobs and temperature > 0 else last
-            chosen = (
-                torch.log_softmax(scored.float(), dim=-1)
-                .gather(1, tokens.unsqueeze(1))
-                .squeeze(1)
-                .tolist()
-                if logprobs is not None
-                else None
+            tokens, chosen = _next_tokens(
+                output, temperature, logprobs is not None, sampling=sampling_logprobs
             )
-            tokens = tokens.cpu()
-            done = []
-            for position, row in enumerate(rows):
-                if generated[row] and generated[row][-1] == eos_token_id:
-                    done.append(True)  # finished earlier, still in the batch
-                    continue
-                generated[row].append(int(tokens[position]))
-                if logprobs is not None and chosen is not None:
-                    logprobs[row].append(chosen[position])
-                done.append(generated[row][-1] == eos_token_id)
+            done = _append_tokens(generated, rows, tokens, chosen, logprobs, eos_token_id)
             if all(done) or step == max_new_tokens - 1:
                 break
             finished = sum(done)
             if finished and finished * 4 >= len(rows):
                 # Most of the batch is done: store those rows and drop them, so the
                 # remaining steps cost only what the live rows need.
-                real = mask.bool().cpu()
-                live = [p for p, d in enumerate(done) if not d]
-                for position, is_done in enumerate(done):
-                    if is_done:
-                        keep(position, rows[position], real)
-                index = torch.tensor(live, dtype=torch.long)
-                past.batch_select_indices(index.to(device))
-                mask = mask[index.to(device)]
-                tokens = tokens[index]
-                positions_next = positions_next[index]
-                rows = [rows[p] for p in live]
+                live = _store_finished(cache, past, prompts, generated, rows, done, mask)
+                mask = mask[live.to(device)]
+                tokens = tokens[live]
+                positions_next = positions_next[live]
+                rows = [rows[p] for p in live.tolist()]
                 done = [False] * len(rows)
             # Rows that are done keep stepping with the batch, masked out of everything.
             step_mask = torch.tensor([0 if d else 1 for d in done], dtype=torch.long)
@@ -337,8 +268,158 @@ def generate_batch(
 
     real = mask.bool().cpu()
     for position, row in enumerate(rows):
-        keep(position, row, real)
+        _keep_row(cache, past, prompts[row], generated[row], position, real)
     return generated
+
+
+def _store_finished(
+    cache: PrefixCache,
+    past: Any,
+    prompts: Sequence[Sequence[int]],
+    generated: list[list[int]],
+    rows: list[int],
+    done: list[bool],
+    mask: Any,
+) -> Any:
+    """Store the finished rows of the batch in ``cache`` and drop them from ``past``; the
+    positions of the rows still generating (to select them from the batch's tensors)."""
+    import torch
+
+    real = mask.bool().cpu()
+    for position, is_done in enumerate(done):
+        if is_done:
+            row = rows[position]
+            _keep_row(cache, past, prompts[row], generated[row], position, real)
+    live = torch.tensor([p for p, d in enumerate(done) if not d], dtype=torch.long)
+    past.batch_select_indices(live.to(mask.device))
+    return live
+
+
+def _prefill(
+    model: Any,
+    cache: PrefixCache,
+    prompts: Sequence[Sequence[int]],
+    found: list[tuple[_Entry | None, int]],
+    pad_token_id: int,
+    max_new_tokens: int,
+) -> tuple[Any, Any, Any]:
+    """Encode the batch's prompts past what the cache holds of them (``found``), in a
+    ``DynamicCache`` loaded with the cached part and with room for the reply: the cache, the
+    model's output (the last position's logits) and the attention mask, on the model's device."""
+    import torch
+    from transformers import DynamicCache
+
+    input_ids, mask, positions, cached_width = _prefill_inputs(prompts, found, pad_token_id)
+    past = DynamicCache(config=model.config)
+    _grow_in_place(past)
+    if cached_width > 0:
+        room = input_ids.shape[1] + max_new_tokens
+        _load_cached(past, model, found, cached_width, room=room)
+        cache.discard_extended(found, prompts)
+    mask = mask.to(model.device)
+    with torch.inference_mode():
+        output = model(
+            input_ids=input_ids.to(model.device),
+            attention_mask=mask,
+            position_ids=positions.to(model.device),
+            use_cache=True,
+            **{_cache_keyword(model): past},
+            # Only the last position's logits start the reply; the head over every
+            # prompt token (49k vocabulary) was a fifth of the prefill's work.
+            logits_to_keep=1,
+        )
+        cache.note_batch(_layers_bytes(past))
+    return past, output, mask
+
+
+def _prefill_inputs(
+    prompts: Sequence[Sequence[int]], found: list[tuple[_Entry | None, int]], pad_token_id: int
+) -> tuple[Any, Any, Any, int]:
+    """The prefill's input ids, attention mask and positions for the part of each prompt the
+    cache does not hold (``found``: each prompt's entry and cached length), left-padded, and
+    the width of the cached part the mask covers first."""
+    import torch
+
+    batch = len(prompts)
+    reused = [length for _, length in found]
+    news = [list(ids[length:]) for ids, (_, length) in zip(prompts, found, strict=True)]
+    cached_width = max(reused)
+    new_width = max(len(ids) for ids in news)
+    width = cached_width + new_width
+
+    input_ids = torch.full((batch, new_width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    positions = torch.zeros((batch, new_width), dtype=torch.long)
+    for row, (length, new) in enumerate(zip(reused, news, strict=True)):
+        mask[row, cached_width - length : cached_width] = 1
+        input_ids[row, new_width - len(new) :] = torch.tensor(new, dtype=torch.long)
+        mask[row, width - len(new) :] = 1
+        positions[row, new_width - len(new) :] = torch.arange(length, length + len(new))
+    return input_ids, mask, positions, cached_width
+
+
+def _next_tokens(
+    output: Any, temperature: float, with_logprobs: bool, *, sampling: bool
+) -> tuple[Any, list[float] | None]:
+    """Each row's next token (on the CPU), picked from the output's last logits, and, when
+    ``with_logprobs``, its log-probability: under the model, or with ``sampling`` under the
+    distribution it was drawn from (after temperature)."""
+    import torch
+
+    last = output.logits[:, -1, :]
+    tokens = _pick(last, temperature)
+    chosen = None
+    if with_logprobs:
+        scored = last.float() / temperature if sampling and temperature > 0 else last
+        chosen = (
+            torch.log_softmax(scored.float(), dim=-1)
+            .gather(1, tokens.unsqueeze(1))
+            .squeeze(1)
+            .tolist()
+        )
+    return tokens.cpu(), chosen
+
+
+def _append_tokens(
+    generated: list[list[int]],
+    rows: list[int],
+    tokens: Any,
+    chosen: list[float] | None,
+    logprobs: list[list[float]] | None,
+    eos_token_id: int,
+) -> list[bool]:
+    """Append each live row's new token (and its log-probability) to its prompt's reply;
+    whether each row of the batch is done (at ``eos_token_id``, now or earlier)."""
+    done = []
+    for position, row in enumerate(rows):
+        if generated[row] and generated[row][-1] == eos_token_id:
+            done.append(True)  # finished earlier, still in the batch
+            continue
+        generated[row].append(int(tokens[position]))
+        if logprobs is not None and chosen is not None:
+            logprobs[row].append(chosen[position])
+        done.append(generated[row][-1] == eos_token_id)
+    return done
+
+
+def _keep_row(
+    cache: PrefixCache,
+    past: Any,
+    prompt: Sequence[int],
+    reply: list[int],
+    position: int,
+    real: Any,
+) -> None:
+    """Store the keys and values of the batch's row ``position`` (``real``: the batch's
+    attention mask as booleans on the CPU): its prompt and the reply tokens fed back (all
+    but the last generated token, which was never fed)."""
+    fed = list(prompt) + reply[:-1]
+    columns = real[position].nonzero().squeeze(1)[: len(fed)]
+    layers: list[Any] = list(past.layers)
+    # Indexing by a tensor of columns copies: the entry owns its memory already.
+    keys = [layer.keys[position][:, columns] for layer in layers]
+    values = [layer.values[position][:, columns] for layer in layers]
+    cache.add(fed, keys, values)
 
 
 def _load_cached(
