@@ -222,14 +222,11 @@ def make_grpo_trainer(
     """
     import transformers
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
 
     from ..adapters import load_trainable_model
 
-    seal = config.seal
-
     def training_env() -> Any:
-        return adapt(make_env(), "train", seal.adaptation)
+        return adapt(make_env(), "train", config.seal.adaptation)
 
     rollout = choose_rollout(config, tasks, tokenizer)
     multi_turn = rollout == "multi_turn"
@@ -253,12 +250,49 @@ def make_grpo_trainer(
 
         # With the policy's own template: the tool loop below rewrites the tokenizer's.
         replay_rows = list(sft_dataset(tokenizer, replay_conversations))
-    trainer_arguments: dict[str, Any] = {}
+    trainer_arguments, reward_funcs = _episode_arguments(
+        config, training_env, schemas, tokenizer, multi_turn, tools_in_prompt
+    )
+    args = _grpo_arguments(config, arguments)
+    model = load_trainable_model(model_dir, previous_adapter)
+    transformers.logging.set_verbosity_error()
+    trainer_class = _trainer_class(
+        config, multi_turn, capability_state, replay_rows, trainer_arguments
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*experimental feature.*")
+        trainer = trainer_class(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=(
+                config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
+                if previous_adapter is None
+                else None
+            ),
+            **trainer_arguments,
+        )
+    return trainer, examples, None
+
+
+def _episode_arguments(
+    config: TrainingConfig,
+    training_env: Callable[[], Any],
+    schemas: list[dict[str, Any]],
+    tokenizer: Any,
+    multi_turn: bool,
+    tools_in_prompt: bool,
+) -> tuple[dict[str, Any], list[Any]]:
+    """How the trainer plays its episodes, and the reward functions that score them: our
+    multi-turn rollout (every user turn, the verifier's score), or TRL's tool loop over an
+    environment per episode (one user turn; the tokenizer learns to parse the calls)."""
     if multi_turn:
         from .multiturn_rollout import MultiTurnRollout, verifier_score
         from .reference_episodes import ReferenceEpisodes
 
-        trainer_arguments["rollout_func"] = MultiTurnRollout(
+        rollout_func = MultiTurnRollout(
             training_env,
             tools_in_prompt=tools_in_prompt,
             max_tool_calls=config.grpo.max_tool_calls,
@@ -268,18 +302,22 @@ def make_grpo_trainer(
                 ReferenceEpisodes(training_env) if config.grpo.reference_episodes else None
             ),
         )
-        reward_funcs: list[Any] = [verifier_score]
-    else:
-        prepare_tokenizer(tokenizer, tools_in_prompt)
-        episode_class = environment_class(schemas)
+        return {"rollout_func": rollout_func}, [verifier_score]
+    prepare_tokenizer(tokenizer, tools_in_prompt)
+    episode_class = environment_class(schemas)
 
-        def factory() -> EpisodeEnvironment:
-            return episode_class(training_env())
+    def factory() -> EpisodeEnvironment:
+        return episode_class(training_env())
 
-        trainer_arguments["environment_factory"] = factory
-        reward_funcs = [environment_score]
+    return {"environment_factory": factory}, [environment_score]
 
-    args = GRPOConfig(
+
+def _grpo_arguments(config: TrainingConfig, arguments: dict[str, Any]) -> Any:
+    """TRL's ``GRPOConfig``: the trainers' common ``arguments`` with GRPO's batches,
+    learning rate, groups, sampling, clipping and generation backend."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
         **{
             **arguments,
             **micro_batches(config, config.grpo.micro_batch_size),
@@ -298,8 +336,21 @@ def make_grpo_trainer(
         log_completions=False,
         **vllm_arguments(config),
     )
-    model = load_trainable_model(model_dir, previous_adapter)
-    transformers.logging.set_verbosity_error()
+
+
+def _trainer_class(
+    config: TrainingConfig,
+    multi_turn: bool,
+    capability_state: CapabilityState | None,
+    replay_rows: list[dict[str, Any]],
+    trainer_arguments: dict[str, Any],
+) -> Any:
+    """The GRPO trainer class, with SEAL's reweighting, dynamic sampling and the replay
+    anchor layered on as the config asks; each layer's arguments go into
+    ``trainer_arguments``."""
+    from trl import GRPOTrainer
+
+    seal = config.seal
     trainer_class: Any = multi_turn_trainer_class() if multi_turn else GRPOTrainer
     if seal.reweight.enable:
         trainer_class = seal_grpo_trainer_class(multi_turn)
@@ -316,22 +367,7 @@ def make_grpo_trainer(
         trainer_class = replay_anchor_trainer_class(trainer_class)
         trainer_arguments["replay_rows"] = replay_rows
         trainer_arguments["replay_coefficient"] = config.grpo.replay_coefficient
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*experimental feature.*")
-        trainer = trainer_class(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=Dataset.from_list(rows),
-            processing_class=tokenizer,
-            peft_config=(
-                config.lora.to_peft(getattr(model.config, "num_hidden_layers", None))
-                if previous_adapter is None
-                else None
-            ),
-            **trainer_arguments,
-        )
-    return trainer, examples, None
+    return trainer_class
 
 
 @cache

@@ -24,6 +24,7 @@ Three changes to TRL 1.16's trainer, each because of where a CPU step's time wen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -55,17 +56,7 @@ def multi_turn_trainer_class() -> type:
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             self.batch_rows = inputs
-            # TRL's own condition for the old-policy pass (with vLLM it always runs, for
-            # its importance-sampling correction, and the rollout has vLLM's log-probs).
-            arguments: Any = self.args  # GRPOConfig (typed as TrainingArguments)
-            generate_every = arguments.steps_per_generation * self.num_iterations
-            self._old_logps_pending = bool(
-                self.old_logps_from_rollout
-                and self.model is not None
-                and self.model.training
-                and not self.use_vllm
-                and arguments.gradient_accumulation_steps % generate_every != 0
-            )
+            self._old_logps_pending = self.old_logps_from_rollout and runs_old_policy_pass(self)
             try:
                 return super()._generate_and_score_completions(inputs)
             finally:
@@ -100,24 +91,9 @@ def multi_turn_trainer_class() -> type:
                     compute_entropy,
                     **kwargs,
                 )
-            size = batch_size or input_ids.size(0)
-            logps, entropies = [], []
-            for start in range(0, input_ids.size(0), size):
-                ids, mask = input_ids[start : start + size], attention_mask[start : start + size]
-                first, last = trimmed_columns(mask, logits_to_keep)
-                right = ids.size(1) - last
-                chunk_logps, chunk_entropies, _ = own(
-                    model,
-                    ids[:, first:last],
-                    mask[:, first:last],
-                    logits_to_keep - right,
-                    size,
-                    compute_entropy,
-                )
-                logps.append(torch.nn.functional.pad(chunk_logps, (0, right)))
-                if compute_entropy:
-                    entropies.append(torch.nn.functional.pad(chunk_entropies, (0, right)))
-            return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+            return trimmed_logps(
+                own, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
 
         # The same pass under the name _old_logps calls it by (its pending flag is already
         # cleared there), so that a test can count the rows it computes.
@@ -134,21 +110,7 @@ def multi_turn_trainer_class() -> type:
             """The round's old-policy log-probs: the rollout's where it sampled every reply."""
             episodes = getattr(self.rollout_func, "last_episodes", [])
             rows = input_ids.size(0)
-            old = torch.zeros((rows, logits_to_keep), dtype=torch.float32)
-            completions = input_ids[:, input_ids.size(1) - logits_to_keep :].tolist()
-            missing = []
-            for row in range(rows):
-                episode = episodes[row] if len(episodes) == rows else None
-                values = episode.old_policy_logprobs() if episode is not None else None
-                if (
-                    episode is None
-                    or values is None
-                    or len(values) > logits_to_keep
-                    or completions[row][: len(values)] != episode.completion_ids
-                ):
-                    missing.append(row)
-                    continue
-                old[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            old, missing = rollout_logps(episodes, input_ids, logits_to_keep)
             if missing:
                 index = torch.tensor(missing, device=input_ids.device)
                 computed, _, _ = self._unpadded_logps(
@@ -159,3 +121,76 @@ def multi_turn_trainer_class() -> type:
             return old.to(input_ids.device), None, None
 
     return MultiTurnGRPOTrainer
+
+
+def runs_old_policy_pass(trainer: Any) -> bool:
+    """TRL's own condition for the old-policy pass of a round (with vLLM it always runs, for
+    its importance-sampling correction, and the rollout has vLLM's log-probs)."""
+    arguments: Any = trainer.args  # GRPOConfig (typed as TrainingArguments)
+    generate_every = arguments.steps_per_generation * trainer.num_iterations
+    return bool(
+        trainer.model is not None
+        and trainer.model.training
+        and not trainer.use_vllm
+        and arguments.gradient_accumulation_steps % generate_every != 0
+    )
+
+
+def trimmed_logps(
+    own: Any,
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    logits_to_keep: int,
+    batch_size: int | None,
+    compute_entropy: bool,
+) -> tuple[Any, Any, Any]:
+    """TRL's per-token pass ``own``, chunk by chunk of ``batch_size`` rows, over only the
+    columns each chunk attends to (``trimmed_columns``), padded back to the full width."""
+    import torch
+
+    size = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), size):
+        ids, mask = input_ids[start : start + size], attention_mask[start : start + size]
+        first, last = trimmed_columns(mask, logits_to_keep)
+        right = ids.size(1) - last
+        chunk_logps, chunk_entropies, _ = own(
+            model,
+            ids[:, first:last],
+            mask[:, first:last],
+            logits_to_keep - right,
+            size,
+            compute_entropy,
+        )
+        logps.append(torch.nn.functional.pad(chunk_logps, (0, right)))
+        if compute_entropy:
+            entropies.append(torch.nn.functional.pad(chunk_entropies, (0, right)))
+    return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+
+def rollout_logps(
+    episodes: Sequence[Any], input_ids: Any, logits_to_keep: int
+) -> tuple[Any, list[int]]:
+    """The old policy's log-probs of each row's completion as the rollout sampled them
+    (zeros elsewhere), and the rows it cannot give: no episode of its own, no log-prob of
+    every reply, or tokens other than the row's."""
+    import torch
+
+    rows = input_ids.size(0)
+    old = torch.zeros((rows, logits_to_keep), dtype=torch.float32)
+    completions = input_ids[:, input_ids.size(1) - logits_to_keep :].tolist()
+    missing = []
+    for row in range(rows):
+        episode = episodes[row] if len(episodes) == rows else None
+        values = episode.old_policy_logprobs() if episode is not None else None
+        if (
+            episode is None
+            or values is None
+            or len(values) > logits_to_keep
+            or completions[row][: len(values)] != episode.completion_ids
+        ):
+            missing.append(row)
+            continue
+        old[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return old, missing
