@@ -7,7 +7,7 @@ for why the defaults are what they are.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -88,35 +88,6 @@ class TrainingConfig(Section):
     shares here, each algorithm's own knobs in its section (``sft``, ``dpo``, ``grpo``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
-
-    # The flat keys of earlier releases, e.g. grpo_beta: grpo.beta (one release, with a warning).
-    renamed: ClassVar[dict[str, str]] = {
-        "sft_max_per_task": "sft.max_per_task",
-        "sft_batching": "sft.batching",
-        "sft_min_score": "sft.min_score",
-        "sft_token_ids": "sft.token_ids",
-        "dpo_beta": "dpo.beta",
-        "dpo_max_pairs_per_task": "dpo.max_pairs_per_task",
-        "dpo_micro_batch_size": "dpo.micro_batch_size",
-        "grpo_num_generations": "grpo.num_generations",
-        "grpo_prompts_per_step": "grpo.prompts_per_step",
-        "grpo_beta": "grpo.beta",
-        "grpo_epsilon": "grpo.epsilon",
-        "grpo_epsilon_high": "grpo.epsilon_high",
-        "grpo_max_completion_length": "grpo.max_completion_length",
-        "grpo_max_tool_calls": "grpo.max_tool_calls",
-        "grpo_temperature": "grpo.temperature",
-        "grpo_prompts": "grpo.prompts",
-        "grpo_dynamic_sampling": "grpo.dynamic_sampling",
-        "grpo_demonstration_steps": "grpo.demonstration_steps",
-        "grpo_demonstration_learning_rate": "grpo.demonstration_learning_rate",
-        "grpo_max_refills": "grpo.max_refills",
-        "grpo_rollout": "grpo.rollout",
-        "grpo_max_reply_tokens": "grpo.max_reply_tokens",
-        "grpo_vllm": "grpo.vllm",
-        "grpo_vllm_gpu_memory_utilization": "grpo.vllm_gpu_memory_utilization",
-        "grpo_vllm_server_url": "grpo.vllm_server_url",
-    }
 
     algorithm: Algorithm = Field(
         default="sft",
@@ -216,6 +187,20 @@ class TrainingConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:
+        problems = [
+            *self._demonstration_problems(),
+            *self._feature_problems(),
+            *self._launcher_problems(),
+            *self._grpo_round_problems(),
+            *self._vllm_problems(),
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _demonstration_problems(self) -> list[str]:
+        """GRPO's demonstration steps: room for them in max_steps, and the settings that
+        need some."""
         problems = []
         if self.algorithm == "grpo" and self.grpo.demonstration_steps >= self.max_steps:
             problems.append(
@@ -239,6 +224,12 @@ class TrainingConfig(Section):
                     f"grpo.{replay} trains in the demonstration steps, and "
                     f"grpo.demonstration_steps is 0: set it (e.g. 4) or turn {replay} off"
                 )
+        return problems
+
+    def _feature_problems(self) -> list[str]:
+        """Features the algorithm or the launcher cannot run: dynamic sampling across processes,
+        SEAL's weights under DPO, its dynamic weights under SFT."""
+        problems = []
         if (
             self.algorithm == "grpo"
             and self.grpo.dynamic_sampling
@@ -259,6 +250,11 @@ class TrainingConfig(Section):
                 "seal.reweight.dynamic updates the weights from GRPO rollouts; SFT weighs each "
                 "example by the fixed table: set seal.reweight.dynamic.enable: false"
             )
+        return problems
+
+    def _launcher_problems(self) -> list[str]:
+        """The launcher's settings: accelerate_config with accelerate only, num_processes too."""
+        problems = []
         if self.launcher == "accelerate" and self.accelerate_config is None:
             problems.append(
                 "launcher 'accelerate' needs accelerate_config: a YAML path or a shipped name "
@@ -274,38 +270,50 @@ class TrainingConfig(Section):
                 f"num_processes is set but launcher is {self.launcher!r} (one process); set "
                 "launcher: accelerate with an accelerate_config, or remove num_processes"
             )
-        if self.algorithm == "grpo":
-            episodes = self.grpo.prompts_per_step * self.grpo.num_generations
-            processes = self.num_processes or 1
-            if processes > 1 and episodes % (self.batch_size * processes):
-                problems.append(
-                    f"a GRPO round has {episodes} episodes, which the global batch "
-                    f"(batch_size x num_processes = {self.batch_size * processes}) must divide; "
-                    "lower batch_size or raise grpo.prompts_per_step"
-                )
-            elif episodes % self.batch_size:
-                problems.append(
-                    f"a GRPO round has grpo.prompts_per_step x grpo.num_generations = {episodes} "
-                    f"episodes, which batch_size ({self.batch_size}) must divide; e.g. batch_size="
-                    f"{self.grpo.num_generations} or grpo.prompts_per_step a multiple of "
-                    f"{self.batch_size}"
-                )
-            elif (episodes // self.batch_size) % self.gradient_accumulation_steps:
-                problems.append(
-                    f"a GRPO round has {episodes // self.batch_size} micro-batches, which "
-                    f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide; "
-                    "lower gradient_accumulation_steps or change grpo.prompts_per_step"
-                )
-            if "lm_head" in self.lora.target_modules:
-                problems.append(
-                    "GRPO cannot train a LoRA on lm_head (TRL computes log-probabilities from "
-                    "lm_head.weight directly); remove 'lm_head' from lora.target_modules"
-                )
-            if self.grpo.max_completion_length >= self.max_length:
-                problems.append(
-                    f"grpo.max_completion_length ({self.grpo.max_completion_length}) leaves no room "
-                    f"for the prompt within max_length ({self.max_length}); lower it or raise max_length"
-                )
+        return problems
+
+    def _grpo_round_problems(self) -> list[str]:
+        """A GRPO round's episodes against the batches, LoRA on lm_head, and room for the
+        prompt (nothing to check for the other algorithms)."""
+        problems: list[str] = []
+        if self.algorithm != "grpo":
+            return problems
+        episodes = self.grpo.prompts_per_step * self.grpo.num_generations
+        processes = self.num_processes or 1
+        if processes > 1 and episodes % (self.batch_size * processes):
+            problems.append(
+                f"a GRPO round has {episodes} episodes, which the global batch "
+                f"(batch_size x num_processes = {self.batch_size * processes}) must divide; "
+                "lower batch_size or raise grpo.prompts_per_step"
+            )
+        elif episodes % self.batch_size:
+            problems.append(
+                f"a GRPO round has grpo.prompts_per_step x grpo.num_generations = {episodes} "
+                f"episodes, which batch_size ({self.batch_size}) must divide; e.g. batch_size="
+                f"{self.grpo.num_generations} or grpo.prompts_per_step a multiple of "
+                f"{self.batch_size}"
+            )
+        elif (episodes // self.batch_size) % self.gradient_accumulation_steps:
+            problems.append(
+                f"a GRPO round has {episodes // self.batch_size} micro-batches, which "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide; "
+                "lower gradient_accumulation_steps or change grpo.prompts_per_step"
+            )
+        if "lm_head" in self.lora.target_modules:
+            problems.append(
+                "GRPO cannot train a LoRA on lm_head (TRL computes log-probabilities from "
+                "lm_head.weight directly); remove 'lm_head' from lora.target_modules"
+            )
+        if self.grpo.max_completion_length >= self.max_length:
+            problems.append(
+                f"grpo.max_completion_length ({self.grpo.max_completion_length}) leaves no room "
+                f"for the prompt within max_length ({self.max_length}); lower it or raise max_length"
+            )
+        return problems
+
+    def _vllm_problems(self) -> list[str]:
+        """vLLM generates GRPO episodes, on a GPU."""
+        problems = []
         if self.grpo.vllm != "off" and self.algorithm != "grpo":
             problems.append(
                 f"grpo.vllm is {self.grpo.vllm!r} but algorithm is {self.algorithm!r}; vLLM "
@@ -315,6 +323,4 @@ class TrainingConfig(Section):
             problems.append(
                 "grpo.vllm needs a GPU but device is 'cpu'; set grpo.vllm: off on a CPU"
             )
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+        return problems
