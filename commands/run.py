@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ..common.errors import PROGRAMMING_ERRORS
 from .common import PACKAGE_DIR, SetOption, console, err_console, fail
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import CoevolveConfig
+    from ..runner import RunResult
 
 
 def run_command(
@@ -55,9 +59,8 @@ def run_command(
     The trainers' per-step logs go to RUN_DIR/run.log; --verbose shows them too.
     """
 
-    from ..config import ConfigError, load_config
-    from ..outputs.report import print_summary
-    from ..runner import RunError, run, summary_payload
+    from ..config import ConfigError
+    from ..runner import RunError, run
     from ..runner import resume as resume_run
 
     quiet = Console(stderr=True) if as_json else console
@@ -72,25 +75,8 @@ def run_command(
             target = resume
             result = resume_run(resume, console=quiet, verbose=verbose)
         else:
-            source = config_path or str(PACKAGE_DIR / "configs" / "quickstart.yaml")
-            sets = list(overrides or [])
-            if cycles is not None:
-                sets.append(f"cycles={cycles}")
-            if run_dir is not None:
-                sets.append(f"run_dir={json.dumps(run_dir)}")
-            config = load_config(source, sets)
-            try:
-                from ..outputs.tracking import require_backends
-
-                require_backends(config.tracking)
-            except RuntimeError as err:
-                raise fail(str(err)) from None
-            quiet.print(
-                f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
-                f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
-                f"synthesizer {config.synthesis.synthesizer if config.synthesis.enabled else 'none'}, "
-                f"training {config.training.algorithm} → {config.run_dir}"
-            )
+            config, source, sets = _run_config(config_path, cycles, run_dir, overrides)
+            quiet.print(_first_line(config, source))
             target = config.run_dir
             result = run(
                 config, overwrite=overwrite, console=quiet, overrides=sets, verbose=verbose
@@ -105,6 +91,15 @@ def run_command(
         if debug:
             raise
         raise fail(stop_message(err, target), code=1) from None
+    _print_result(quiet, result, as_json)
+
+
+def _print_result(quiet: Console, result: RunResult, as_json: bool) -> None:
+    """The finished run's tables, where its files are and how long it took, and with
+    --json its per-cycle summaries."""
+    from ..outputs.report import print_summary
+    from ..runner import summary_payload
+
     print_summary(quiet, result.cycles, result.pool)
     quiet.print(
         f"report: {result.report}  metrics: {result.metrics}  tasks: {result.tasks}  "
@@ -112,6 +107,41 @@ def run_command(
     )
     if as_json:
         print(json.dumps(summary_payload(result), indent=2))
+
+
+def _run_config(
+    config_path: str | None, cycles: int | None, run_dir: str | None, overrides: list[str] | None
+) -> tuple[CoevolveConfig, str, list[str]]:
+    """The run's config (CONFIG, default the quickstart's, with --set, --cycles and
+    --run-dir over it; its trackers' packages installed, or the error exit), where it came
+    from, and the overrides the run records."""
+    from ..config import load_config
+
+    source = config_path or str(PACKAGE_DIR / "configs" / "quickstart.yaml")
+    sets = list(overrides or [])
+    if cycles is not None:
+        sets.append(f"cycles={cycles}")
+    if run_dir is not None:
+        sets.append(f"run_dir={json.dumps(run_dir)}")
+    config = load_config(source, sets)
+    try:
+        from ..outputs.tracking import require_backends
+
+        require_backends(config.tracking)
+    except RuntimeError as err:
+        raise fail(str(err)) from None
+    return config, source, sets
+
+
+def _first_line(config: CoevolveConfig, source: str) -> str:
+    """A run's first line: its config, cycles, environment, policy, synthesizer, training
+    and run directory."""
+    return (
+        f"[bold]coevolve run[/bold] {source}: {config.cycles} cycles on {config.env.name}, "
+        f"policy {config.policy.model if config.policy.kind == 'local' else config.policy.endpoint}, "
+        f"synthesizer {config.synthesis.synthesizer if config.synthesis.enabled else 'none'}, "
+        f"training {config.training.algorithm} → {config.run_dir}"
+    )
 
 
 def stop_message(err: BaseException, run_dir: str) -> str:

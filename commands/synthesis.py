@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from .common import DebugOption, console, err_console, fail, load_config_or_fail
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph.synthesis.state import SynthesisResult
+    from ..records import Task, Trajectory
 
 
 def _read_trajectories(path: str) -> list[Any]:
@@ -68,9 +73,7 @@ def synthesize_command(
     import asyncio
     import logging
     from collections import Counter
-    from pathlib import Path
 
-    from ..envs.catalog import seed_tasks_by_id
     from ..graph.synthesis.graph import run_synthesis
     from ..loop.build_runtime import build_synthesis_runtime
     from ..memory.history import OutcomeHistory
@@ -78,20 +81,7 @@ def synthesize_command(
     from ..memory.signals import detect_signals
 
     config = load_config_or_fail(config_path)
-    trajectories = _read_trajectories(rollouts)
-    envs = {t.env for t in trajectories}
-    if len(envs) != 1:
-        raise fail(
-            f"{rollouts} mixes environments ({', '.join(sorted(envs))}); synthesize one at a time"
-        )
-    env_name = envs.pop()
-    parents = seed_tasks_by_id(env_name, {t.task_id for t in trajectories})
-    missing = {t.task_id for t in trajectories} - set(parents)
-    if missing:
-        err_console.print(
-            f"[yellow]{len(missing)} trajectories name tasks that are not seed tasks; skipped[/yellow]"
-        )
-    trajectories = [t for t in trajectories if t.task_id in parents]
+    env_name, parents, trajectories = _trajectories_of_seed_tasks(rollouts)
     flagged = detect_signals(trajectories, OutcomeHistory(), PatternCounts(), config.signals, cycle)
     kinds = Counter(kind for item in flagged for kind in item.kinds)
     if not as_json:
@@ -110,18 +100,7 @@ def synthesize_command(
             flagged, list(parents.values()), runtime, cycle, config.synthesis.max_concurrency
         )
     )
-    target = Path(out or f"{Path(rollouts).with_suffix('')}.synthesized.jsonl")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(
-        "".join(task.model_dump_json() + "\n" for task in result.accepted), encoding="utf-8"
-    )
-    # Every rejection with its stage and reason, as a run's cycle keeps them.
-    rejected = target.with_name(
-        target.name.removesuffix(".synthesized.jsonl") + ".rejections.jsonl"
-    )
-    rejected.write_text(
-        "".join(r.model_dump_json() + "\n" for r in result.rejections), encoding="utf-8"
-    )
+    target, rejected = _write_synthesis(result, rollouts, out)
     if as_json:
         print(
             json.dumps(
@@ -135,6 +114,55 @@ def synthesize_command(
             )
         )
         return
+    _print_synthesis(result, rejected)
+    console.print(
+        f"accepted tasks → {target}  (store: {store_path if not config.synthesis.store_url else config.synthesis.store_url})"
+    )
+
+
+def _trajectories_of_seed_tasks(rollouts: str) -> tuple[str, dict[str, Task], list[Trajectory]]:
+    """The environment of the trajectories in ``rollouts`` (one, or the error exit), their
+    seed tasks by id, and the trajectories of seed tasks (the others are skipped, with a
+    warning)."""
+    from ..envs.catalog import seed_tasks_by_id
+
+    trajectories = _read_trajectories(rollouts)
+    envs = {t.env for t in trajectories}
+    if len(envs) != 1:
+        raise fail(
+            f"{rollouts} mixes environments ({', '.join(sorted(envs))}); synthesize one at a time"
+        )
+    env_name = envs.pop()
+    parents = seed_tasks_by_id(env_name, {t.task_id for t in trajectories})
+    missing = {t.task_id for t in trajectories} - set(parents)
+    if missing:
+        err_console.print(
+            f"[yellow]{len(missing)} trajectories name tasks that are not seed tasks; skipped[/yellow]"
+        )
+    return env_name, parents, [t for t in trajectories if t.task_id in parents]
+
+
+def _write_synthesis(result: SynthesisResult, rollouts: str, out: str | None) -> tuple[Path, Path]:
+    """Write the accepted tasks (``out``, default ROLLOUTS.synthesized.jsonl) and, beside
+    them, every rejection with its stage and reason, as a run's cycle keeps them."""
+    target = Path(out or f"{Path(rollouts).with_suffix('')}.synthesized.jsonl")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(
+        "".join(task.model_dump_json() + "\n" for task in result.accepted), encoding="utf-8"
+    )
+    rejected = target.with_name(
+        target.name.removesuffix(".synthesized.jsonl") + ".rejections.jsonl"
+    )
+    rejected.write_text(
+        "".join(r.model_dump_json() + "\n" for r in result.rejections), encoding="utf-8"
+    )
+    return target, rejected
+
+
+def _print_synthesis(result: SynthesisResult, rejected: Path) -> None:
+    """The pass's count per stage, its roles, and its five most frequent rejections."""
+    from collections import Counter
+
     table = Table(title="synthesis stages")
     table.add_column("stage")
     table.add_column("count", justify="right")
@@ -146,6 +174,3 @@ def synthesize_command(
     for reason, count in reasons.most_common(5):
         console.print(f"  [dim]{count:4d} × {reason}[/dim]")
     console.print(f"rejections with their reasons → {rejected}")
-    console.print(
-        f"accepted tasks → {target}  (store: {store_path if not config.synthesis.store_url else config.synthesis.store_url})"
-    )
