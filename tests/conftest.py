@@ -1,4 +1,5 @@
 import os
+import shutil
 
 import pytest
 
@@ -9,12 +10,18 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the tiny model is slow: building it trains a model (about a
-    minute on two cores, once per session), and such tests train or roll it out.
-    Other slow tests carry ``@pytest.mark.slow`` themselves."""
+    """Every test that uses the tiny model is slow: building it trains a model (seconds,
+    once per run), and such tests train or roll it out. Other slow tests carry
+    ``@pytest.mark.slow`` themselves.
+
+    In pytest-xdist's workers the slow tests come first (in the order collected, the same in
+    every worker, as xdist requires): a minute-long test started last leaves the other core
+    idle while it ends the run."""
     for item in items:
         if "tiny_build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
@@ -40,14 +47,62 @@ def scripted_server():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """The session's bootstrap cache (the layout of ``$COEVOLVE_CACHE``): builds are shared."""
+    """The session's bootstrap cache (the layout of ``$COEVOLVE_CACHE``), one per process:
+    what one test builds there the next finds (pytest-xdist's workers each have their own)."""
     return tmp_path_factory.getbasetemp() / "coevolve-cache"
 
 
 @pytest.fixture(scope="session")
-def tiny_build(cache_dir):
-    """The tiny bootstrap model (training/presets/bootstrap-tiny.yaml), built once per session."""
+def tiny_build(cache_dir, tmp_path_factory, pytestconfig):
+    """The tiny bootstrap model (training/presets/bootstrap-tiny.yaml) in ``cache_dir``.
+
+    Built once per run: under pytest-xdist the first worker to need it builds it in a cache
+    all workers share (the run's temporary directory), holding a file lock while it does
+    (two processes building one key would each replace the other's finished build), and
+    every worker copies it into its own ``cache_dir``, so that no worker reads a build
+    another is replacing."""
+    from filelock import FileLock
+
     from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.training.bootstrap.bootstrap_config import bootstrap_dir, is_complete
     from coevolve.training.bootstrap.build import bootstrap
 
-    return bootstrap(tiny_bootstrap(), cache_dir=cache_dir, progress=False)
+    config = tiny_bootstrap()
+    if not hasattr(pytestconfig, "workerinput"):  # one process: no other to share with
+        return bootstrap(config, cache_dir=cache_dir, progress=False)
+    target = bootstrap_dir(config, cache_dir)
+    if not is_complete(target):
+        shared = _shared_dir(tmp_path_factory) / "coevolve-cache"
+        with FileLock(_shared_dir(tmp_path_factory) / "tiny-build.lock"):
+            built = bootstrap(config, cache_dir=shared, progress=False)
+        shutil.copytree(built, target, dirs_exist_ok=True)
+    return target
+
+
+def _shared_dir(tmp_path_factory):
+    """The temporary directory of the whole run, above each pytest-xdist worker's own."""
+    return tmp_path_factory.getbasetemp().parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tiny_model_in_the_default_cache(pytestconfig, tmp_path_factory):
+    """Under pytest-xdist, the tiny model is in the default cache (``$COEVOLVE_CACHE``, else
+    ``~/.cache/coevolve``) before any test runs: the quick bench's tests (and the tour's)
+    build it there when it is missing, and two workers doing so at once would each
+    replace the build the other is reading (``bootstrap`` renames a finished build over
+    the target). The first worker builds it under a lock; the others find it there.
+    Nothing to do, and nothing imported, where it is already built."""
+    if not hasattr(pytestconfig, "workerinput"):
+        return
+    from coevolve.testing.presets import tiny_bootstrap
+    from coevolve.training.bootstrap.bootstrap_config import bootstrap_dir, is_complete
+
+    config = tiny_bootstrap()
+    if is_complete(bootstrap_dir(config)):
+        return
+    from filelock import FileLock
+
+    from coevolve.training.bootstrap.build import bootstrap
+
+    with FileLock(_shared_dir(tmp_path_factory) / "default-cache-tiny-build.lock"):
+        bootstrap(config, progress=False)
