@@ -42,7 +42,7 @@ from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
 from .training.bootstrap.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
-from .training.hard_negatives.settings import HardNegativeSettings, moved_target_keys
+from .training.hard_negatives.settings import HardNegativeSettings
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -108,11 +108,6 @@ class CoevolveConfig(Section):
         description="Experiment tracking (TensorBoard, Trackio, W&B, MLflow) of training and "
         "of the loop's figures per cycle.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _hard_negatives_target_keys(cls, data: Any) -> Any:
-        return moved_target_keys(data)
 
     def endpoint_references(self) -> dict[str, str]:
         """Each field that names one of ``endpoints``, with the name it gives (a role set to

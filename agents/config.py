@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -278,8 +278,6 @@ class RolloutConfig(Section):
     eval_temperature: float = Field(
         default=0.0, ge=0.0, le=2.0, description="Temperature for evaluation (0: greedy)."
     )
-    renamed: ClassVar[dict[str, str]] = {"max_steps": "max_tool_calls"}
-
     max_tool_calls: int = Field(
         default=12,
         gt=0,

@@ -427,8 +427,6 @@ def test_bootstrap_command_evaluates_a_cached_build_made_without_evaluation(tiny
     assert load_metadata(bootstrap_dir(TINY, cache))["eval"]["split"] == "validation"
 
 
-def test_old_evaluation_key_loads_with_a_future_warning():
-    with pytest.warns(FutureWarning, match="'eval_max_steps' of BootstrapConfig is now"):
-        config = BootstrapConfig.model_validate({"base": "tiny", "eval_max_steps": 3})
-    assert config.eval_max_tool_calls == 3
-    assert config.cache_key() == BootstrapConfig(base="tiny").cache_key()
+def test_an_old_evaluation_key_is_refused_not_migrated():
+    with pytest.raises(ValueError, match="eval_max_steps"):
+        BootstrapConfig.model_validate({"base": "tiny", "eval_max_steps": 3})

@@ -267,14 +267,9 @@ def test_multi_turn_config_field_is_documented_and_checked():
     assert field.description and "multi_turn" in field.description
     with pytest.raises(ValueError, match="'auto', 'tool_loop' or 'multi_turn'"):
         TrainingConfig.model_validate({"grpo": {"rollout": "multiturn"}})
-    # The flat key of earlier releases still works, and says how to migrate.
-    with pytest.warns(
-        FutureWarning, match="'grpo_rollout' of TrainingConfig is now 'grpo.rollout'"
-    ):
-        old = TrainingConfig.model_validate({"grpo_rollout": "multi_turn", "grpo": {"beta": 0.1}})
-    assert old.grpo.rollout == "multi_turn" and old.grpo.beta == 0.1
-    with pytest.raises(ValueError, match=r"give 'grpo\.rollout' only"):
-        TrainingConfig.model_validate({"grpo_rollout": "auto", "grpo": {"rollout": "auto"}})
+    # The flat key of earlier releases is refused, not migrated: the package has no shims.
+    with pytest.raises(ValueError, match="grpo_rollout"):
+        TrainingConfig.model_validate({"grpo_rollout": "multi_turn"})
 
 
 class _ColocatedEngine:
@@ -742,7 +737,7 @@ def test_multi_turn_grpo_with_a_kl_term_trains(tiny_build, tmp_path):
     assert "kl" in logged, sorted(logged)
 
 
-def test_max_tool_calls_is_the_bound_and_max_steps_per_turn_its_old_name():
+def test_max_tool_calls_is_the_bound():
     from coevolve.training.grpo.multiturn_rollout import MultiTurnRollout
 
     def make(**bound):
@@ -751,13 +746,7 @@ def test_max_tool_calls_is_the_bound_and_max_steps_per_turn_its_old_name():
         )
 
     assert make(max_tool_calls=3).max_tool_calls == 3
-    with pytest.warns(
-        FutureWarning, match=r"MultiTurnRollout\(max_steps_per_turn=\) is now max_tool_calls"
-    ):
-        assert make(max_steps_per_turn=2).max_tool_calls == 2
-    with pytest.raises(TypeError, match="give max_tool_calls only"):
-        make(max_tool_calls=3, max_steps_per_turn=2)
-    with pytest.raises(TypeError, match="needs max_tool_calls"):
+    with pytest.raises(TypeError, match="max_tool_calls"):
         make()
     with pytest.raises(ValueError, match="max_tool_calls must be >= 1"):
         make(max_tool_calls=0)

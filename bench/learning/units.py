@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,9 +145,7 @@ def unit_still_counts(saved_config: str | None, config_now: str) -> bool:
     if read is None:
         return False
     try:
-        with warnings.catch_warnings():  # a renamed key of an old unit is not the user's
-            warnings.simplefilter("ignore", FutureWarning)
-            saved = CoevolveConfig.model_validate(read)
+        saved = CoevolveConfig.model_validate(read)
     except ValidationError:
         return False
     compared = []

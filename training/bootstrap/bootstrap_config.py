@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -49,7 +49,6 @@ class BootstrapConfig(Section):
     """
 
     model_config = ConfigDict(extra="forbid")
-    renamed: ClassVar[dict[str, str]] = {"eval_max_steps": "eval_max_tool_calls"}
 
     base: str = Field(
         default="smollm2",

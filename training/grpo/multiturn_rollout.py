@@ -66,7 +66,6 @@ from typing import Any, Protocol, Self
 from ...agents.policy.policy_interface import Message
 from ...agents.policy.rendering import end_of_turn_id
 from ...agents.policy.rollout import run_rollouts
-from ...common.config_base import renamed_keyword
 from ...envs.base import Environment
 from ...records import Task, Trajectory
 from ..adapters import merged_for_generation
@@ -174,15 +173,11 @@ class MultiTurnRollout:
         make_env: Callable[[], Environment],
         *,
         tools_in_prompt: bool,
-        max_tool_calls: int | None = None,
+        max_tool_calls: int,
         max_completion_tokens: int,
         max_reply_tokens: int | None = None,
         reference_episodes: GroupFiller | None = None,
-        max_steps_per_turn: int | None = None,
     ) -> None:
-        max_tool_calls = renamed_keyword(
-            "MultiTurnRollout", max_tool_calls=max_tool_calls, max_steps_per_turn=max_steps_per_turn
-        )
         if max_tool_calls < 1:
             raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
         if max_completion_tokens < 1:

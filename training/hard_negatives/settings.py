@@ -3,24 +3,14 @@ agent, the target's DPO + SFT objective and how their preference pairs are drawn
 
 Both agents train by the DPO step of ``training`` (its ``dpo.beta``, ``learning_rate``
 and ``max_steps``); ``hard_negatives.failure`` overrides what differs for the failure
-agent. The keys of earlier releases still load for one release, with a FutureWarning:
-``failure_beta`` / ``failure_learning_rate`` / ``failure_max_steps`` are
-``failure.beta`` / ``.learning_rate`` / ``.max_steps``; the target's ``beta`` /
-``learning_rate`` / ``max_steps`` move to ``training.dpo.beta`` /
-``training.learning_rate`` / ``training.max_steps`` (``moved_target_keys``)."""
+agent."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, ClassVar
-
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from ...common.config_base import Section
 from ..config import TrainingConfig
-
-# The target's keys of earlier releases -> where they live now, in ``training``.
-TARGET_KEYS = {"beta": "dpo.beta", "learning_rate": "learning_rate", "max_steps": "max_steps"}
 
 
 class FailureAgentSettings(Section):
@@ -45,12 +35,6 @@ class FailureAgentSettings(Section):
 class HardNegativeSettings(Section):
     """Co-Evolving Agents: a failure agent beside the target, and the target trained on
     (expert, hard negative) pairs with DPO + SFT. Off by default."""
-
-    renamed: ClassVar[dict[str, str]] = {
-        "failure_beta": "failure.beta",
-        "failure_learning_rate": "failure.learning_rate",
-        "failure_max_steps": "failure.max_steps",
-    }
 
     enabled: bool = Field(
         default=False,
@@ -186,81 +170,3 @@ class HardNegativeSettings(Section):
         return self.failure_agent and (
             self.freeze_failure_after is None or cycle <= self.freeze_failure_after
         )
-
-
-def _plain(section: Any) -> dict[str, Any]:
-    if isinstance(section, BaseModel):
-        return section.model_dump(exclude_unset=True)
-    return dict(section or {})
-
-
-def moved_target_keys(data: Any) -> Any:
-    """A config's DPO keys of earlier releases, with a FutureWarning: the target's
-    ``hard_negatives.beta`` / ``learning_rate`` / ``max_steps`` move to ``training.dpo.beta``
-    / ``training.learning_rate`` / ``training.max_steps`` (with hard negatives off they did
-    nothing, and are dropped); ``failure_beta`` / ``failure_learning_rate`` /
-    ``failure_max_steps`` become ``failure.*``, kept only where they differ from the
-    target's (the failure agent trains as it did: its beta 0.1 and training's rate and
-    steps by default). ``CoevolveConfig`` calls this on its input."""
-    if not isinstance(data, dict) or not isinstance(data.get("hard_negatives"), dict):
-        return data
-    hard = dict(data["hard_negatives"])
-    old_target = {key: hard.pop(key) for key in TARGET_KEYS if key in hard}
-    old_failure = {
-        key: hard.pop(f"failure_{key}") for key in TARGET_KEYS if f"failure_{key}" in hard
-    }
-    if not old_target and not old_failure:
-        return data
-    failure = _plain(hard.get("failure"))
-    for key in old_failure:
-        if key in failure:
-            raise ValueError(
-                f"'failure_{key}' is the old name of 'failure.{key}': give 'failure.{key}' only"
-            )
-    warnings.warn(
-        "config keys "
-        + ", ".join(
-            [f"'hard_negatives.{key}'" for key in old_target]
-            + [f"'hard_negatives.failure_{key}'" for key in old_failure]
-        )
-        + " are now "
-        + ", ".join(
-            [f"'training.{TARGET_KEYS[key]}'" for key in old_target]
-            + [f"'hard_negatives.failure.{key}'" for key in old_failure]
-        )
-        + " (the DPO step both agents train with; hard_negatives.failure overrides it for "
-        "the failure agent): move them (the old names still work for one release)",
-        FutureWarning,
-        stacklevel=2,
-    )
-    training = _plain(data.get("training"))
-    dpo = _plain(training.get("dpo"))
-    defaults = TrainingConfig.model_fields
-    current = {
-        "beta": dpo.get("beta", 0.1),
-        "learning_rate": training.get("learning_rate", defaults["learning_rate"].default),
-        "max_steps": training.get("max_steps", defaults["max_steps"].default),
-    }
-    target = dict(current)
-    if hard.get("enabled", False):
-        for key, value in old_target.items():
-            if value is not None:  # None was "training's"
-                target[key] = value
-        if target["beta"] != current["beta"]:
-            training["dpo"] = {**dpo, "beta": target["beta"]}
-        for key in ("learning_rate", "max_steps"):
-            if target[key] != current[key]:
-                training[key] = target[key]
-    # What the failure agent trained with in earlier releases, kept where it differs.
-    if hard.get("failure_agent", True):
-        was = {
-            "beta": old_failure.get("beta", 0.1),
-            "learning_rate": old_failure.get("learning_rate") or current["learning_rate"],
-            "max_steps": old_failure.get("max_steps") or current["max_steps"],
-        }
-        for key, value in was.items():
-            if key not in failure and value != target[key]:
-                failure[key] = value
-    if failure:
-        hard["failure"] = failure
-    return {**data, "hard_negatives": hard, "training": training}
