@@ -150,81 +150,126 @@ def detect_signals(
     Recording is idempotent per cycle, so a resumed run may call this again.
     """
     found: dict[str, list[Signal]] = defaultdict(list)
-    threshold = config.success_threshold
-
-    def flag(trajectory: Trajectory, kind: SignalKind, evidence: dict) -> None:
-        found[trajectory.id].append(_signal(trajectory, kind, cycle, evidence))
-
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     by_family: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
         by_task[trajectory.task_id].append(trajectory)
         by_family[trajectory.family].append(trajectory)
 
+    detected: list[tuple[SignalKind, list[tuple[Trajectory, dict]]]] = []
     if "forgetting" in config.kinds:
-        levels = (
-            ("task", by_task, history.task_window),
-            ("family", by_family, history.family_window),
-        )
-        for level, groups, window_of in levels:
-            if config.forgetting_level not in (level, "both"):
-                continue
-            for key, group in groups.items():
-                window = window_of(key, cycle, config.window)
-                now = sum(t.score for t in group) / len(group)
-                if window and max(window) >= threshold and now < threshold:
-                    evidence = {"level": level, "key": key, "window": window, "now": now}
-                    for trajectory in group:
-                        if trajectory.score < threshold:
-                            flag(trajectory, "forgetting", evidence)
-
+        detected.append(("forgetting", _forgetting(by_task, by_family, history, config, cycle)))
     if "boundary" in config.kinds:
-        for task_id, group in by_task.items():
-            scores = [t.score for t in group]
-            if any(s > threshold for s in scores) and any(s < threshold for s in scores):
-                for trajectory in group:
-                    flag(trajectory, "boundary", {"task_id": task_id, "scores": scores})
-
+        detected.append(("boundary", _boundary(by_task, config.success_threshold)))
     if "unsolved" in config.kinds:
-        for task_id, group in by_task.items():
-            if any(t.score >= threshold for t in group):
-                continue
-            past = history.task_window(task_id, cycle, 10**6)
-            if past and max(past) >= threshold:
-                continue  # solved before: forgetting's business
-            family = by_family[group[0].family]
-            family_success = sum(t.score >= threshold for t in family) / len(family)
-            evidence = {
-                "task_id": task_id,
-                "scores": [t.score for t in group],
-                "history": past,
-                # the synthesizer's step toward the task grows with this
-                "family_success": family_success,
-            }
-            for trajectory in group:
-                flag(trajectory, "unsolved", evidence)
-
+        detected.append(
+            ("unsolved", _unsolved(by_task, by_family, history, config.success_threshold, cycle))
+        )
     extract = EXTRACTORS[config.pattern]
     observed = [extract(t) for t in trajectories]
     patterns.update(cycle, observed)
     if "rare" in config.kinds and patterns.total >= config.rare_min_observations:
-        limit = config.rare_theta_percent / 100
-        for trajectory, pattern in zip(trajectories, observed, strict=True):
-            frequency = patterns.frequency(pattern)
-            if 0 < frequency < limit:
-                evidence = {
-                    "pattern": pattern,
-                    "count": patterns.counts[pattern],
-                    "total": patterns.total,
-                    "frequency": frequency,
-                }
-                flag(trajectory, "rare", evidence)
+        detected.append(("rare", _rare(trajectories, observed, patterns, config)))
+    for kind, items in detected:
+        for trajectory, evidence in items:
+            found[trajectory.id].append(_signal(trajectory, kind, cycle, evidence))
 
     history.record(cycle, trajectories)
     flagged = [
         FlaggedTrajectory(trajectory=t, signals=found[t.id]) for t in trajectories if t.id in found
     ]
     return apply_budget(flagged, config, trajectories) if budgeted else flagged
+
+
+def _forgetting(
+    by_task: dict[str, list[Trajectory]],
+    by_family: dict[str, list[Trajectory]],
+    history: OutcomeHistory,
+    config: SignalConfig,
+    cycle: int,
+) -> list[tuple[Trajectory, dict]]:
+    """Forgetting: the failed trajectories of a task or family (``forgetting_level``) that
+    reached the threshold within the history's window and is under it now."""
+    threshold = config.success_threshold
+    levels = (
+        ("task", by_task, history.task_window),
+        ("family", by_family, history.family_window),
+    )
+    items = []
+    for level, groups, window_of in levels:
+        if config.forgetting_level not in (level, "both"):
+            continue
+        for key, group in groups.items():
+            window = window_of(key, cycle, config.window)
+            now = sum(t.score for t in group) / len(group)
+            if window and max(window) >= threshold and now < threshold:
+                evidence = {"level": level, "key": key, "window": window, "now": now}
+                items += [(t, evidence) for t in group if t.score < threshold]
+    return items
+
+
+def _boundary(
+    by_task: dict[str, list[Trajectory]], threshold: float
+) -> list[tuple[Trajectory, dict]]:
+    """Boundary: every trajectory of a task whose rollouts both succeeded and failed."""
+    items = []
+    for task_id, group in by_task.items():
+        scores = [t.score for t in group]
+        if any(s > threshold for s in scores) and any(s < threshold for s in scores):
+            items += [(t, {"task_id": task_id, "scores": scores}) for t in group]
+    return items
+
+
+def _unsolved(
+    by_task: dict[str, list[Trajectory]],
+    by_family: dict[str, list[Trajectory]],
+    history: OutcomeHistory,
+    threshold: float,
+    cycle: int,
+) -> list[tuple[Trajectory, dict]]:
+    """Unsolved: every trajectory of a task no rollout has ever solved (one solved before
+    is forgetting's business), with its family's success this cycle."""
+    items = []
+    for task_id, group in by_task.items():
+        if any(t.score >= threshold for t in group):
+            continue
+        past = history.task_window(task_id, cycle, 10**6)
+        if past and max(past) >= threshold:
+            continue  # solved before: forgetting's business
+        family = by_family[group[0].family]
+        family_success = sum(t.score >= threshold for t in family) / len(family)
+        evidence = {
+            "task_id": task_id,
+            "scores": [t.score for t in group],
+            "history": past,
+            # the synthesizer's step toward the task grows with this
+            "family_success": family_success,
+        }
+        items += [(t, evidence) for t in group]
+    return items
+
+
+def _rare(
+    trajectories: Sequence[Trajectory],
+    observed: list[str],
+    patterns: PatternCounts,
+    config: SignalConfig,
+) -> list[tuple[Trajectory, dict]]:
+    """Rare: the trajectories whose pattern (``observed``, counted already) is seen in under
+    ``rare_theta_percent`` of all the patterns counted."""
+    limit = config.rare_theta_percent / 100
+    items = []
+    for trajectory, pattern in zip(trajectories, observed, strict=True):
+        frequency = patterns.frequency(pattern)
+        if 0 < frequency < limit:
+            evidence = {
+                "pattern": pattern,
+                "count": patterns.counts[pattern],
+                "total": patterns.total,
+                "frequency": frequency,
+            }
+            items.append((trajectory, evidence))
+    return items
 
 
 def failure_rates(trajectories: Sequence[Trajectory], threshold: float = 0.5) -> dict[str, float]:
