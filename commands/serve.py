@@ -167,7 +167,9 @@ def llama_cpp_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[
     served, host, port = _served_here(config, endpoint)
     settings = served.llama_cpp
     cache = default_cache_dir()
-    gguf = Path(settings.gguf_file).expanduser() if settings.gguf_file else cache / LARGER_MODEL_GGUF
+    gguf = (
+        Path(settings.gguf_file).expanduser() if settings.gguf_file else cache / LARGER_MODEL_GGUF
+    )
     binary = settings.binary or shutil.which("llama-server") or str(cache / LLAMA_SERVER)
     slots = served.concurrency
     per_slot = served.max_model_len or LLAMA_CPP_SLOT_CONTEXT
@@ -294,24 +296,7 @@ def serve_command(
 
     try:
         config = load_config(config_path, overrides or [])
-        name = endpoint or config.policy.endpoint
-        grpo_server = config.training.grpo.vllm == "server"
-        if grpo or (endpoint is None and not isinstance(name, str) and grpo_server):
-            environment, argv = trl_vllm_command(config, model)
-        elif (
-            isinstance(name, str)
-            and name in config.endpoints
-            and (config.endpoints[name].server == "transformers")
-        ):
-            environment, argv = transformers_command(config, name)
-        elif (
-            isinstance(name, str)
-            and name in config.endpoints
-            and config.endpoints[name].server == "llama.cpp"
-        ):
-            environment, argv = llama_cpp_command(config, name)
-        else:
-            environment, argv = vllm_command(config, endpoint, tool_call_parser)
+        environment, argv = _server_command(config, endpoint, tool_call_parser, grpo, model)
     except (ConfigError, ServeError) as err:
         raise fail(str(err)) from None
     extra = list(extra or [])
@@ -319,6 +304,33 @@ def serve_command(
     if dry_run:
         console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
         return
+    _check_installed(argv)
+    console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
+    os.execvpe(argv[0], argv, {**os.environ, **environment})
+
+
+def _server_command(
+    config: Any, endpoint: str | None, tool_call_parser: str | None, grpo: bool, model: str | None
+) -> tuple[dict[str, str], list[str]]:
+    """The server to start and its environment: ``trl vllm-serve`` for --grpo (or when the
+    policy has no endpoint and training.grpo.vllm is server), else the endpoint's server
+    (``transformers serve``, llama.cpp's ``llama-server``, or ``vllm serve``)."""
+    name = endpoint or config.policy.endpoint
+    grpo_server = config.training.grpo.vllm == "server"
+    if grpo or (endpoint is None and not isinstance(name, str) and grpo_server):
+        return trl_vllm_command(config, model)
+    server = config.endpoints[name].server if name in config.endpoints else None
+    if isinstance(name, str) and server == "transformers":
+        return transformers_command(config, name)
+    if isinstance(name, str) and server == "llama.cpp":
+        return llama_cpp_command(config, name)
+    return vllm_command(config, endpoint, tool_call_parser)
+
+
+def _check_installed(argv: list[str]) -> None:
+    """The error exit when the server ``argv`` starts is not installed here; the venv's own
+    ``transformers`` console script, found beside this Python when PATH lacks it, goes into
+    ``argv``."""
     if argv[:2] != ["vllm", "serve"] and argv[0] not in ("trl", "transformers"):
         missing = _missing_llama_cpp(argv)
         if missing is not None:
@@ -326,7 +338,6 @@ def serve_command(
     elif argv[0] == "transformers":
         import sys
 
-        # The venv's own console script, found beside this Python when PATH lacks it.
         local = Path(sys.executable).parent / "transformers"
         argv[0] = str(local) if local.exists() else argv[0]
     else:
@@ -338,5 +349,3 @@ def serve_command(
                 "vLLM is not installed here: pip install 'coevolve[vllm]' on a machine with a GPU "
                 "(--dry-run prints the command)"
             )
-    console.print(shell_line(environment, argv), soft_wrap=True, markup=False)
-    os.execvpe(argv[0], argv, {**os.environ, **environment})
