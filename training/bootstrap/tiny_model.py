@@ -193,7 +193,7 @@ def make_trainer(
     import transformers
     from torch.optim.lr_scheduler import LambdaLR
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     active: TrainingSchedule = schedule or TrainingSchedule(config)
 
@@ -226,7 +226,28 @@ def make_trainer(
             threads.step_end()
             return control
 
-    args = SFTConfig(
+    args = _sft_arguments(config, output_dir)
+    transformers.logging.set_verbosity_error()
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[ScheduleAndThreads()],
+    )
+    trainer.thread_tuner = threads
+    # The log dicts go to the trainer logger, never to stdout (tqdm's bar wrote them
+    # there): a quiet build (`coevolve bootstrap --json`) prints nothing of its own.
+    quiet_trainer(trainer, progress)
+    return trainer
+
+
+def _sft_arguments(config: BootstrapConfig, output_dir: Path) -> Any:
+    """TRL's ``SFTConfig`` for the small model: CPU, no checkpoints, the recipe's batch,
+    learning rate and length, its seed for the data order too."""
+    from trl import SFTConfig
+
+    return SFTConfig(
         output_dir=str(output_dir),
         max_steps=config.max_steps,
         per_device_train_batch_size=config.batch_size,
@@ -253,19 +274,6 @@ def make_trainer(
         data_seed=config.seed,
         dataloader_num_workers=0,
     )
-    transformers.logging.set_verbosity_error()
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[ScheduleAndThreads()],
-    )
-    trainer.thread_tuner = threads
-    # The log dicts go to the trainer logger, never to stdout (tqdm's bar wrote them
-    # there): a quiet build (`coevolve bootstrap --json`) prints nothing of its own.
-    quiet_trainer(trainer, progress)
-    return trainer
 
 
 def _say(progress: bool, text: str) -> None:
