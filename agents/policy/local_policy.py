@@ -57,14 +57,7 @@ class LocalPolicy:
         max_live_episodes: int | None = None,
         read_json_calls: bool = False,
     ) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if max_live_episodes is not None and max_live_episodes < 1:
-            raise ValueError(f"max_live_episodes must be >= 1 or None, got {max_live_episodes}")
+        _check_sizes(max_new_tokens, batch_size, temperature, max_live_episodes)
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
             raise PolicyError(
@@ -92,6 +85,17 @@ class LocalPolicy:
             max_workers=1, thread_name_prefix="local-policy"
         )
 
+        self._load_model(device, seed)
+        from .kv_reuse import PrefixCache
+
+        self.prefix_cache = PrefixCache()
+        if adapter_path is not None:
+            self.reload_adapter(adapter_path)
+
+    def _load_model(self, device: str, seed: int | None) -> None:
+        """The tokenizer and the base model (seeded first when ``seed`` is given), in eval
+        mode on ``device``, serving without an adapter; its end and pad tokens, the special
+        tokens replies drop, and its context length."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -117,11 +121,6 @@ class LocalPolicy:
             getattr(self.base_model.config, "max_position_embeddings", 0)
             or self.tokenizer.model_max_length
         )
-        from .kv_reuse import PrefixCache
-
-        self.prefix_cache = PrefixCache()
-        if adapter_path is not None:
-            self.reload_adapter(adapter_path)
 
     # ------------------------------------------------------------------ identity
 
@@ -402,3 +401,17 @@ class LocalPolicy:
             self.base_model = None  # type: ignore[assignment]
         self._generation_thread.shutdown(wait=False)
         gc.collect()
+
+
+def _check_sizes(
+    max_new_tokens: int, batch_size: int, temperature: float, max_live_episodes: int | None
+) -> None:
+    """ValueError for a size or temperature ``LocalPolicy`` cannot generate with."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if max_live_episodes is not None and max_live_episodes < 1:
+        raise ValueError(f"max_live_episodes must be >= 1 or None, got {max_live_episodes}")
