@@ -1,34 +1,62 @@
 """Prompts, as constants. Each is the default of a config field, so a run can override it.
 
-The synthesis roles' prompts hold one slot, ``{environment}``: what the environment they
-work on is, its tools and how its ids look, in the environment's own words
-(``EnvironmentBrief``: a user environment's docstrings, the world's and BFCL's own text).
-``fill_environment`` fills it when the roles are built (``agents/roles/role_factory.py``)."""
+The synthesis roles' prompts hold slots that the environment fills, in its own words
+(``EnvironmentBrief``: a user environment's docstrings and tools, the world's and BFCL's
+own text): ``{environment}`` (what it is, its tools, how its ids look) and one slot per
+example (``EXAMPLE_SLOTS``: an action pattern, its lookups, ...), so that no environment's
+prompt names another's things. ``fill_environment`` fills them when the roles are built
+(``agents/roles/role_factory.py``).
+
+The policy's system prompt (``policy.system_prompt``) is the world's by default; on a
+user's environment the default reads ``ENVIRONMENT_POLICY_PROMPT`` filled from its brief
+instead (``policy_system_prompt``), and a config's own text is used as written."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..envs.base import EnvironmentBrief
+    from ..envs.brief import EnvironmentBrief
 
-# The policy's system prompt. Short on purpose: the bootstrap model sees it in
-# every training example, and endpoint models get the tool schemas separately.
+# The policy's system prompt on the built-in environments (the world, BFCL). Short on
+# purpose: the bootstrap model sees it in every training example, and endpoint models get
+# the tool schemas separately.
 POLICY_SYSTEM_PROMPT = (
     "You operate the user's apps by calling tools. Call one tool at a time, read its result, "
     "and when the request is done reply with a short final answer."
 )
 
+# The policy's system prompt on a user's environment, where the config keeps the default:
+# what the environment is in its own words, then the same instructions as the world's.
+ENVIRONMENT_POLICY_PROMPT = (
+    "You work in an environment by calling its tools. The environment: {environment} "
+    "Call one tool at a time, read its result, and when the request is done reply with a "
+    "short final answer."
+)
+
 # --------------------------------------------------------------------------- synthesis roles
 # The synthesis roles' system prompts. Dynamic content (the trajectory, the
-# exploration log, the candidate) goes in the user message; the one slot is the
+# exploration log, the candidate) goes in the user message; the slots say the
 # environment, the same for a whole run. Filled with str.replace, not str.format, so a
-# prompt (or a config's replacement) may hold JSON braces; one without the slot is used
+# prompt (or a config's replacement) may hold JSON braces; one without slots is used
 # as it is.
 ENVIRONMENT_SLOT = "{environment}"
 
 # What the slot says when the roles are built with no environment (a unit test's roles).
 NO_ENVIRONMENT = "an executable tool environment; the tools that matter are shown with each request"
+
+# The examples' slots, each filled from the brief's field of that name; an empty field
+# (an environment that gives no such example) reads as the neutral phrase here, which
+# names no environment's things.
+EXAMPLE_DEFAULTS: dict[str, str] = {
+    "action_pattern": "lookup_tool > tool_using_its_result",
+    "lookups": "the calls that only read",
+    "variations": "other values for the arguments",
+    "known_values": "the values a person would know",
+    "answer_values": "a value an observation shows",
+}
+EXAMPLE_SLOTS = {name: "{" + name + "}" for name in EXAMPLE_DEFAULTS}
 
 SUMMARIZER_PROMPT = """\
 You analyse one rollout of a tool-using agent, for a system that trains the agent on \
@@ -58,7 +86,7 @@ argument value, value not copied from an earlier observation, error not recovere
 missing step, wrong final answer). Say so if the rollout did not fail.
 - instability_pattern: what the signal evidence says about when the agent fails.
 - focus_patterns: the tool names (exact names) and short action patterns \
-(e.g. "find_contact > send_message") the new tasks should exercise.
+(e.g. "{action_pattern}") the new tasks should exercise.
 - exploration_objectives: one to three concrete goals for an explorer that will act in a \
 fresh copy of the environment. forgetting -> reinforce the forgotten skill on varied \
 values; rare -> explore the rare scenario and its neighbours; boundary -> explore the \
@@ -81,10 +109,10 @@ them and adapt.
 The environment: {environment}
 
 Follow the exploration goal you are given. Useful exploration:
-- reaches states the goal is about, using lookups (find/list/search/read) to learn ids \
+- reaches states the goal is about, using lookups ({lookups}) to learn ids \
 and values before calls that change state;
 - passes values from observations into later calls exactly as they appear;
-- tries realistic variations (other people, items, dates, quantities), including \
+- tries realistic variations ({variations}), including \
 situations where a call fails and must be recovered from;
 - makes one tool call at a time and uses each result before the next call.
 
@@ -106,7 +134,7 @@ Propose tasks the agent should learn from this material. Each task has:
 - description: one line saying what the task exercises (tools, the value flow, the \
 failure it targets).
 - query: the user's request, in natural language, as a person would write it. It names \
-things by what a person knows (names, titles, product names, dates), never by internal \
+things by what a person knows ({known_values}), never by internal \
 ids, and contains every value the agent needs that cannot be looked up.
 - minimal_actions: the shortest sequence of tool calls that fulfils the query, starting \
 from the rounds' initial state, each as {"name": "<tool>", "arguments": {...}} with \
@@ -114,7 +142,7 @@ literal argument values (ids as they appear in the observations). Include the lo
 that reveal the ids used later. Only calls that succeeded in the log, or that certainly \
 succeed, belong here.
 - reference_answer: the exact value the final answer must contain when the query asks \
-a question (a phone number, a price, a time); null when the query only asks for changes.
+a question ({answer_values}); null when the query only asks for changes.
 
 Prefer tasks that exercise the focus patterns and the exploration objectives, that \
 differ from the tasks to avoid, and that are grounded in what the observations show. \
@@ -145,6 +173,7 @@ actions are a correct solution.
 
 Answer with a JSON object with exactly these fields."""
 
+
 def describe_environment(brief: EnvironmentBrief) -> str:
     """The text the ``{environment}`` slot holds: what it is, its tools, how its ids look."""
     parts = [brief.description.strip().rstrip(".") + "."]
@@ -155,7 +184,51 @@ def describe_environment(brief: EnvironmentBrief) -> str:
     return " ".join(parts)
 
 
+def examples(brief: EnvironmentBrief | None) -> dict[str, str]:
+    """What each example slot says of ``brief``: its own example, else (an action pattern)
+    its first tools, else the neutral phrase."""
+    said = {name: str(getattr(brief, name, "") or "") for name in EXAMPLE_DEFAULTS}
+    if not said["action_pattern"] and brief is not None and brief.tools:
+        said["action_pattern"] = " > ".join(brief.tools[:2])
+    return {name: text or EXAMPLE_DEFAULTS[name] for name, text in said.items()}
+
+
 def fill_environment(prompt: str, brief: EnvironmentBrief | None) -> str:
-    """``prompt`` with its ``{environment}`` slot saying ``brief`` (None: NO_ENVIRONMENT)."""
+    """``prompt`` with its ``{environment}`` slot saying ``brief`` (None: NO_ENVIRONMENT)
+    and each example slot its example (``examples``)."""
     text = describe_environment(brief) if brief is not None else NO_ENVIRONMENT + "."
-    return prompt.replace(ENVIRONMENT_SLOT, text)
+    filled = prompt.replace(ENVIRONMENT_SLOT, text)
+    for name, example in examples(brief).items():
+        filled = filled.replace(EXAMPLE_SLOTS[name], example)
+    return filled
+
+
+def policy_system_prompt(configured: str | None, brief: EnvironmentBrief | None) -> str | None:
+    """The policy's system prompt: ``configured`` as written where a config gave its own
+    (or none); the default on a user's environment (``brief``) in the environment's words,
+    ``ENVIRONMENT_POLICY_PROMPT`` filled; on a built-in one (``brief`` None) the default,
+    the prompt the world's agents were trained and judged with, byte for byte."""
+    if configured != POLICY_SYSTEM_PROMPT or brief is None:
+        return configured
+    return fill_environment(ENVIRONMENT_POLICY_PROMPT, brief)
+
+
+def environment_policy_prompt(configured: str | None, env_name: str) -> str | None:
+    """``policy_system_prompt`` for the environment a config names: a built-in one (the
+    world, BFCL) keeps the default, a user's gets its own words (its brief)."""
+    from ..envs.brief import environment_brief
+    from ..envs.registry import ENVIRONMENTS, get_environment
+
+    if configured != POLICY_SYSTEM_PROMPT or env_name in ENVIRONMENTS:
+        return configured
+    brief = environment_brief(get_environment(env_name).environment())
+    return policy_system_prompt(configured, brief)
+
+
+def filled_from(text: str, prompt: str) -> bool:
+    """Whether ``text`` is ``prompt`` with its slots filled, whatever environment filled them
+    (the scripted test server tells the roles apart by it)."""
+    slots = "|".join(re.escape(slot) for slot in (ENVIRONMENT_SLOT, *EXAMPLE_SLOTS.values()))
+    pieces = re.split(slots, prompt)
+    pattern = "(?:.*?)".join(re.escape(piece) for piece in pieces)
+    return re.fullmatch(pattern, text, flags=re.DOTALL) is not None

@@ -1,5 +1,5 @@
-"""``coevolve env``: list the environments, check their reference solutions, show a task, and
-say how many of its tasks synthesis can vary."""
+"""``coevolve env``: list the environments, check their reference solutions, show a task,
+say how many of its tasks synthesis can vary, and print the prompts a run on it sends."""
 
 from __future__ import annotations
 
@@ -366,3 +366,55 @@ def env_vary(
     console.print(table)
     for family, (parent, variant) in list(coverage["examples"].items())[:3]:
         console.print(f"{family}: {escape(parent)!r}\n  -> {escape(variant)!r}", soft_wrap=True)
+
+
+@env_app.command("prompts")
+def env_prompts(
+    env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A config whose own prompts (synthesis.roles.*_prompt, policy.system_prompt) "
+            "replace the defaults.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The prompts as one JSON object, by role.")
+    ] = False,
+    tasks_file: TasksOption = None,
+) -> None:
+    """Print every prompt a run on ENV sends: each synthesis role's system prompt filled with
+    the environment's brief (what the LLM synthesizer's roles read; the variation and
+    generator synthesizers read none) and the policy's system prompt."""
+    from ..agents.prompts import POLICY_SYSTEM_PROMPT, environment_policy_prompt
+    from ..agents.roles.role_interfaces import ROLE_NAMES, RolesConfig
+    from ..config import ConfigError
+    from ..envs.brief import environment_brief
+    from .common import load_config_or_fail
+
+    _register_tasks(env, tasks_file)
+    spec = env_spec(env)
+    roles, system_prompt = RolesConfig(), POLICY_SYSTEM_PROMPT
+    if config is not None:
+        loaded = load_config_or_fail(config)
+        roles, system_prompt = loaded.synthesis.roles, loaded.policy.system_prompt
+    try:  # a seed task's tool sequence is the roles' example action pattern
+        seeds = spec.load_task_set("train" if "train" in spec.task_sets else spec.task_sets[0])
+    except (RuntimeError, ConfigError):
+        seeds = []
+    brief = environment_brief(spec.environment(), seeds)
+    prompts = {role: roles.prompt_for(role, brief) for role in ROLE_NAMES}
+    prompts["policy"] = environment_policy_prompt(system_prompt, env) or ""
+    if as_json:
+        print(json.dumps({"env": env, "prompts": prompts}))
+        return
+    console.print(
+        "The synthesis roles' prompts are what synthesis.synthesizer: llm sends (the variation "
+        "and generator synthesizers read none); the policy's is every episode's system message.",
+        style="dim",
+    )
+    for role, prompt in prompts.items():
+        where = "policy.system_prompt" if role == "policy" else f"synthesis.roles.{role}_prompt"
+        console.rule(f"{role} ({where})")
+        console.print(prompt or "(none)", markup=False, highlight=False, soft_wrap=True)

@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ..records import Observation, Step, Task, ToolCall, is_success
 from .limits import TIMEOUT, ToolTimeout, call_with_time_limit, stopped_message, tool_limits
 from .parsing import ToolCallParseError, check_arguments, parse_tool_calls
@@ -64,61 +62,6 @@ class Environment(Protocol):
 
 # Optional methods: offline synthesis uses them where an environment has them
 # (``isinstance(env, SupportsDescribe)``) and falls back to something generic where not.
-
-
-class EnvironmentBrief(BaseModel):
-    """What an environment is, in words: the LLM synthesis roles' prompts say it
-    (``agents/prompts.py``, the ``{environment}`` slot)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    description: str = Field(description="What the environment is, in a sentence or two.")
-    tools: list[str] = Field(
-        default_factory=list,
-        description="Its tool names; empty where each task brings its own (BFCL).",
-    )
-    ids: str = Field(
-        default="", description="How its ids look and are passed on; empty when it has none."
-    )
-
-
-@runtime_checkable
-class SupportsBrief(Protocol):
-    """Its own words for the synthesis roles' prompts; without it the brief is made from the
-    tool schemas and the docstrings (``agents/prompts.py``, ``environment_brief``)."""
-
-    def brief(self) -> EnvironmentBrief: ...
-
-
-def schema_brief(description: str, schemas: Sequence[Mapping[str, Any]]) -> EnvironmentBrief:
-    """A brief from a description and the tool schemas: the tool names, and the id
-    parameters with their documented descriptions ("customer_id: The customer's id, e.g.
-    C-101"), which say how ids look where a docstring does."""
-    functions = [schema.get("function", schema) for schema in schemas]
-    documented: dict[str, str] = {}
-    for function in functions:
-        properties = function.get("parameters", {}).get("properties", {}) or {}
-        for name, prop in properties.items():
-            if name == "id" or name.endswith("_id"):
-                text = str(prop.get("description", "")).strip().rstrip(".")
-                documented[name] = documented.get(name) or text
-    ids = "; ".join(f"{name}: {text}" if text else name for name, text in documented.items())
-    return EnvironmentBrief(
-        description=description,
-        tools=[str(function.get("name")) for function in functions],
-        ids=f"ids come from one call's result and go into later calls ({ids})" if ids else "",
-    )
-
-
-def environment_brief(env: Environment) -> EnvironmentBrief:
-    """The environment's own brief (``SupportsBrief``), or one made from its description (or
-    its class's docstring) and its tool schemas."""
-    if isinstance(env, SupportsBrief):
-        return env.brief()
-    description = str(getattr(env, "description", "") or "").strip()
-    if not description:
-        description = (type(env).__doc__ or "").strip().split("\n\n")[0]
-    return schema_brief(" ".join(description.split()) or f"the {env.name} environment", env.tools())
 
 
 @runtime_checkable

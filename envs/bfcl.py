@@ -34,7 +34,7 @@ from typing import Any
 
 from ..common.files import read_jsonl
 from ..records import Observation, Step, Task, ToolCall, Trajectory, Turn
-from .base import EnvironmentBrief, ToolEnvironment, ToolError
+from .base import ToolEnvironment, ToolError
 from .bfcl_checking import (
     BFCL_VERSION,
     INSTALL_COMMAND,
@@ -51,6 +51,7 @@ from .bfcl_tools import (
     data_dir,
     tool_class,
 )
+from .brief import EnvironmentBrief
 from .parsing import ToolCallParseError, parse_tool_calls
 
 __all__ = [

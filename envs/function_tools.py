@@ -48,14 +48,8 @@ import orjson
 from pydantic import TypeAdapter
 
 from ..records import Observation, Task, ToolCall
-from .base import (
-    EnvironmentBrief,
-    ToolEnvironment,
-    ToolError,
-    answer_matches,
-    schema_brief,
-    tool_schema,
-)
+from .base import ToolEnvironment, ToolError, answer_matches, tool_schema
+from .brief import EnvironmentBrief, schema_brief
 from .limits import TIMEOUT
 
 # The error kind of a tool that raised something other than a ToolError.
@@ -339,9 +333,11 @@ class FunctionEnvironment(ToolEnvironment):
         return verify(self, self.task, self.current_state(), self.answer)
 
     def brief(self) -> EnvironmentBrief:
-        """What the synthesis roles' prompts say of it: the first paragraph of the state
-        class's docstring (or of the tools' module's), else ``description``; the tools and
-        their id arguments from the docstrings."""
+        """What the synthesis roles' prompts (and the policy's) say of it: the first
+        paragraph of the state class's docstring (or of the tools' module's), else
+        ``description``; the tools, their id arguments as the docstrings describe them (per
+        tool where tools differ) and the examples their names and arguments give
+        (``schema_brief``)."""
         owner = self.state_class or next(iter(self.functions.values()))
         module = inspect.getmodule(owner)
         # Their own docstrings (``__doc__``): inspect.getdoc would give a pydantic model's.

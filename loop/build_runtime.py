@@ -159,6 +159,7 @@ def build_runtime(
     from ..memory.pool import TaskPool
     from ..run_files import RunFiles
 
+    config = with_environment_policy_prompt(config)
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir = local_model_dir(config)
@@ -191,6 +192,20 @@ def build_runtime(
         console=console,
         progress=progress,
     )
+
+
+def with_environment_policy_prompt(config: CoevolveConfig) -> CoevolveConfig:
+    """``config`` with the policy's system prompt its environment gets: on a user's
+    environment the default prompt in the environment's words, everywhere else as it is
+    (``agents/prompts.py``, ``environment_policy_prompt``). Every stage of a run, training
+    included, reads the prompt from the runtime's config, so they all agree."""
+    from ..agents.prompts import environment_policy_prompt
+
+    prompt = environment_policy_prompt(config.policy.system_prompt, config.env.name)
+    if prompt == config.policy.system_prompt:
+        return config
+    policy = config.policy.model_copy(update={"system_prompt": prompt})
+    return config.model_copy(update={"policy": policy})
 
 
 def build_synthesis_runtime(

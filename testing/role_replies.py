@@ -18,10 +18,10 @@ from typing import Any
 
 from ..agents.prompts import (
     ABSTRACTOR_PROMPT,
-    ENVIRONMENT_SLOT,
     EXPLORER_PROMPT,
     JUDGE_PROMPT,
     SUMMARIZER_PROMPT,
+    filled_from,
 )
 from .openai_server import Reply
 
@@ -44,9 +44,8 @@ def role_of(body: dict[str, Any]) -> str | None:
 
 
 def _same_prompt(system: str, prompt: str) -> bool:
-    """Whether ``system`` is the default ``prompt``, whatever environment fills its slot."""
-    before, _, after = prompt.partition(ENVIRONMENT_SLOT)
-    return system.startswith(before) and system.endswith(after)
+    """Whether ``system`` is the default ``prompt``, whatever environment fills its slots."""
+    return filled_from(system, prompt)
 
 
 def role_reply(body: dict[str, Any]) -> Reply | None:

@@ -662,7 +662,8 @@ def test_llm_roles_synthesize_on_the_example(scripted_server):
         candidate_to_task,
     )
     from coevolve.config import EndpointConfig
-    from coevolve.envs.base import environment_brief, replay_reference
+    from coevolve.envs.base import replay_reference
+    from coevolve.envs.brief import environment_brief
     from coevolve.memory.signals import FlaggedTrajectory
     from coevolve.records import Signal
     from coevolve.testing.openai_server import Reply

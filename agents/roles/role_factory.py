@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...envs.base import SupportsVariants, environment_brief
+from ...envs.base import SupportsVariants
+from ...envs.brief import environment_brief
 from .abstractor import OfflineAbstractor
 from .explorer import LLMExplorer, OfflineExplorer
 from .judge import ExecutableJudge, LLMJudge
@@ -41,7 +42,7 @@ def build_roles(
     ``policy`` (the current policy) drives some of the generator path's exploration
     rounds; ``seed_tasks`` (the run's seed tasks, never validation or held-out ones)
     are where variations take other values from; the LLM roles' prompts say what
-    ``make_env``'s environment is. A synthesizer the environment cannot serve, or an
+    ``make_env``'s environment is (a seed task's tool sequence their example pattern). A synthesizer the environment cannot serve, or an
     endpoint name not in ``endpoints``, is a ValueError that says what to change.
     """
     if synthesizer == "generator":
@@ -56,7 +57,7 @@ def build_roles(
             VariationAbstractor(),
             ExecutableJudge(),
         )
-    return _llm_roles(config, endpoints, make_env)
+    return _llm_roles(config, endpoints, make_env, seed_tasks)
 
 
 def _generator_roles(
@@ -81,7 +82,10 @@ def _generator_roles(
 
 
 def _llm_roles(
-    config: RolesConfig, endpoints: Mapping[str, EndpointConfig], make_env: EnvFactory | None
+    config: RolesConfig,
+    endpoints: Mapping[str, EndpointConfig],
+    make_env: EnvFactory | None,
+    seed_tasks: Sequence[Task] = (),
 ) -> Roles:
     """Each role on its endpoint; a role set to 'offline' runs without a model (never
     the task generator: the offline abstractor relabels explored windows)."""
@@ -102,7 +106,7 @@ def _llm_roles(
             "(or a role's own) to an entry of `endpoints`"
         )
     limiter = asyncio.Semaphore(config.llm_concurrency)
-    brief = environment_brief(make_env()) if make_env is not None else None
+    brief = environment_brief(make_env(), seed_tasks) if make_env is not None else None
 
     def model(role: str) -> Any:
         name = chosen[role]

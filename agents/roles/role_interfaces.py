@@ -19,7 +19,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...envs.base import Environment, EnvironmentBrief
+from ...envs.base import Environment
+from ...envs.brief import EnvironmentBrief
 from ...records import (
     CandidateTask,
     FlaggedTrajectory,

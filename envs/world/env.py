@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...records import Observation, Task, ToolCall, Trajectory
-from ..base import EnvironmentBrief, ToolEnvironment, ToolError
+from ..base import ToolEnvironment, ToolError
+from ..brief import EnvironmentBrief
 from .app_state import State
 from .apps import MUTATING_TOOLS, TOOL_NAMES, World, tool_schemas
 from .states import clock, date, phone, pools_for
@@ -50,6 +51,11 @@ class WorldEnvironment(ToolEnvironment):
             "notes, a shop with a cart and orders, a wallet, reminders)",
             tools=list(TOOL_NAMES),
             ids="ids look like c3, e2, p5, o1",
+            action_pattern="find_contact > send_message",
+            lookups="find/list/search/read",
+            variations="other people, items, dates, quantities",
+            known_values="names, titles, product names, dates",
+            answer_values="a phone number, a price, a time",
         )
 
     def reset(self, task: Task) -> str:
