@@ -42,7 +42,7 @@ from .outputs.tracking import TrackingConfig
 from .run_files import RunFiles
 from .training.bootstrap.bootstrap_config import BOOTSTRAP_ENVIRONMENT, BootstrapConfig
 from .training.config import TrainingConfig
-from .training.hard_negatives.settings import HardNegativeSettings
+from .training.hard_negatives.settings import HardNegativeConfig
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -95,8 +95,8 @@ class CoevolveConfig(Section):
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig, description="Held-out evaluation each cycle."
     )
-    hard_negatives: HardNegativeSettings = Field(
-        default_factory=HardNegativeSettings,
+    hard_negatives: HardNegativeConfig = Field(
+        default_factory=HardNegativeConfig,
         description="Co-Evolving Agents: failure agent and DPO + SFT target (off by default).",
     )
     endpoints: dict[str, EndpointConfig] = Field(

@@ -46,7 +46,7 @@ def main() -> None:
 
     from coevolve.bench.memory import PeakMeter
     from coevolve.common.files import read_jsonl
-    from coevolve.training.config import LoraSettings, TrainingConfig
+    from coevolve.training.config import LoraAdapterConfig, TrainingConfig
     from coevolve.training.sft_config import SftConfig
     from coevolve.training.trainers import train_adapter
 
@@ -82,7 +82,7 @@ def main() -> None:
             max_steps=args.steps,
             batch_size=args.batch_size,
             learning_rate=5e-4,
-            lora=LoraSettings(top_layers=top),
+            lora=LoraAdapterConfig(top_layers=top),
             sft=SftConfig(batching=batching, micro_batch_size=micro),
             activation_checkpointing=checkpointing,
         )

@@ -71,7 +71,7 @@ GUIDELINES: dict[str, str] = {
 _NO_GUIDELINE = frozenset({"checker_error", "gt_error", "pass", "correct_abstention", "unknown"})
 
 
-class AdaptationSettings(BaseModel):
+class AdaptationConfig(BaseModel):
     """What the training-only interface adds (all of it is off at evaluation and validation)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -148,7 +148,7 @@ def annotate_schemas(schemas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def select_guidelines(profile: Mapping[str, LabelStats], settings: AdaptationSettings) -> list[str]:
+def select_guidelines(profile: Mapping[str, LabelStats], settings: AdaptationConfig) -> list[str]:
     """SEAL's diagnostic_evolution rule: the labels to write a guideline for, highest pressure first."""
     counted = {
         label: s for label, s in profile.items() if label not in ("checker_error", "gt_error")
@@ -271,7 +271,7 @@ class TrainingInterface:
     def __init__(
         self,
         env: Any,
-        settings: AdaptationSettings,
+        settings: AdaptationConfig,
         profile: Mapping[str, LabelStats] | None = None,
     ) -> None:
         self.env = env
@@ -328,7 +328,7 @@ class TrainingInterface:
 def adapt(
     env: Any,
     mode: Mode,
-    settings: AdaptationSettings,
+    settings: AdaptationConfig,
     profile: Mapping[str, LabelStats] | None = None,
 ) -> Any:
     """The training interface around ``env`` in training mode; ``env`` itself otherwise.

@@ -10,7 +10,7 @@ import pytest
 from coevolve.agents.prompts import POLICY_SYSTEM_PROMPT
 from coevolve.envs.adaptation import (
     OBSERVATION_NOTE,
-    AdaptationSettings,
+    AdaptationConfig,
     LabelStats,
     TrainingInterface,
     adapt,
@@ -21,7 +21,7 @@ from coevolve.envs.adaptation import (
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import ToolCall
 
-ALL_ON = AdaptationSettings(enable=True, recovery_hints=True, guidelines=True)
+ALL_ON = AdaptationConfig(enable=True, recovery_hints=True, guidelines=True)
 PROFILE = {
     "state_mismatch": LabelStats(count=30, reward_mean=0.1),
     "argument_mismatch": LabelStats(count=20, reward_mean=0.2),
@@ -57,7 +57,7 @@ def test_evaluation_interface_is_the_raw_environment_byte_for_byte(mode):
     actions = [bad, ToolCall(name="nope"), *task.reference_calls]
     assert _episode(wrapped, task, actions) == _episode(raw, task, actions)
     # disabled adaptation in training is the raw environment too
-    assert type(adapt(WorldEnvironment(), "train", AdaptationSettings())) is WorldEnvironment
+    assert type(adapt(WorldEnvironment(), "train", AdaptationConfig())) is WorldEnvironment
 
 
 def test_training_interface_annotates_only_text():
@@ -158,9 +158,9 @@ def test_hints_never_leak_reference_values():
 
 
 def test_settings_are_documented_and_strict():
-    for name, field in AdaptationSettings.model_fields.items():
+    for name, field in AdaptationConfig.model_fields.items():
         assert field.description, name
     with pytest.raises(ValueError):
-        AdaptationSettings(max_guidelines=0)
+        AdaptationConfig(max_guidelines=0)
     with pytest.raises(ValueError):
-        AdaptationSettings(hints=True)
+        AdaptationConfig(hints=True)

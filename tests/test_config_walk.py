@@ -9,7 +9,7 @@ def test_a_walk_counts_its_climbs_back_up_and_returns():
         ("loop/build_runtime.py", "build_runtime"),  # down
         ("training/bootstrap/build.py", "bootstrap"),  # across, down
         ("training/bootstrap/corpus.py", "build_corpus"),  # the same folder
-        ("training/config.py", "LoraSettings.to_peft"),  # up from training/bootstrap/
+        ("training/config.py", "LoraAdapterConfig.to_peft"),  # up from training/bootstrap/
         ("loop/build_runtime.py", "build_policy"),  # across, and back to a file it left
         ("runner.py", "_execute"),  # up to the root, and back
     ]

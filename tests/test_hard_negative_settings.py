@@ -13,7 +13,7 @@ from coevolve.training.config import TrainingConfig
 
 
 def earlier_release(training: TrainingConfig, beta: float, lr: float | None, steps: int | None):
-    """What HardNegativeSettings.target_config / failure_config made before the move."""
+    """What HardNegativeConfig.target_config / failure_config made before the move."""
     return training.model_copy(
         update={
             "algorithm": "dpo",

@@ -23,7 +23,7 @@ from coevolve.records import Step, Task, Trajectory
 from coevolve.testing.presets import tiny_bootstrap, tiny_training
 from coevolve.training.hard_negatives.agents import (
     AdapterSwitch,
-    HardNegativeSettings,
+    HardNegativeConfig,
     expert_conversations,
     failure_pairs,
     hard_negative_share,
@@ -121,7 +121,7 @@ def test_settings_are_off_by_default_and_documented():
 
     config = CoevolveConfig()
     assert config.hard_negatives.enabled is False
-    for name, field in HardNegativeSettings.model_fields.items():
+    for name, field in HardNegativeConfig.model_fields.items():
         assert field.description, f"{name} has no description"
 
 
@@ -144,13 +144,13 @@ def test_settings_are_off_by_default_and_documented():
 )
 def test_settings_reject_bad_combinations(values, message):
     with pytest.raises(ValidationError, match=message):
-        HardNegativeSettings.model_validate(values)
+        HardNegativeConfig.model_validate(values)
 
 
 def test_own_negatives_settings_are_accepted():
-    settings = HardNegativeSettings(enabled=True, failure_agent=False, failure_share=0.0)
+    settings = HardNegativeConfig(enabled=True, failure_agent=False, failure_share=0.0)
     assert not settings.trains_failure_agent(1)
-    frozen = HardNegativeSettings(freeze_failure_after=1)
+    frozen = HardNegativeConfig(freeze_failure_after=1)
     assert frozen.trains_failure_agent(1) and not frozen.trains_failure_agent(2)
 
 
@@ -221,7 +221,7 @@ def test_target_pairs_put_the_expert_first_and_mix_sources(tasks):
     experts = expert_conversations(tasks, WorldEnvironment, POLICY_SYSTEM_PROMPT)
     assert set(experts) == {task.id for task in tasks}
     for share, sources in ((0.0, {"target"}), (1.0, {"failure"}), (0.5, {"target", "failure"})):
-        settings = HardNegativeSettings(failure_share=share, pairs_per_task=2)
+        settings = HardNegativeConfig(failure_share=share, pairs_per_task=2)
         pairs = target_pairs(experts, target, failure, settings)
         assert {p.rejected_agent for p in pairs} == sources
         for pair in pairs:
@@ -230,7 +230,7 @@ def test_target_pairs_put_the_expert_first_and_mix_sources(tasks):
             assert pair.rejected_score < 1.0
         assert max(sum(p.task_id == t.id for p in pairs) for t in tasks) <= 2
     # only failures from min_negative_progress on; the hardest first
-    settings = HardNegativeSettings(failure_share=0.0, pairs_per_task=1, min_negative_progress=0.3)
+    settings = HardNegativeConfig(failure_share=0.0, pairs_per_task=1, min_negative_progress=0.3)
     pairs = target_pairs(experts, target, [], settings)
     for pair in pairs:
         best = max(t.failure_grade for t in target if t.task_id == pair.task_id and t.score < 1.0)
@@ -250,7 +250,7 @@ def test_target_pairs_cut_long_failures_to_the_expert_plus_turns(tasks):
     )
     (long,) = with_failure_grades([long], {task.id: task})
     experts = expert_conversations([task], WorldEnvironment, POLICY_SYSTEM_PROMPT)
-    settings = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=1)
+    settings = HardNegativeConfig(failure_share=0.0, truncate_extra_turns=1)
     (pair,) = target_pairs(experts, [long], [], settings)
     assert len(pair.rejected) == len(pair.chosen) + 2
 
@@ -274,10 +274,10 @@ def test_negatives_keep_their_generated_ids_unless_cut(tasks):
     )
     (long,) = with_failure_grades([long], {task.id: task})
     experts = expert_conversations([task], WorldEnvironment, POLICY_SYSTEM_PROMPT)
-    whole = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=None)
+    whole = HardNegativeConfig(failure_share=0.0, truncate_extra_turns=None)
     (pair,) = target_pairs(experts, [long], [], whole)
     assert pair.rejected_turns == turns and pair.chosen_turns == []
-    cut = HardNegativeSettings(failure_share=0.0, truncate_extra_turns=1)
+    cut = HardNegativeConfig(failure_share=0.0, truncate_extra_turns=1)
     (pair,) = target_pairs(experts, [long], [], cut)
     assert len(pair.rejected) == len(pair.chosen) + 2 and pair.rejected_turns == []
 
@@ -380,7 +380,7 @@ def test_adapter_switch_refuses_a_policy_without_a_local_base():
 def _pairs(tasks):
     target = graded(tasks)
     experts = expert_conversations(tasks, WorldEnvironment, POLICY_SYSTEM_PROMPT)
-    return target_pairs(experts, target, [], HardNegativeSettings(failure_share=0.0))
+    return target_pairs(experts, target, [], HardNegativeConfig(failure_share=0.0))
 
 
 def _lora_tensors(adapter: Path) -> dict:
@@ -395,7 +395,7 @@ def test_dpo_sft_objective_trains_and_changes_only_the_target_adapter(
     import torch
 
     target, failure = adapters
-    settings = HardNegativeSettings(sft_weight=0.5)
+    settings = HardNegativeConfig(sft_weight=0.5)
     objective = target_objective(settings)
     assert objective.loss_type == ["sigmoid", "sft"] and objective.loss_weights == [1.0, 0.5]
     base_files = {p.name: sha(p) for p in Path(tiny_build).glob("*.safetensors")}
@@ -432,7 +432,7 @@ def test_sft_weight_adds_a_per_token_nll_term(tiny_build, tasks, tmp_path):
     for weight in (0.0, 1.0, 2.0):
         result = train_preference_adapter(
             tiny_training(algorithm="dpo", max_steps=1, batch_size=2),
-            target_objective(HardNegativeSettings(sft_weight=weight)),
+            target_objective(HardNegativeConfig(sft_weight=weight)),
             model_dir=tiny_build,
             output_dir=tmp_path / f"w{weight}",
             previous_adapter=None,

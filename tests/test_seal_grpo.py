@@ -12,14 +12,14 @@ from coevolve.testing.presets import tiny_training
 from coevolve.training.config import TrainingConfig
 from coevolve.training.seal import (
     CapabilityState,
-    ReweightSettings,
+    ReweightConfig,
     example_weights,
     reweight_step,
     scale_advantages,
     trajectory_weight,
 )
 
-ON = ReweightSettings(enable=True)
+ON = ReweightConfig(enable=True)
 
 
 def _group_advantages(rewards):
@@ -39,7 +39,7 @@ def test_trajectory_weights_are_seal_table_6():
     assert trajectory_weight(["response_mismatch", "gt_error", "checker_error"], ON) == 0.9
     assert trajectory_weight(["gt_error"], ON) == 1.0 and trajectory_weight([], ON) == 1.0
     assert trajectory_weight(["something_new"], ON) == 1.0  # default weight
-    clamped = ReweightSettings(enable=True, tag_weights={"pass": 0.1, "spurious_tool_call": 5.0})
+    clamped = ReweightConfig(enable=True, tag_weights={"pass": 0.1, "spurious_tool_call": 5.0})
     assert trajectory_weight(["pass"], clamped) == 0.5
     assert trajectory_weight(["spurious_tool_call"], clamped) == 2.0
 
@@ -73,7 +73,7 @@ def test_reweighted_advantages_exact():
 
 
 def test_dynamic_update_exact():
-    settings = ReweightSettings(enable=True, dynamic={"enable": True})
+    settings = ReweightConfig(enable=True, dynamic={"enable": True})
     state = CapabilityState()
     # 40 argument_mismatch labels at reward 0 among 100 labels (60 pass at reward 1)
     labels = [["argument_mismatch"]] * 40 + [["pass"]] * 60
@@ -109,7 +109,7 @@ def test_capability_state_round_trip(tmp_path):
 def test_sft_example_weights():
     labels = [["pass"], ["correct_abstention", "pass"], ["gt_error"]]
     assert example_weights(labels, ON) == [1.0, 1.4, 1.0]
-    assert example_weights(labels, ReweightSettings()) == [1.0, 1.0, 1.0]
+    assert example_weights(labels, ReweightConfig()) == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_sft_example_weights():
 )
 def test_settings_reject_bad_combinations(values, message):
     with pytest.raises(ValueError, match=message):
-        ReweightSettings.model_validate(values)
+        ReweightConfig.model_validate(values)
 
 
 def test_training_config_takes_reweighting_for_grpo_and_sft_only():
@@ -136,7 +136,7 @@ def test_training_config_takes_reweighting_for_grpo_and_sft_only():
         TrainingConfig(
             algorithm="sft", seal={"reweight": {"enable": True, "dynamic": {"enable": True}}}
         )
-    for name, field in ReweightSettings.model_fields.items():
+    for name, field in ReweightConfig.model_fields.items():
         assert field.description, name
 
 

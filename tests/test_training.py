@@ -23,7 +23,7 @@ from coevolve.envs.base import tool_schema
 from coevolve.envs.world import WorldEnvironment, load_split
 from coevolve.records import Observation, Task, Trajectory, Turn
 from coevolve.testing.presets import tiny_training
-from coevolve.training.config import LoraSettings, TrainingConfig
+from coevolve.training.config import LoraAdapterConfig, TrainingConfig
 from coevolve.training.datasets import (
     demonstrations,
     preference_pairs,
@@ -619,7 +619,7 @@ def test_adapter_marker_is_written_last(tiny_build, trajectories, tmp_path):
 
 def test_lora_settings_forbid_extra():
     with pytest.raises(ValidationError):
-        LoraSettings(rank=4)
+        LoraAdapterConfig(rank=4)
 
 
 def test_sft_micro_batches_make_the_same_update(tiny_build, trajectories, tmp_path):

@@ -15,7 +15,7 @@ from ..common.config_base import Section
 from ..records import Algorithm
 from .dpo_config import DpoConfig
 from .grpo_config import GrpoConfig
-from .seal import SealSettings
+from .seal import SealConfig
 from .sft_config import SftConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,7 +30,7 @@ Launcher = Literal["inprocess", "subprocess", "accelerate"]
 QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class LoraSettings(BaseModel):
+class LoraAdapterConfig(BaseModel):
     """Shape of the LoRA adapter trained each cycle (ignored when continuing: the previous
     adapter keeps its own shape)."""
 
@@ -95,7 +95,9 @@ class TrainingConfig(Section):
         "demonstrations; dpo: preference optimisation on (success, failure) pairs of the same task; "
         "grpo: group-relative policy optimisation with the environment's verifier as reward.",
     )
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="Shape of a new adapter.")
+    lora: LoraAdapterConfig = Field(
+        default_factory=LoraAdapterConfig, description="Shape of a new adapter."
+    )
     device: Device = Field(
         default="auto",
         description="Where to train: cuda when available (auto), or forced. On CPU training "
@@ -179,8 +181,8 @@ class TrainingConfig(Section):
         "adapter is saved. None: no checkpoints (a killed step restarts).",
     )
     # ------------------------------------------------------------------ seal
-    seal: SealSettings = Field(
-        default_factory=SealSettings,
+    seal: SealConfig = Field(
+        default_factory=SealConfig,
         description="SEAL: diagnosis-guided GRPO advantage weights and the training-only "
         "interface of GRPO episodes; all off by default (coevolve.training.seal).",
     )

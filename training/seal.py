@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..envs.adaptation import AdaptationSettings
+from ..envs.adaptation import AdaptationConfig
 from ..envs.diagnosis import ALL_LABELS, EXCLUDED_LABELS, PASS
 
 SEAL_TAG_WEIGHTS: dict[str, float] = {
@@ -55,7 +55,7 @@ SEAL_TAG_WEIGHTS: dict[str, float] = {
 ApplyTo = Literal["all", "positive_advantage", "negative_advantage"]
 
 
-class DynamicWeightSettings(BaseModel):
+class DynamicWeightConfig(BaseModel):
     """SEAL's closed-loop update of the label weights (``apatch.dynamic`` in exp/SEAL.yaml)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -83,7 +83,7 @@ class DynamicWeightSettings(BaseModel):
     )
 
 
-class ReweightSettings(BaseModel):
+class ReweightConfig(BaseModel):
     """Diagnosis-guided advantage reweighting (SEAL's A-Patch)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -112,8 +112,8 @@ class ReweightSettings(BaseModel):
         description="Which advantages are scaled: all (SEAL's setting), or only positive / "
         "only negative ones (A *= 1 + (w - 1) x mask).",
     )
-    dynamic: DynamicWeightSettings = Field(
-        default_factory=DynamicWeightSettings,
+    dynamic: DynamicWeightConfig = Field(
+        default_factory=DynamicWeightConfig,
         description="Closed-loop weight update (SEAL full config: on).",
     )
 
@@ -141,7 +141,7 @@ class ReweightSettings(BaseModel):
         return weights
 
     @model_validator(mode="after")
-    def _clamp_order(self) -> ReweightSettings:
+    def _clamp_order(self) -> ReweightConfig:
         if self.min_scale > self.max_scale:
             raise ValueError(
                 f"min_scale ({self.min_scale}) is above max_scale ({self.max_scale}); set "
@@ -158,17 +158,17 @@ class ReweightSettings(BaseModel):
         return self.tag_weights.get(label, self.default_weight)
 
 
-class SealSettings(BaseModel):
+class SealConfig(BaseModel):
     """SEAL (arXiv 2605.24426) in training: reweighting and the training-only interface."""
 
     model_config = ConfigDict(extra="forbid")
 
-    reweight: ReweightSettings = Field(
-        default_factory=ReweightSettings,
+    reweight: ReweightConfig = Field(
+        default_factory=ReweightConfig,
         description="Diagnosis-guided advantage (GRPO) / per-example loss (SFT) weights.",
     )
-    adaptation: AdaptationSettings = Field(
-        default_factory=AdaptationSettings,
+    adaptation: AdaptationConfig = Field(
+        default_factory=AdaptationConfig,
         description="The training-only interface (schema annotations, hints, guidelines) of "
         "training episodes; evaluation always sees the raw environment.",
     )
@@ -224,10 +224,10 @@ class CapabilityState(BaseModel):
     def reset_window(self) -> None:
         self.window = {}
 
-    def weight(self, label: str, settings: ReweightSettings) -> float:
+    def weight(self, label: str, settings: ReweightConfig) -> float:
         return self.weights.get(label, settings.base(label))
 
-    def update_dynamic(self, settings: ReweightSettings) -> dict[str, float]:
+    def update_dynamic(self, settings: ReweightConfig) -> dict[str, float]:
         """One EMA step of every label's weight toward its target (module docstring)."""
         source = self.window or self.total
         total_count = sum(s.count for label, s in source.items() if label not in EXCLUDED_LABELS)
@@ -267,7 +267,7 @@ class CapabilityState(BaseModel):
 
 
 def trajectory_weight(
-    labels: Sequence[str], settings: ReweightSettings, state: CapabilityState | None = None
+    labels: Sequence[str], settings: ReweightConfig, state: CapabilityState | None = None
 ) -> float:
     """``clip(mean rho(label), min_scale, max_scale)`` over non-excluded labels; 1.0 when none."""
     kept = [label for label in labels if label not in EXCLUDED_LABELS]
@@ -301,7 +301,7 @@ def scale_advantages(
 
 def example_weights(
     labels: Sequence[Sequence[str]],
-    settings: ReweightSettings,
+    settings: ReweightConfig,
     state: CapabilityState | None = None,
 ) -> list[float]:
     """Per-example SFT loss weights: the same w_j, or all 1.0 when reweighting is off."""
@@ -312,7 +312,7 @@ def example_weights(
 
 def reweight_step(
     state: CapabilityState,
-    settings: ReweightSettings,
+    settings: ReweightConfig,
     labels: Sequence[Sequence[str]],
     rewards: Sequence[float],
     local: Sequence[Sequence[str]] | None = None,

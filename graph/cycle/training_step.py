@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ...records import FlaggedTrajectory, PoolSample, Task, TrainResult, Trajectory
     from ...training.datasets import PreferencePair, TrainingConversation
     from ...training.grpo_config import GrpoConfig
-    from ...training.seal import ReweightSettings
+    from ...training.seal import ReweightConfig
 
 
 class TrainStepArguments(TypedDict):
@@ -442,7 +442,7 @@ def prompt_tools(
 
 
 def sft_weights(
-    tasks: list[Task], flagged: Sequence[FlaggedTrajectory], settings: ReweightSettings
+    tasks: list[Task], flagged: Sequence[FlaggedTrajectory], settings: ReweightConfig
 ) -> list[float]:
     """SEAL's weight per demonstrated task: the diagnosis of the failure it answers.
 

@@ -241,12 +241,12 @@ def _base_model(
 
 def bootstrap_training(config: Any) -> TrainingConfig:
     """The bootstrap's LoRA SFT step as a cycle's training config, on the CPU."""
-    from ..config import LoraSettings, TrainingConfig
+    from ..config import LoraAdapterConfig, TrainingConfig
     from ..sft_config import SftConfig
 
     return TrainingConfig(
         algorithm="sft",
-        lora=LoraSettings(
+        lora=LoraAdapterConfig(
             r=config.lora_r,
             alpha=config.lora_alpha,
             dropout=0.0,

@@ -75,7 +75,7 @@ from ..config import TrainingConfig
 from ..datasets import TrainingConversation
 from ..seal import (
     CapabilityState,
-    ReweightSettings,
+    ReweightConfig,
     label_counts,
     reweight_step,
     scale_advantages,
@@ -395,12 +395,12 @@ def seal_grpo_trainer_class(multi_turn: bool = False) -> type:
         def __init__(
             self,
             *args: Any,
-            seal_settings: ReweightSettings | None = None,
+            seal_settings: ReweightConfig | None = None,
             capability_state: CapabilityState | None = None,
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
-            self.seal_settings = seal_settings or ReweightSettings(enable=True)
+            self.seal_settings = seal_settings or ReweightConfig(enable=True)
             self.capability_state = capability_state or CapabilityState()
             self.last_seal_weights: list[float] = []
             self.last_seal_labels: list[list[str]] = []

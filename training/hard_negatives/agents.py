@@ -6,7 +6,7 @@ Two LoRA adapters on one base model:
   (expert, failure) pairs of a task: the expert is the task's reference solution
   replayed and verified (or, when it does not verify, a verified success of the
   cycle); the failure is one of the target's own failures or one of the failure
-  agent's (``HardNegativeSettings.failure_share`` sets the mix), highest graded
+  agent's (``HardNegativeConfig.failure_share`` sets the mix), highest graded
   progress first;
 - the **failure** agent rolls out on the same tasks and trains by plain DPO on
   (failure, failure) pairs of a task drawn from both agents' rollouts: the
@@ -54,7 +54,7 @@ from .pairs import (
     target_pairs,
     with_failure_grades,
 )
-from .settings import HardNegativeSettings
+from .settings import HardNegativeConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...outputs.tracking import TrainTracking
@@ -63,8 +63,8 @@ __all__ = [
     "OBJECTIVE_FILE",
     "AdapterSwitch",
     "Agent",
+    "HardNegativeConfig",
     "HardNegativeError",
-    "HardNegativeSettings",
     "Objective",
     "expert_conversations",
     "failure_objective",
@@ -106,17 +106,17 @@ class Objective(BaseModel):
     pairs_by_source: dict[str, int] = Field(default_factory=dict)
 
 
-def target_objective(settings: HardNegativeSettings) -> Objective:
+def target_objective(settings: HardNegativeConfig) -> Objective:
     """DPO + SFT: ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1.0, sft_weight]``
-    (beta: the DPO step's, ``HardNegativeSettings.target_config``)."""
+    (beta: the DPO step's, ``HardNegativeConfig.target_config``)."""
     return Objective(
         agent="target", loss_type=["sigmoid", "sft"], loss_weights=[1.0, settings.sft_weight]
     )
 
 
-def failure_objective(settings: HardNegativeSettings) -> Objective:
+def failure_objective(settings: HardNegativeConfig) -> Objective:
     """Plain sigmoid DPO (the paper shows no SFT term for the failure agent; beta: the DPO
-    step's, ``HardNegativeSettings.failure_config``)."""
+    step's, ``HardNegativeConfig.failure_config``)."""
     return Objective(agent="failure", loss_type=["sigmoid"], loss_weights=[1.0])
 
 

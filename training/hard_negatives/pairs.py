@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
     from ...envs.base import Environment
-    from .settings import HardNegativeSettings
+    from .settings import HardNegativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def target_pairs(
     experts: Mapping[str, Sequence[Message]],
     target: Sequence[Trajectory],
     failure: Sequence[Trajectory],
-    settings: HardNegativeSettings,
+    settings: HardNegativeConfig,
 ) -> list[RankedPair]:
     """(expert, failure) pairs of one task for the target's DPO + SFT.
 

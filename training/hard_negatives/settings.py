@@ -1,4 +1,4 @@
-"""The settings of the Co-Evolving Agents step (``HardNegativeSettings``): the failure
+"""The settings of the Co-Evolving Agents step (``HardNegativeConfig``): the failure
 agent, the target's DPO + SFT objective and how their preference pairs are drawn.
 
 Both agents train by the DPO step of ``training`` (its ``dpo.beta``, ``learning_rate``
@@ -13,7 +13,7 @@ from ...common.config_base import Section
 from ..config import TrainingConfig
 
 
-class FailureAgentSettings(Section):
+class FailureAgentConfig(Section):
     """``hard_negatives.failure``: what the failure agent's DPO step changes from
     ``training``'s (None: the same as the target's)."""
 
@@ -32,7 +32,7 @@ class FailureAgentSettings(Section):
     )
 
 
-class HardNegativeSettings(Section):
+class HardNegativeConfig(Section):
     """Co-Evolving Agents: a failure agent beside the target, and the target trained on
     (expert, hard negative) pairs with DPO + SFT. Off by default."""
 
@@ -70,8 +70,8 @@ class HardNegativeSettings(Section):
         description="At most this many (failure, failure) pairs per task for the failure agent; "
         "pairs with the highest-progress chosen side come first.",
     )
-    failure: FailureAgentSettings = Field(
-        default_factory=FailureAgentSettings,
+    failure: FailureAgentConfig = Field(
+        default_factory=FailureAgentConfig,
         description="The failure agent's DPO step where it differs from training's (beta, "
         "learning_rate, max_steps; None: the target's).",
     )
@@ -117,7 +117,7 @@ class HardNegativeSettings(Section):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> HardNegativeSettings:
+    def _consistent(self) -> HardNegativeConfig:
         problems = []
         if not self.failure_agent and self.failure_share > 0:
             problems.append(
