@@ -29,7 +29,7 @@ def _direct(tool: str, call: Callable[[], Any], timeout_s: float) -> Any:
 def seconds_per_call(make_env: Callable[[], Any], tasks: Sequence[Task], limited: bool) -> float:
     """Seconds per reference call through ``env.step``, with or without the time limit."""
     real = base.call_with_time_limit
-    base.call_with_time_limit = real if limited else _direct  # type: ignore[assignment]
+    base.call_with_time_limit = real if limited else _direct
     try:
         envs = [(make_env(), task) for task in tasks]
         calls = 0

@@ -19,7 +19,14 @@ from typing import Any, Literal
 
 from ...envs.base import Environment, SupportsActionWindows, SupportsDescribe, SupportsVariants
 from ...envs.parsing import render_call
-from ...records import CandidateTask, FlaggedTrajectory, SynthesisContext, Task, ToolCall
+from ...records import (
+    CandidateTask,
+    FlaggedTrajectory,
+    SignalKind,
+    SynthesisContext,
+    Task,
+    ToolCall,
+)
 from .explorer import focus_tools, tool_names
 from .role_interfaces import (
     Abstraction,
@@ -229,7 +236,11 @@ class OfflineAbstractor:
         return Abstraction(candidates=chosen, rejections=rejected)
 
     def _proposals(
-        self, given: AbstractionInput, env: Any, kind: str, rejected: list[RejectedCandidate]
+        self,
+        given: AbstractionInput,
+        env: Any,
+        kind: SignalKind | None,
+        rejected: list[RejectedCandidate],
     ) -> list[tuple[tuple, CandidateTask]]:
         """Every explored window as a ranked candidate, best first, once per calls and
         setup; a window that is the parent task itself goes to ``rejected``."""

@@ -110,13 +110,13 @@ class VariationAbstractor:
                 continue
             calls = [interaction.call for interaction in exploration.interactions]
             key = actions_key(calls, exploration.setup)
-            why = (
+            repeated = (
                 "repeats another variation"
                 if key in seen
                 else repeats([exploration.written.request], given)
             )
-            if why:
-                rejected.append(RejectedCandidate(description=description, reason=why))
+            if repeated:
+                rejected.append(RejectedCandidate(description=description, reason=repeated))
                 continue
             seen.add(key)
             candidates.append(
