@@ -148,6 +148,10 @@ TOUR: dict[str, list[str] | str] = {
     "coevolve env check bfcl --category multi_turn_base": [
         "env", "check", "bfcl", "--category", "multi_turn_base",
     ],
+    "coevolve env vary world --limit 100": ["env", "vary", "world", "--limit", "10"],
+    "coevolve env prompts examples.support_desk.env:make_env": [
+        "env", "prompts", "examples.support_desk.env:make_env",
+    ],
     "coevolve bootstrap": [
         "bootstrap", "--config", "{tmp}/bootstrap-default-eval.yaml", "--cache-dir", "{tmp}/cache",
     ],

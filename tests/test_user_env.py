@@ -742,7 +742,7 @@ def test_bench_learning_runs_on_the_example(tmp_path, cache_dir, tiny_build, mon
     result = CliRunner().invoke(
         app,
         ["bench", "learning", "--config", "examples/support_desk/config.yaml", "--quick",
-         "--seeds", "1", "--arms", "coevolve-oracle", "--out", str(out)],
+         "--seeds", "1", "--arms", "coevolve-variation", "--out", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
