@@ -430,3 +430,34 @@ def test_bootstrap_command_evaluates_a_cached_build_made_without_evaluation(tiny
 def test_an_old_evaluation_key_is_refused_not_migrated():
     with pytest.raises(ValueError, match="eval_max_steps"):
         BootstrapConfig.model_validate({"base": "tiny", "eval_max_steps": 3})
+
+
+def test_two_builds_of_one_key_started_together_build_once(tmp_path, monkeypatch):
+    """Two commands on an empty cache: one builds, the other waits for it and reuses the
+    build (before, the second to finish replaced the first's finished build)."""
+    import threading
+
+    from coevolve.training.bootstrap import build
+
+    built = []
+    real = build._build
+
+    def counted(*args, **kwargs):
+        built.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "_build", counted)
+    config = BootstrapConfig.model_validate({**TINY.model_dump(), "eval_split": None})
+    paths: list = []
+    threads = [
+        threading.Thread(
+            target=lambda: paths.append(bootstrap(config, cache_dir=tmp_path, progress=False))
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert len(built) == 1 and len(paths) == 2 and paths[0] == paths[1]
+    assert is_complete(paths[0]) and not list(paths[0].parent.glob("*.partial-*"))

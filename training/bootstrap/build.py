@@ -126,11 +126,31 @@ def bootstrap(
     Load it with ``LocalPolicy(path)``, or ``AutoModelForCausalLM.from_pretrained(path)``
     and ``load_tokenizer(path)``.
     """
+    from filelock import FileLock
+
     config = config or BootstrapConfig()
     target = bootstrap_dir(config, cache_dir)
     if not force and is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Two commands started together on an empty cache would both build, and the second to
+    # finish would replace the first one's finished build under its reader: one builds,
+    # the other waits for it and reuses it.
+    with FileLock(f"{target}.lock"):
+        if force or not is_complete(target):
+            metadata = _build_under_lock(config, target, progress, cache_dir)
+        else:
+            metadata = load_metadata(target)
+    if config.eval_split is not None:
+        # Evaluated from the final directory so the policy version names the real build.
+        metadata["eval"] = evaluate_build(target, config, progress)
+        _write_metadata(target, metadata)
+    return target
+
+
+def _build_under_lock(
+    config: BootstrapConfig, target: Path, progress: bool, cache_dir: Path | str | None
+) -> dict[str, Any]:
     _remove_stale_partials(target.parent)
     with atomic_directory(target) as work:
         if config.base == "tiny":  # seconds and megabytes: no process of its own
@@ -138,11 +158,7 @@ def bootstrap(
             (work / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
         else:  # the process writes the metadata file as its last act
             metadata = _build_in_own_process(config, work, progress, cache_dir)
-    if config.eval_split is not None:
-        # Evaluated from the final directory so the policy version names the real build.
-        metadata["eval"] = evaluate_build(target, config, progress)
-        _write_metadata(target, metadata)
-    return target
+    return metadata
 
 
 def evaluate_cached_build(
