@@ -39,7 +39,7 @@ def test_a_step_killed_inside_its_launched_process_continues_from_its_checkpoint
 ):
     from coevolve.training.adapters import is_adapter_complete
     from coevolve.training.launch import TrainingStepSpec, launch_spec
-    from coevolve.training.trainers import CHECKPOINTS_FOLDER
+    from coevolve.training.step_checkpoints import CHECKPOINTS_FOLDER
 
     conversations = [
         reference_conversation(WorldEnvironment(), task)[0] for task in load_split("train")[:8]

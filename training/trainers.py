@@ -31,7 +31,6 @@ checkpointing) and on a GPU (bf16 where supported).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -56,6 +55,7 @@ from .config import TrainingConfig
 from .datasets import PreferencePair, TrainingConversation
 from .dpo_trainer import dpo_trainer
 from .sft_trainer import sft_trainer
+from .step_checkpoints import checkpoint_step, step_checkpoints
 from .tokenized_datasets import length_grouped_order, sft_dataset
 from .trainer_common import (
     ProgressBars,
@@ -366,7 +366,7 @@ def _run(
         steps_per_s=round(steps / elapsed, 3) if elapsed > 0 else None,
         device=device,
         world_size=trainer.args.world_size,
-        resumed_from_step=_checkpoint_step(resume_from),
+        resumed_from_step=checkpoint_step(resume_from),
     )
     # Under `accelerate launch` every rank trains (same max_steps) but one writes:
     # trainer.model is the unwrapped model, the same on every rank under DDP. FSDP
@@ -402,59 +402,6 @@ def train_merged(
     load_tokenizer(base).save_pretrained(str(work))
     shutil.rmtree(adapter, ignore_errors=True)
     return result, merged
-
-
-CHECKPOINTS_FOLDER = ".checkpoints"
-CHECKPOINT_KEY_FILE = "step-key.json"
-
-
-def step_checkpoints(
-    config: TrainingConfig,
-    output: Path,
-    model_dir: str | Path,
-    previous_adapter: str | Path | None,
-    *sizes: int,
-) -> tuple[Path | None, str | None]:
-    """(the folder of this step's trainer checkpoints, the last checkpoint to resume from)
-    under ``training.checkpoint_every``; (None, None) without it. The folder,
-    ``<adapters>/.checkpoints/<adapter name>/``, is keyed by the step's settings, base,
-    previous adapter and data sizes: checkpoints of another step are removed, not resumed."""
-    if not config.checkpoint_every:
-        return None, None
-    import hashlib
-
-    from transformers.trainer_utils import get_last_checkpoint
-
-    folder = output.parent / CHECKPOINTS_FOLDER / output.name
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                config.model_dump(mode="json"),
-                str(model_dir),
-                str(previous_adapter),
-                list(sizes),
-            ],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
-    key_file = folder / CHECKPOINT_KEY_FILE
-    try:
-        same = json.loads(key_file.read_text()).get("key") == key
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(json.dumps({"key": key}) + "\n")
-        return folder, None
-    return folder, get_last_checkpoint(str(folder))
-
-
-def _checkpoint_step(checkpoint: str | None) -> int | None:
-    """The step of a ``checkpoint-N`` folder (None for none)."""
-    if checkpoint is None:
-        return None
-    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def _demonstrations_then_grpo(

@@ -86,7 +86,7 @@ class LocalPolicy:
         )
 
         self._load_model(device, seed)
-        from .kv_reuse import PrefixCache
+        from .prefix_cache import PrefixCache
 
         self.prefix_cache = PrefixCache()
         if adapter_path is not None:
