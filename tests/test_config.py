@@ -255,3 +255,25 @@ def test_an_old_key_is_refused_with_the_keys_allowed():
     section's keys."""
     with pytest.raises(ConfigError, match=r"unknown key 'rollout\.max_steps'.*max_tool_calls"):
         load_config({"rollout": {"max_steps": 5}})
+
+
+def test_a_roles_setting_the_chosen_synthesizer_does_not_read_is_refused_naming_its_reader():
+    """Issue 86: synthesis.synthesizer is the one switch; a synthesis.roles field it does not
+    read is refused, naming the synthesizer that reads it, never silently ignored."""
+    with pytest.raises(
+        ConfigError, match=r"roles\.steer is read by synthesizer generator, not by 'variation'"
+    ):
+        load_config({"synthesis": {"roles": {"steer": False}}})
+    with pytest.raises(
+        ConfigError, match=r"default_endpoint is read by synthesizer llm, not by 'generator'"
+    ):
+        load_config(
+            {
+                "endpoints": {"big": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}},
+                "synthesis": {"synthesizer": "generator", "roles": {"default_endpoint": "big"}},
+            }
+        )
+    assert load_config({"synthesis": {"synthesizer": "generator", "roles": {"steer": False}}})
+    # off, nothing is read: the static arm keeps its base's settings
+    assert load_config({"synthesis": {"enabled": False, "roles": {"steer": False}}})
+    assert load_config(None).synthesis.synthesizer == "variation"
