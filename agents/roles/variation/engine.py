@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....envs.base import Environment, answer_in_observations, replay_reference
-from ....records import Task, ToolCall, is_success
+from ....records import Step, Task, ToolCall, is_success
 from .text import Place, fields, find_place, names, read_place, replace_values
 from .values import Path, ValuePools, draw, is_id, leaves, map_leaves, slot_for, state_of, text_of
 
@@ -41,6 +41,7 @@ class Variant:
     replaced: dict[str, str]  # old -> new, every slot that changed
     reread: list[tuple[int, str, str, str]]  # (call index, argument, old, new) read again
     renamed_in_state: dict[str, str]  # old -> new, the slots renamed everywhere in the state
+    steps: list[Step]  # the verifying replay's calls and observations (the explorer's round)
 
 
 @dataclass
@@ -287,7 +288,7 @@ def _attempt(
         return NotVaried("verifier_rejected", f"the verifier scored the variant {score:.2f}")
     if answer is not None and not answer_in_observations(steps, answer):
         return NotVaried("verifier_rejected", f"the answer {answer!r} is in no observation")
-    return Variant(variant, dict(mapping), reread, dict(renamed))
+    return Variant(variant, dict(mapping), reread, dict(renamed), steps)
 
 
 # --------------------------------------------------------------------------- public

@@ -25,9 +25,9 @@ from .values import ValuePools
 class VariationExplorer:
     """Variations of the flagged task itself: its calls in its order, new values, no model.
 
-    Each round is one variant (``agents/roles/variation.py:vary``): the parent's calls with
-    new values, copied values read again from the new observations, replayed here in a
-    fresh environment reset to the variant's own setup; ``written`` carries the parent's
+    Each round is one variant (``engine.vary``): the parent's calls with new values, copied
+    values read again from the new observations, and the interactions of the replay in a
+    fresh environment that verified it; ``written`` carries the parent's
     request with the new values for the abstractor. A rare item gets one variant (a rare
     pattern needs seeing, not drilling); the others ``variants``. A round that could not
     vary the task says why in ``not_varied``.
@@ -62,14 +62,14 @@ class VariationExplorer:
                 )
                 continue
             variant = outcome.task
-            env = make_env()
-            env.reset(variant)
+            # the replay that verified the variant is its round: no second replay here
             interactions = [
                 Interaction(
-                    call=ToolCall(name=call.name, arguments=dict(call.arguments)),
-                    observation=env.step(call),
+                    call=ToolCall(name=step.call.name, arguments=dict(step.call.arguments)),
+                    observation=step.observation,
                 )
-                for call in variant.reference_calls
+                for step in outcome.steps
+                if step.call is not None
             ]
             rounds.append(
                 ExplorationRound(
