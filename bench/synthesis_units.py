@@ -6,7 +6,10 @@ For every unit in the folder (``<arm>-seed<N>.json`` with its ``.tasks.jsonl``),
 a cycle: the measured success after it, the funnel (flagged, candidates, judged,
 at the frontier, accepted), the accepted tasks by number of calls, the whole compound
 tasks among them (a family of the seed tasks with three calls or more, written whole),
-the tasks in families the seed tasks lack, seconds and endpoint tokens. The seed
+the tasks in families the seed tasks lack, seconds and endpoint tokens, and ``next``: the
+share of the next cycle's rollouts on the cycle's accepted tasks that succeeded, after the
+cycle trained on them (read from the unit's run directory, ``<arm>-seed<N>`` beside the
+units folder, when it is still there; the last cycle has none). The seed
 families are the world's train split's first ``--seed-tasks`` (the bench's
 ``pool.seed_tasks``). Units saved before ``synthesis_by_cycle`` was kept show only
 their accepted tasks.
@@ -26,6 +29,20 @@ def seed_families(seed_tasks: int) -> dict[str, int]:
     from coevolve.envs.world import load_split
 
     return {task.family: len(task.reference_calls) for task in load_split("train")[:seed_tasks]}
+
+
+def solved_share(run_dir: Path, cycle: int, task_ids: set[str]) -> float | None:
+    """Of the next cycle's rollouts on ``task_ids``, the share that succeeded (None when the
+    run directory or that cycle's rollouts are gone, or none of them was rolled out)."""
+    rollouts = run_dir / "cycles" / f"{cycle + 1:03d}" / "rollouts.jsonl"
+    if not rollouts.exists():
+        return None
+    scores = [
+        episode["score"]
+        for episode in map(json.loads, rollouts.read_text().splitlines())
+        if episode["task_id"] in task_ids
+    ]
+    return sum(score >= 1.0 for score in scores) / len(scores) if scores else None
 
 
 def unit_rows(unit: Path, families: dict[str, int]) -> list[dict[str, Any]]:
@@ -50,7 +67,11 @@ def unit_rows(unit: Path, families: dict[str, int]) -> list[dict[str, Any]]:
                 "at_frontier": figures.at_frontier if figures else None,
                 "accepted": len(mine),
                 "by_calls": dict(sorted(Counter(str(t.call_count) for t in mine).items())),
+                "of_seed_family": sum(t.family in families for t in mine),
                 "whole_compound": sum(families.get(t.family, 0) >= 3 for t in mine),
+                "already_solved": solved_share(
+                    unit.parent.parent / f"{run.arm}-seed{run.seed}", cycle, {t.id for t in mine}
+                ),
                 "absent_families": dict(
                     Counter(
                         t.family
@@ -78,19 +99,21 @@ def main() -> None:
     ]
     header = (
         f"{'arm':18} {'seed':>4} {'cyc':>3} {'success':>7} {'flag':>4} {'cand':>4} "
-        f"{'judged':>6} {'front':>5} {'acc':>4} {'whole':>5} {'time s':>7} {'tokens':>9}  "
+        f"{'judged':>6} {'front':>5} {'acc':>4} {'fam':>4} {'whole':>5} {'next':>6} "
+        f"{'time s':>7} {'tokens':>9}  "
         "by calls / absent families"
     )
     print(header)
     for r in rows:
         tokens = sum(r["tokens"].values()) if r["tokens"] else 0
         front = "-" if r["at_frontier"] is None else r["at_frontier"]
+        solved = "-" if r["already_solved"] is None else f"{r['already_solved']:.0%}"
         print(
             f"{r['arm']:18} {r['seed']:>4} {r['cycle']:>3} {r['success']:>7.1%} "
             f"{r['flagged'] if r['flagged'] is not None else '-':>4} "
             f"{r['candidates'] if r['candidates'] is not None else '-':>4} "
             f"{r['judged_ok'] if r['judged_ok'] is not None else '-':>6} {front:>5} "
-            f"{r['accepted']:>4} {r['whole_compound']:>5} "
+            f"{r['accepted']:>4} {r['of_seed_family']:>4} {r['whole_compound']:>5} {solved:>6} "
             f"{r['time_s'] if r['time_s'] is not None else float('nan'):>7.0f} {tokens:>9}  "
             f"{r['by_calls']} {r['absent_families'] or ''}"
         )
