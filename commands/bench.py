@@ -120,8 +120,8 @@ def bench_learning(
             metavar="KEY=VALUE",
             help="Override one config value over the arms' own changes (--set changes the "
             "base beneath them): KEY=VALUE in every arm, ARM:KEY=VALUE in one, e.g. "
-            "--arm-set coevolve-compose:pool.synthesized_weight=0.3 to tune a value a model "
-            "arm sets itself; repeatable, the value is YAML. Each unit's config records it.",
+            "--arm-set coevolve-variation:synthesis.max_accepted=24 to tune a value of one "
+            "arm; repeatable, the value is YAML. Each unit's config records it.",
         ),
     ] = None,
     debug: DebugOption = False,
