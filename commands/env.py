@@ -323,8 +323,13 @@ def env_show(
 def env_vary(
     env: Annotated[str, typer.Argument(help=ENV_ARGUMENT_HELP)],
     split: Annotated[
-        str, typer.Option(help="The task set to vary (its tasks lend the values).")
-    ] = "train",
+        str | None,
+        typer.Option(help="The task set to vary, its tasks lending the values (default: train)."),
+    ] = None,
+    category: Annotated[
+        str | None,
+        typer.Option(help="BFCL's task set instead of --split (default: multi_turn_base)."),
+    ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Its first N tasks only (the bench's N seed tasks).")
     ] = None,
@@ -344,15 +349,18 @@ def env_vary(
     from ..agents.roles.variation import variation_coverage
 
     _register_tasks(env, tasks_file)
-    make_env, tasks = load_env_tasks(env, split)
+    spec = env_spec(env)
+    default = "train" if "train" in spec.task_sets else spec.task_sets[0]
+    [scope], option = env_scopes(env, split, category, default=[default])
+    make_env, tasks = load_env_tasks(env, scope)
     tasks = tasks[:limit] if limit is not None else tasks
     coverage = variation_coverage(
-        tasks, make_env, tasks, variants, progress=task_progress(f"{env} {split}", not as_json)
+        tasks, make_env, tasks, variants, progress=task_progress(f"{env} {scope}", not as_json)
     )
     if as_json:
-        print(json.dumps({"env": env, "split": split, **coverage}))
+        print(json.dumps({"env": env, option: scope, **coverage}))
         return
-    table = Table(title=f"{env} {split}: tasks variation can vary ({variants} tried each)")
+    table = Table(title=f"{env} {scope}: tasks variation can vary ({variants} tried each)")
     for column in ("family", "tasks", "varied", "not varied: why"):
         table.add_column(column, justify="left" if column[0] in "fn" else "right")
     for family, row in coverage["by_family"].items():

@@ -326,3 +326,36 @@ def test_env_vary_prints_the_coverage_of_the_world_and_the_support_desk():
     assert desk["varied"] >= 15 and set(desk["not_varied"]) <= set(REASONS)
     for family, (parent, variant) in desk["examples"].items():
         assert parent != variant, family
+
+
+def test_env_vary_takes_bfcls_category_and_says_why_its_tasks_do_not_vary():
+    """BFCL's task sets are categories: `env vary bfcl` takes --category (multi_turn_base by
+    default) and refuses --split in one line; its requests paraphrase their values, so
+    variation leaves nearly every task, each with its reason."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("bfcl_eval")
+
+    def vary_command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coevolve", "env", "vary", "bfcl", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+
+    done = vary_command("--limit", "20", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    coverage = json.loads(done.stdout)
+    assert coverage["category"] == "multi_turn_base" and coverage["tasks"] == 20
+    assert coverage["varied"] + sum(coverage["not_varied"].values()) == 20
+    assert (
+        set(coverage["not_varied"]) <= set(REASONS)
+        and "paraphrased_value" in coverage["not_varied"]
+    )
+    refused = vary_command("--split", "train")
+    assert refused.returncode != 0 and "bfcl has --category" in refused.stderr
+    assert "Traceback" not in refused.stderr
