@@ -120,7 +120,7 @@ def bench_learning(
             metavar="KEY=VALUE",
             help="Override one config value over the arms' own changes (--set changes the "
             "base beneath them): KEY=VALUE in every arm, ARM:KEY=VALUE in one, e.g. "
-            "--arm-set coevolve-variation:synthesis.max_accepted=24 to tune a value of one "
+            "--arm-set coevolve-variation:pool.synthesized_weight=1.0 to tune a value of one "
             "arm; repeatable, the value is YAML. Each unit's config records it.",
         ),
     ] = None,
