@@ -15,6 +15,14 @@
 # uses this checkout's .venv with its own code first on the path (a unit records the
 # fingerprint of the code it ran). Extra `bench learning` options (a tuning run's
 # --arm-set, say) go in $BENCH_ARGS, the same for every piece of one report.
+#
+# The verdict runs at ce50660, where the validation units ran. Its static and
+# coevolve-oracle units are the compose verdict's, at b34184c (docs/figures/
+# bench-variation-n100/units holds copies): the quick bench's stage files of those arms
+# are identical at the two commits (bench/stage_files_identical.py), so they count with
+#   BENCH_ARGS="--accept-code 8e741cb61640ee17 \
+#     --arm-set coevolve-oracle:pool.synthesized_weight=1.0 [the variation arms' tuned --arm-set]"
+# and only coevolve-variation and random-variation run.
 # Never edit this file while a piece runs: bash reads it as it goes.
 set -euo pipefail
 
