@@ -25,6 +25,24 @@ def test_help_does_not_import_heavy_libraries():
     assert out.strip() == "[]"
 
 
+def test_the_worlds_env_commands_do_not_import_torch():
+    """The world's tool schemas come from our own reader of type hints and docstrings (the
+    one a user's tools go through), not transformers' get_json_schema, which imports torch:
+    `coevolve env show world` took 7 s on a loaded 2-core machine with it, 2 s without."""
+    heavy = ("torch", "transformers", "trl", "chromadb")
+    for args in (["show", "world", "--index", "3"], ["check", "world", "--split", "validation"]):
+        code = (
+            "import sys\nfrom coevolve.cli import main\n"
+            f"sys.argv = ['coevolve', 'env', *{args!r}]\n"
+            "try:\n    main()\nexcept SystemExit as stop:\n    assert not stop.code, stop.code\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+        assert out.strip().splitlines()[-1] == "[]", args
+
+
 def test_env_check_world_json():
     result = coevolve("env", "check", "world", "--split", "validation", "--json")
     report = json.loads(result.stdout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from ..base import ToolError, tool_schema
+from ..base import ToolError
 from .app_state import (
     DATE,
     PHONE,
@@ -476,20 +476,10 @@ MUTATING_TOOLS = frozenset(mutating_names)
 @cache
 def tool_schemas() -> list[dict[str, Any]]:
     """The tools' OpenAI function schemas, derived from the World methods' type hints and
-    docstrings (the summary line, and an ``Args:`` line per argument)."""
-    from transformers.utils import get_json_schema
+    docstrings (the summary line, and an ``Args:`` line per argument) as a user's tools'
+    are. transformers' ``get_json_schema`` gives the same 31 schemas, but importing it
+    imports torch: seconds on every ``coevolve env`` command."""
+    from ..function_tools import function_schema
 
     world = World(empty_state())
-    schemas = []
-    for name in TOOL_NAMES:
-        function = get_json_schema(getattr(world, name))["function"]
-        parameters = function["parameters"]
-        schemas.append(
-            tool_schema(
-                name,
-                function["description"],
-                parameters["properties"],
-                parameters.get("required", ()),
-            )
-        )
-    return schemas
+    return [function_schema(getattr(world, name)) for name in TOOL_NAMES]
