@@ -34,15 +34,11 @@ def seed_families(seed_tasks: int) -> dict[str, int]:
 def solved_share(run_dir: Path, cycle: int, task_ids: set[str]) -> float | None:
     """Of the next cycle's rollouts on ``task_ids``, the share that succeeded (None when the
     run directory or that cycle's rollouts are gone, or none of them was rolled out)."""
-    rollouts = run_dir / "cycles" / f"{cycle + 1:03d}" / "rollouts.jsonl"
-    if not rollouts.exists():
-        return None
-    scores = [
-        episode["score"]
-        for episode in map(json.loads, rollouts.read_text().splitlines())
-        if episode["task_id"] in task_ids
-    ]
-    return sum(score >= 1.0 for score in scores) / len(scores) if scores else None
+    from coevolve.records import is_success
+    from coevolve.run_files import CycleFiles
+
+    episodes = [t for t in CycleFiles(run_dir, cycle + 1).rollouts() if t.task_id in task_ids]
+    return sum(is_success(t.score) for t in episodes) / len(episodes) if episodes else None
 
 
 def unit_rows(unit: Path, families: dict[str, int]) -> list[dict[str, Any]]:
