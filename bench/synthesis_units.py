@@ -65,7 +65,7 @@ def unit_rows(unit: Path, families: dict[str, int]) -> list[dict[str, Any]]:
                 "by_calls": dict(sorted(Counter(str(t.call_count) for t in mine).items())),
                 "of_seed_family": sum(t.family in families for t in mine),
                 "whole_compound": sum(families.get(t.family, 0) >= 3 for t in mine),
-                "already_solved": solved_share(
+                "next_success": solved_share(
                     unit.parent.parent / f"{run.arm}-seed{run.seed}", cycle, {t.id for t in mine}
                 ),
                 "absent_families": dict(
@@ -103,7 +103,7 @@ def main() -> None:
     for r in rows:
         tokens = sum(r["tokens"].values()) if r["tokens"] else 0
         front = "-" if r["at_frontier"] is None else r["at_frontier"]
-        solved = "-" if r["already_solved"] is None else f"{r['already_solved']:.0%}"
+        solved = "-" if r["next_success"] is None else f"{r['next_success']:.0%}"
         print(
             f"{r['arm']:18} {r['seed']:>4} {r['cycle']:>3} {r['success']:>7.1%} "
             f"{r['flagged'] if r['flagged'] is not None else '-':>4} "
