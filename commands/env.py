@@ -349,9 +349,7 @@ def env_vary(
     from ..agents.roles.variation import variation_coverage
 
     _register_tasks(env, tasks_file)
-    spec = env_spec(env)
-    default = "train" if "train" in spec.task_sets else spec.task_sets[0]
-    [scope], option = env_scopes(env, split, category, default=[default])
+    [scope], option = env_scopes(env, split, category, default=[env_spec(env).seed_task_set])
     make_env, tasks = load_env_tasks(env, scope)
     tasks = tasks[:limit] if limit is not None else tasks
     coverage = variation_coverage(
@@ -408,7 +406,7 @@ def env_prompts(
         loaded = load_config_or_fail(config)
         roles, system_prompt = loaded.synthesis.roles, loaded.policy.system_prompt
     try:  # a seed task's tool sequence is the roles' example action pattern
-        seeds = spec.load_task_set("train" if "train" in spec.task_sets else spec.task_sets[0])
+        seeds = spec.load_task_set(spec.seed_task_set)
     except (RuntimeError, ConfigError):
         seeds = []
     brief = environment_brief(spec.environment(), seeds)

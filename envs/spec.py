@@ -45,3 +45,9 @@ class EnvironmentSpec:
     # against each other (Trajectory.failure_grade): envs/diagnosis.py.
     failure_grade: Callable[[Task, Trajectory], float]
     inventory: Callable[[], dict[str, Any]]  # task-set sizes and status for `coevolve env list`
+
+    @property
+    def seed_task_set(self) -> str:
+        """The task set the roles and variations take seed tasks from: train, or the first
+        where there is none (BFCL's first category)."""
+        return "train" if "train" in self.task_sets else self.task_sets[0]
