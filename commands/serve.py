@@ -162,7 +162,7 @@ def llama_cpp_command(config: Any, endpoint: str) -> tuple[dict[str, str], list[
     """(environment variables, argv) of the ``llama-server`` that serves ``endpoint``: a GGUF
     model on the CPU under the endpoint's model name, one slot per request in flight, each
     slot holding ``max_model_len`` tokens and caching its prompt for the next request."""
-    from ..training.bootstrap.bootstrap_config import default_cache_dir
+    from ..common.files import default_cache_dir
 
     served, host, port = _served_here(config, endpoint)
     settings = served.llama_cpp

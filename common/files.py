@@ -20,6 +20,13 @@ from pydantic import BaseModel
 RecordT = TypeVar("RecordT", bound=BaseModel)
 
 
+def default_cache_dir() -> Path:
+    """``$COEVOLVE_CACHE``, else ``~/.cache/coevolve``: the built agents, converted models and
+    embedded seed pools that later runs reuse."""
+    env = os.environ.get("COEVOLVE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevolve"
+
+
 def write_atomically(path: str | Path, text: str) -> None:
     """Write a text file so that a reader (or a resumed run) never sees half of it."""
     path = Path(path)

@@ -19,7 +19,10 @@
 Both are Chroma ``EmbeddingFunction`` s registered under their ``name()``, so a
 collection built with one records that name and the ``get_config()`` (never an
 API key) and Chroma can rebuild it when the collection is reopened; pass the
-same function again when reopening (the ``TaskStore`` does). Importing this
+same function again when reopening (the ``TaskStore`` does). ``MiniLMEmbedding`` keeps
+the vectors of a long list of texts (a run's seed pool) under ``$COEVOLVE_CACHE/embeddings``,
+keyed by the texts and everything the vectors depend on: the next run that starts from the
+same pool reads them back instead of encoding it again. Importing this
 module imports chromadb (~1 s) but neither torch nor transformers:
 those load on first use. The model is loaded once per process and shared by
 every ``MiniLMEmbedding`` with the same settings.
@@ -36,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
 from chromadb.utils.embedding_functions import register_embedding_function
+
+from .saved_vectors import SAVED_MIN_TEXTS, save_vectors, saved_vectors_path
 
 if TYPE_CHECKING:
     from ..common.http import BlockingClient
@@ -212,15 +217,31 @@ class MiniLMEmbedding(_Persisted, EmbeddingFunction[Documents]):
         import torch
 
         tokenizer, model = self._model()
-        previous = torch.get_num_threads()
         threads = self.threads or max(1, (os.cpu_count() or 2) // 2)
+        saved = self._saved_path(texts, threads) if len(texts) >= SAVED_MIN_TEXTS else None
+        if saved is not None and saved.is_file():
+            try:
+                return list(np.load(saved))
+            except (OSError, ValueError):  # unreadable: encoded again and written over
+                pass
+        previous = torch.get_num_threads()
         if threads != previous:
             torch.set_num_threads(threads)
         try:
-            return self._encode(texts, tokenizer, model)
+            vectors = self._encode(texts, tokenizer, model)
         finally:
             if torch.get_num_threads() != previous:
                 torch.set_num_threads(previous)
+        if saved is not None:
+            save_vectors(saved, np.stack(vectors))
+        return vectors
+
+    def _saved_path(self, texts: list[str], threads: int) -> Path:
+        """The file for exactly these texts encoded exactly this way (``saved_vectors``)."""
+        model = Path(self.model_path or default_model_path())
+        encoding = (resolve_dtype(self.dtype, self.device), self.device, self.max_length)
+        batching = (self.batch_size, self.batch_tokens, threads)
+        return saved_vectors_path(model, [*encoding, *batching], texts)
 
     def _encode(self, texts: list[str], tokenizer: Any, model: Any) -> Embeddings:
         import torch

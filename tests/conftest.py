@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 
@@ -16,12 +17,23 @@ def pytest_collection_modifyitems(config, items):
 
     In pytest-xdist's workers the slow tests come first (in the order collected, the same in
     every worker, as xdist requires): a minute-long test started last leaves the other core
-    idle while it ends the run."""
+    idle while it ends the run. The test marked ``slow(first=True)`` builds the shared quick
+    bench (``quick_bench_every_arm``) and starts the run; the tests that read that bench come
+    last among the slow ones, when it is long built, so that no worker waits on its lock."""
     for item in items:
         if "tiny_build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=_dispatch_order)
+
+
+def _dispatch_order(item) -> int:
+    slow = item.get_closest_marker("slow")
+    if slow is None:
+        return 3
+    if slow.kwargs.get("first"):
+        return 0
+    return 2 if "quick_bench_every_arm" in getattr(item, "fixturenames", ()) else 1
 
 
 @pytest.fixture
@@ -106,3 +118,41 @@ def _tiny_model_in_the_default_cache(pytestconfig, tmp_path_factory):
 
     with FileLock(_shared_dir(tmp_path_factory) / "default-cache-tiny-build.lock"):
         bootstrap(config, progress=False)
+
+
+@pytest.fixture(scope="session")
+def quick_bench_every_arm(tmp_path_factory, pytestconfig):
+    """`coevolve bench learning --quick --json --seeds 1` with its default (every) arm, run
+    once for the whole suite: the test of the documented command asserts on it, and the
+    tests of one arm's behaviour (and the end-to-end bench, whose seed 0 it is) read its
+    units and run directories instead of running them again. Under pytest-xdist the first
+    worker runs it in the run's shared temporary directory, holding a file lock; the others
+    read what it wrote. Tests copy what they change: the bench's directory is read-only to
+    them."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from filelock import FileLock
+
+    worker = hasattr(pytestconfig, "workerinput")
+    shared = _shared_dir(tmp_path_factory) if worker else tmp_path_factory.getbasetemp()
+    out_dir = shared / "quick-bench-every-arm"
+    done = shared / "quick-bench-every-arm.json"
+    with FileLock(shared / "quick-bench-every-arm.lock"):
+        if not done.exists():
+            ran = subprocess.run(
+                [
+                    *(sys.executable, "-m", "coevolve", "bench", "learning", "--quick"),
+                    *("--json", "--seeds", "1", "--out", str(out_dir)),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
+            done.write_text(
+                json.dumps(
+                    {"returncode": ran.returncode, "stdout": ran.stdout, "stderr": ran.stderr}
+                )
+            )
+    return SimpleNamespace(out_dir=out_dir, **json.loads(done.read_text()))

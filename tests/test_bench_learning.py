@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -372,11 +373,22 @@ def quick_bench(out_dir, arms: str, seeds: int, *extra: str):
 
 
 @pytest.mark.slow
-def test_quick_bench_runs_end_to_end(tmp_path):
+def test_quick_bench_runs_end_to_end(tmp_path, quick_bench_every_arm):
     from coevolve.bench.learning import accepted_tasks_of, code_fingerprint
     from coevolve.run_files import CycleFiles
 
+    # Seed 0 of these arms is the shared quick bench's (the same --quick config): copied
+    # here, its units count as finished and only seed 1 runs.
+    shared = quick_bench_every_arm.out_dir
+    assert quick_bench_every_arm.returncode == 0, quick_bench_every_arm.stderr[-3000:]
+    shutil.copytree(shared / "baselines", tmp_path / "baselines")
+    for arm in ("static", "random", "coevolve-oracle"):
+        shutil.copytree(shared / f"{arm}-seed0", tmp_path / f"{arm}-seed0")
+        for unit in (shared / "units").glob(f"{arm}-seed0.*"):
+            (tmp_path / "units").mkdir(exist_ok=True)
+            shutil.copy2(unit, tmp_path / "units" / unit.name)
     out = quick_bench(tmp_path, "static,random,coevolve-oracle", seeds=2)
+    assert " ".join(out.stderr.split()).count(", seed 0 finished before, skipped") == 3
     report = json.loads(out.stdout)
     assert [(r["arm"], r["seed"]) for r in report["runs"]] == [
         ("static", 0),
@@ -544,6 +556,12 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
         )
 
     straight = bench(tmp_path / "straight")
+    # static's unit is finished in both benches: the killed one starts from it, and from the
+    # seed's cycle-0 evaluation (what a bench killed in its second unit would have).
+    (tmp_path / "killed" / "units").mkdir(parents=True)
+    for unit in (tmp_path / "straight" / "units").glob("static-seed0.*"):
+        shutil.copy2(unit, tmp_path / "killed" / "units" / unit.name)
+    shutil.copytree(tmp_path / "straight" / "baselines", tmp_path / "killed" / "baselines")
 
     signals = stages.signals
     killed = []
@@ -572,9 +590,10 @@ def test_a_killed_unit_resumes_to_the_same_figures(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_path):
-    out = quick_bench(tmp_path, "oracle-targeted", seeds=1)
-    run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
+def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(
+    quick_bench_every_arm,
+):
+    run_dir = quick_bench_every_arm.out_dir / "oracle-targeted-seed0"
     cycles = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     validation = cycles[1]["oracle_validation_by_family"]
     assert validation and all(0.0 <= v <= 1.0 for v in validation.values())
@@ -587,9 +606,10 @@ def test_oracle_targeted_arm_reads_validation_and_targets_its_weak_families(tmp_
 
 
 @pytest.mark.slow
-def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(tmp_path):
-    out = quick_bench(tmp_path, "seal", seeds=1)
-    run_dir = Path(json.loads(out.stdout)["runs"][0]["run_dir"])
+def test_seal_arm_trains_by_grpo_and_keeps_its_label_statistics_between_cycles(
+    quick_bench_every_arm,
+):
+    run_dir = quick_bench_every_arm.out_dir / "seal-seed0"
     trained = json.loads((run_dir / "cycles" / "001" / "train.json").read_text())
     # two steps: the quick preset's training.max_steps
     assert trained["algorithm"] == "grpo" and trained["steps"] == 2
@@ -902,18 +922,11 @@ def test_quick_scales_the_arms_step_counts_to_its_steps(tmp_path):
         load_config(arm_config(base, "grpo-demonstrations", 0, tmp_path))
 
 
-@pytest.mark.slow
-def test_quick_bench_runs_every_default_arm(tmp_path):
-    """`coevolve bench learning --quick --seeds 1` with its default arms, as documented."""
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "coevolve", "bench", "learning", "--quick", "--json"),
-            *("--seeds", "1", "--out", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+@pytest.mark.slow(first=True)
+def test_quick_bench_runs_every_default_arm(quick_bench_every_arm):
+    """`coevolve bench learning --quick --seeds 1` with its default arms, as documented
+    (tests/conftest.py runs it, once for the tests that read its units)."""
+    out = quick_bench_every_arm
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert [run["arm"] for run in report["runs"]] == list(ARMS)

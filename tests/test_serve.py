@@ -217,7 +217,7 @@ def test_a_llama_cpp_section_on_another_server_is_refused(tmp_path):
 
 def _larger_model_installed() -> tuple[Path, Path] | None:
     from coevolve.commands.serve import LARGER_MODEL_GGUF, LLAMA_SERVER
-    from coevolve.training.bootstrap.bootstrap_config import default_cache_dir
+    from coevolve.common.files import default_cache_dir
 
     binary = shutil.which("llama-server") or str(default_cache_dir() / LLAMA_SERVER)
     gguf = default_cache_dir() / LARGER_MODEL_GGUF

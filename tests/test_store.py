@@ -561,6 +561,39 @@ def test_minilm_config_round_trip(minilm):
     assert len(vectors) == 2 and float(vectors[0] @ vectors[1]) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_a_seed_pools_vectors_are_read_back_bit_for_bit_by_the_next_run(
+    minilm, validation, tmp_path, monkeypatch
+):
+    """A long list of texts (a run's seed pool) is encoded once: the next call with the same
+    texts and settings reads the saved vectors, equal to a fresh encoding in every bit; other
+    texts, or another thread count (it orders the sums), are another file."""
+    import numpy as np
+
+    from coevolve.memory.saved_vectors import SAVED_MIN_TEXTS
+
+    monkeypatch.setenv("COEVOLVE_CACHE", str(tmp_path))
+    texts = [task_text(task) for task in validation.values()][: SAVED_MIN_TEXTS + 10]
+    first = np.stack(MiniLMEmbedding(threads=1)(texts))
+    [saved] = (tmp_path / "embeddings").glob("*.npy")
+    encoded = np.stack(MiniLMEmbedding(threads=1)._encode(texts, *minilm._model()))
+    assert np.array_equal(first, encoded)
+
+    def no_encoding(*args):
+        raise AssertionError("encoded again")
+
+    monkeypatch.setattr(MiniLMEmbedding, "_encode", no_encoding)
+    assert np.array_equal(np.stack(MiniLMEmbedding(threads=1)(texts)), first)
+    with pytest.raises(AssertionError, match="encoded again"):
+        MiniLMEmbedding(threads=2)(texts)
+    with pytest.raises(AssertionError, match="encoded again"):
+        MiniLMEmbedding(threads=1)(texts[1:])
+    with pytest.raises(AssertionError, match="encoded again"):  # too few to be worth a file
+        MiniLMEmbedding(threads=1)(texts[: SAVED_MIN_TEXTS - 1])
+    saved.write_bytes(b"not an array")  # unreadable: encoded again, not an error
+    with pytest.raises(AssertionError, match="encoded again"):
+        MiniLMEmbedding(threads=1)(texts)
+
+
 def test_openai_embedding_from_a_server_that_is_not_there_fails_clearly():
     import socket
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, model_validator
 
 from ...common.config_base import Section
+from ...common.files import default_cache_dir
 from ...envs.world.states import SPLITS as WORLD_SPLITS
 from ..chat_template import SPECIAL_TOKENS, TAG_TOKENS, phrase_tokens
 from ..config import LrScheduler
@@ -287,12 +287,6 @@ class BootstrapConfig(Section):
 
 
 # --------------------------------------------------------------------------- cache
-
-
-def default_cache_dir() -> Path:
-    """``$COEVOLVE_CACHE``, else ``~/.cache/coevolve``."""
-    env = os.environ.get("COEVOLVE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevolve"
 
 
 def bootstrap_dir(config: BootstrapConfig, cache_dir: Path | str | None = None) -> Path:

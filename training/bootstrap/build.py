@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...common.files import atomic_directory, write_atomically
+from ...common.files import atomic_directory, default_cache_dir, write_atomically
 from .bootstrap_config import (
     METADATA_FILE,
     BootstrapConfig,
     bootstrap_dir,
-    default_cache_dir,
     is_complete,
     load_metadata,
 )

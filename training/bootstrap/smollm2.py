@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...common.files import atomic_directory
-from .bootstrap_config import default_cache_dir
+from ...common.files import atomic_directory, default_cache_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import TrainingConfig
