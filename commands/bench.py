@@ -37,93 +37,113 @@ def sections_by_arm(items: list[str], arms: list[str]) -> dict[str, dict[str, An
     return sections
 
 
+# The options of `bench learning` (its own, beside common.py's shared ones).
+BenchConfigOption = Annotated[
+    str | None,
+    typer.Option("--config", help="Base config (default: configs/bench-learning.yaml)."),
+]
+
+SeedListOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated seeds instead of 0..N-1, e.g. 1 for a tuning unit of seed 1 "
+        "without seed 0's; the report covers these seeds."
+    ),
+]
+
+ArmsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated arms (default: all): static, random, coevolve-oracle "
+        "(synthesis by the environment's own task generator: the reference), coevolve-paper, "
+        "oracle-targeted (reads validation: a reference ceiling), no-forgetting, no-boundary, "
+        "no-rare, no-unsolved, grpo, grpo-spread, grpo-demonstrations, grpo-reference, seal, "
+        "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
+        "coevolve-variation, random-variation (variations of the flagged / random tasks: "
+        "no model, no generator). "
+        "Finished (arm, seed) units are skipped on a rerun."
+    ),
+]
+
+QuickOption = Annotated[
+    bool,
+    typer.Option(
+        "--quick",
+        help="Seconds-long settings (the tiny test model, one cycle, a few tasks): checks "
+        "the bench runs end to end; its numbers mean nothing.",
+    ),
+]
+
+SeedSetsOption = Annotated[
+    str,
+    typer.Option(
+        help="fixed: every seed learns from the config's seed set, from one bootstrap "
+        "agent, measured on one held-out set (intervals cover training seeds only); "
+        "per-seed: seed s draws its tasks from the environment's generator seed s (env.seed "
+        "and bootstrap.world_seed), so each seed has its own seed subset, bootstrap agent "
+        "and held-out draw, and the intervals cover them too."
+    ),
+]
+
+ReportOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        "--report-only",
+        help="Run nothing: write the report from the units finished so far (a bench run "
+        "in pieces, read between them).",
+    ),
+]
+
+AcceptCodeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--accept-code",
+        metavar="FINGERPRINT",
+        help="Also count finished units that ran at this code fingerprint (the report "
+        "and the skipped units name theirs; repeat it, or comma-separate). By default a "
+        "unit counts only at today's code: one verdict, one code.",
+    ),
+]
+
+AnyCodeOption = Annotated[
+    bool,
+    typer.Option(
+        "--any-code",
+        help="Count finished units whatever code ran them, units that record none "
+        "(saved before fingerprints were kept) included; the report warns when they mix.",
+    ),
+]
+
+ArmSetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--arm-set",
+        metavar="KEY=VALUE",
+        help="Override one config value over the arms' own changes (--set changes the "
+        "base beneath them): KEY=VALUE in every arm, ARM:KEY=VALUE in one, e.g. "
+        "--arm-set coevolve-variation:pool.synthesized_weight=1.0 to tune a value of one "
+        "arm; repeatable, the value is YAML. Each unit's config records it.",
+    ),
+]
+
+
 @bench_app.command("learning")
 def bench_learning(
-    config_path: Annotated[
-        str | None,
-        typer.Option("--config", help="Base config (default: configs/bench-learning.yaml)."),
-    ] = None,
+    config_path: BenchConfigOption = None,
     seeds: Annotated[int, typer.Option(help="Seeds per arm (0..N-1).")] = 3,
-    seed_list: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated seeds instead of 0..N-1, e.g. 1 for a tuning unit of seed 1 "
-            "without seed 0's; the report covers these seeds."
-        ),
-    ] = None,
-    arms: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated arms (default: all): static, random, coevolve-oracle "
-            "(synthesis by the environment's own task generator: the reference), coevolve-paper, "
-            "oracle-targeted (reads validation: a reference ceiling), no-forgetting, no-boundary, "
-            "no-rare, no-unsolved, grpo, grpo-spread, grpo-demonstrations, grpo-reference, seal, "
-            "seal-no-reweighting, seal-no-adaptation, hard-negatives, own-negatives, "
-            "coevolve-variation, random-variation (variations of the flagged / random tasks: "
-            "no model, no generator). "
-            "Finished (arm, seed) units are skipped on a rerun."
-        ),
-    ] = None,
-    quick: Annotated[
-        bool,
-        typer.Option(
-            "--quick",
-            help="Seconds-long settings (the tiny test model, one cycle, a few tasks): checks "
-            "the bench runs end to end; its numbers mean nothing.",
-        ),
-    ] = False,
+    seed_list: SeedListOption = None,
+    arms: ArmsOption = None,
+    quick: QuickOption = False,
     out: Annotated[
         str | None, typer.Option(help="Output directory (default: runs/bench-learning).")
     ] = None,
-    seed_sets: Annotated[
-        str,
-        typer.Option(
-            help="fixed: every seed learns from the config's seed set, from one bootstrap "
-            "agent, measured on one held-out set (intervals cover training seeds only); "
-            "per-seed: seed s draws its tasks from the environment's generator seed s (env.seed "
-            "and bootstrap.world_seed), so each seed has its own seed subset, bootstrap agent "
-            "and held-out draw, and the intervals cover them too."
-        ),
-    ] = "fixed",
+    seed_sets: SeedSetsOption = "fixed",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    report_only: Annotated[
-        bool,
-        typer.Option(
-            "--report-only",
-            help="Run nothing: write the report from the units finished so far (a bench run "
-            "in pieces, read between them).",
-        ),
-    ] = False,
-    accept_code: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--accept-code",
-            metavar="FINGERPRINT",
-            help="Also count finished units that ran at this code fingerprint (the report "
-            "and the skipped units name theirs; repeat it, or comma-separate). By default a "
-            "unit counts only at today's code: one verdict, one code.",
-        ),
-    ] = None,
-    any_code: Annotated[
-        bool,
-        typer.Option(
-            "--any-code",
-            help="Count finished units whatever code ran them, units that record none "
-            "(saved before fingerprints were kept) included; the report warns when they mix.",
-        ),
-    ] = False,
+    report_only: ReportOnlyOption = False,
+    accept_code: AcceptCodeOption = None,
+    any_code: AnyCodeOption = False,
     overrides: SetOption = None,
-    arm_overrides: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--arm-set",
-            metavar="KEY=VALUE",
-            help="Override one config value over the arms' own changes (--set changes the "
-            "base beneath them): KEY=VALUE in every arm, ARM:KEY=VALUE in one, e.g. "
-            "--arm-set coevolve-variation:pool.synthesized_weight=1.0 to tune a value of one "
-            "arm; repeatable, the value is YAML. Each unit's config records it.",
-        ),
-    ] = None,
+    arm_overrides: ArmSetOption = None,
     debug: DebugOption = False,
 ) -> None:
     """The learning ablation: static vs random vs signal-guided synthesis, same compute, over seeds."""
