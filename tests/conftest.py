@@ -68,11 +68,12 @@ def cache_dir(tmp_path_factory):
 def tiny_build(cache_dir, tmp_path_factory, pytestconfig):
     """The tiny bootstrap model (training/presets/bootstrap-tiny.yaml) in ``cache_dir``.
 
-    Built once per run: under pytest-xdist the first worker to need it builds it in a cache
-    all workers share (the run's temporary directory), holding a file lock while it does
-    (two processes building one key would each replace the other's finished build), and
-    every worker copies it into its own ``cache_dir``, so that no worker reads a build
-    another is replacing."""
+    Built once per run: under pytest-xdist it is the build ``_tiny_model_in_the_default_cache``
+    made before any test (the same config, so the same key and files), else the first worker
+    to need it builds it in a cache all workers share (the run's temporary directory),
+    holding a file lock while it does (two processes building one key would each replace
+    the other's finished build); every worker copies it into its own ``cache_dir``, so that
+    no worker reads a build another is replacing."""
     from filelock import FileLock
 
     from coevolve.testing.presets import tiny_bootstrap
@@ -83,7 +84,9 @@ def tiny_build(cache_dir, tmp_path_factory, pytestconfig):
     if not hasattr(pytestconfig, "workerinput"):  # one process: no other to share with
         return bootstrap(config, cache_dir=cache_dir, progress=False)
     target = bootstrap_dir(config, cache_dir)
-    if not is_complete(target):
+    if not is_complete(target) and is_complete(bootstrap_dir(config)):
+        shutil.copytree(bootstrap_dir(config), target, dirs_exist_ok=True)
+    elif not is_complete(target):
         shared = _shared_dir(tmp_path_factory) / "coevolve-cache"
         with FileLock(_shared_dir(tmp_path_factory) / "tiny-build.lock"):
             built = bootstrap(config, cache_dir=shared, progress=False)
