@@ -214,16 +214,16 @@ class MiniLMEmbedding(_Persisted, EmbeddingFunction[Documents]):
         texts = [input] if isinstance(input, str) else list(input)
         if not texts:
             return []
-        import torch
-
-        tokenizer, model = self._model()
         threads = self.threads or max(1, (os.cpu_count() or 2) // 2)
         saved = self._saved_path(texts, threads) if len(texts) >= SAVED_MIN_TEXTS else None
         if saved is not None and saved.is_file():
-            try:
+            try:  # before the model is loaded: a read-back needs none
                 return list(np.load(saved))
             except (OSError, ValueError):  # unreadable: encoded again and written over
                 pass
+        import torch
+
+        tokenizer, model = self._model()
         previous = torch.get_num_threads()
         if threads != previous:
             torch.set_num_threads(threads)

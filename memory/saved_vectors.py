@@ -30,7 +30,8 @@ SAVED_FILES_KEPT = 64
 
 def saved_vectors_path(model: Path, settings: list[Any], texts: list[str]) -> Path:
     """The file of ``texts`` embedded by the weights in ``model`` with ``settings``."""
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in model.iterdir())
+    stats = {f.name: f.stat() for f in model.iterdir()}
+    files = sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats.items())
     digest = hashlib.sha256(json.dumps([str(model), files, settings]).encode())
     for text in texts:
         digest.update(text.encode(errors="surrogatepass"))

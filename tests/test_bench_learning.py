@@ -382,10 +382,10 @@ def test_quick_bench_runs_end_to_end(tmp_path, quick_bench_every_arm):
     shared = quick_bench_every_arm.out_dir
     assert quick_bench_every_arm.returncode == 0, quick_bench_every_arm.stderr[-3000:]
     shutil.copytree(shared / "baselines", tmp_path / "baselines")
+    (tmp_path / "units").mkdir()
     for arm in ("static", "random", "coevolve-oracle"):
         shutil.copytree(shared / f"{arm}-seed0", tmp_path / f"{arm}-seed0")
         for unit in (shared / "units").glob(f"{arm}-seed0.*"):
-            (tmp_path / "units").mkdir(exist_ok=True)
             shutil.copy2(unit, tmp_path / "units" / unit.name)
     out = quick_bench(tmp_path, "static,random,coevolve-oracle", seeds=2)
     assert " ".join(out.stderr.split()).count(", seed 0 finished before, skipped") == 3
